@@ -1,0 +1,138 @@
+"""The artifact contract shared by the quantjob (writer), the operator (lookup) and the runtime
+fetcher (reader).
+
+Layout (DESIGN.md "Artifacts"): ``<storage uri>/<key>/files/<relative path>`` for every file,
+then ``<storage uri>/<key>/manifest.json`` written **last**. No manifest means no artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated
+
+from pydantic import Field
+
+from .base import ApiModel
+from .formats import QuantFormat
+
+MANIFEST_NAME = "manifest.json"
+FILES_DIR = "files"
+MANIFEST_SCHEMA_VERSION = 1
+
+# The tools baked into the quantjob image; they decide the bytes, so they are part of the key.
+# Kept equal to the [quantjob] pins in pyproject.toml (a unit test checks it).
+QUANTJOB_TOOL_VERSIONS: dict[str, str] = {
+    "llmcompressor": "0.14.0.1",
+    "compressed-tensors": "0.19.0",
+    "transformers": "5.17.0",
+}
+
+
+class ArtifactKeyInputs(ApiModel):
+    """Everything that decides an artifact's bytes, and nothing else (not the storage location,
+    not the serving settings, not the quality gate threshold)."""
+
+    sourceUri: str
+    """Base model URI."""
+    sourceRevision: str | None = None
+    """Requested revision (a pin). The resolved commit is recorded in the manifest."""
+    format: QuantFormat
+    """Quantization format (names the recipe)."""
+    recipe: dict[str, object] = Field(default_factory=dict)
+    """Recipe parameters beyond the format (scheme, modifier arguments)."""
+    ignore: list[str] = Field(default_factory=list)
+    """Layers left unquantized."""
+    calibrationDataset: str | None = None
+    """Calibration dataset identity (None for formats without calibration data)."""
+    calibrationDatasetHash: str | None = None
+    """Content hash of the calibration data when known before the Job runs (built-in sets;
+    an S3 object's ETag or version)."""
+    calibrationSamples: int | None = None
+    """Number of calibration samples (None without calibration data)."""
+    calibrationMaxSeqLength: int | None = None
+    """Calibration sequence length (None without calibration data)."""
+    tools: dict[str, str] = Field(default_factory=lambda: dict(QUANTJOB_TOOL_VERSIONS))
+    """Versions of llm-compressor, compressed-tensors and transformers."""
+
+    def canonical_json(self) -> str:
+        """Sorted keys, no whitespace, ASCII: the same inputs give the same bytes everywhere."""
+        return json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True,
+                          separators=(",", ":"), ensure_ascii=True)
+
+    def key(self) -> str:
+        """The artifact key: sha256 hex of the canonical JSON."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+class ManifestFile(ApiModel):
+    """One file of the artifact."""
+
+    path: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9._-][A-Za-z0-9._/-]*$")]
+    """Path relative to ``<key>/files/`` (no leading slash, no '..')."""
+    sizeBytes: Annotated[int, Field(ge=0)]
+    """Size in bytes."""
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """SHA-256 of the content, hex."""
+
+
+class QualityReport(ApiModel):
+    """Perplexity of the base and quantized model on the same held-out windows."""
+
+    baselinePerplexity: float
+    """Base model perplexity."""
+    perplexity: float
+    """Quantized model perplexity."""
+    increasePercent: float
+    """(perplexity / baselinePerplexity - 1) x 100."""
+    maxIncreasePercent: float
+    """The gate it was judged against."""
+    passed: bool
+    """The gate verdict. The operator never rolls out an artifact with passed=false."""
+    evalDataset: str
+    """Where the held-out text came from."""
+    evalWindows: int
+    """Number of windows evaluated."""
+    evalTokens: int
+    """Tokens scored."""
+
+
+class Manifest(ApiModel):
+    """``<key>/manifest.json``: the artifact exists when, and only when, this is present."""
+
+    schemaVersion: int = MANIFEST_SCHEMA_VERSION
+    """Manifest schema version."""
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """The artifact key (equals the sha256 of keyInputs' canonical JSON)."""
+    keyInputs: ArtifactKeyInputs
+    """What the key was computed from."""
+    format: QuantFormat
+    """Quantization format."""
+    resolvedRevision: str | None = None
+    """The source revision actually fetched (a commit hash where the source has one)."""
+    files: list[ManifestFile]
+    """Every file under ``<key>/files/``."""
+    totalBytes: int
+    """Sum of the file sizes."""
+    quality: QualityReport | None = None
+    """Measured quality and gate verdict (absent only for format `none`)."""
+    tools: dict[str, str] = Field(default_factory=dict)
+    """Versions of every tool involved (torch included)."""
+    timings: dict[str, float] = Field(default_factory=dict)
+    """Seconds per stage (fetch, calibrate, quantize, save, evaluate, upload)."""
+    createdAt: str
+    """When it was published (RFC 3339)."""
+
+    def verify_key(self) -> None:
+        """Raise if the key does not match its inputs (a manifest from elsewhere, or edited)."""
+        expected = self.keyInputs.key()
+        if expected != self.key:
+            raise ValueError(f"manifest key {self.key} does not match its inputs (expected {expected})")
+
+
+def artifact_prefix(storage_uri: str, key: str) -> tuple[str, str]:
+    """(bucket, key prefix ending in '/') of an artifact under an ``s3://bucket/prefix`` URI."""
+    rest = storage_uri.removeprefix("s3://")
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    return bucket, (f"{prefix}/{key}/" if prefix else f"{key}/")

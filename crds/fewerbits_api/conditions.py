@@ -1,0 +1,113 @@
+"""Conditions in the ``metav1.Condition`` shape, one generic helper for every kind, and the
+reason constants in one place (STYLE.md: conditions only, each with observedGeneration)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+
+# Condition types of QuantizedModel, in the order a model passes through them.
+ACCEPTED = "Accepted"
+PLANNED = "Planned"
+QUANTIZED = "Quantized"
+QUALITY_GATE_PASSED = "QualityGatePassed"
+DEPLOYED = "Deployed"
+READY = "Ready"
+CONDITION_TYPES = (ACCEPTED, PLANNED, QUANTIZED, QUALITY_GATE_PASSED, DEPLOYED, READY)
+
+
+class Reason:
+    """Every condition reason the operator writes. CamelCase, as metav1.Condition requires."""
+
+    # Accepted
+    VALID = "Valid"
+    INVALID_SPEC = "InvalidSpec"
+    POLICY_VIOLATION = "PolicyViolation"
+    MISSING_SECRET = "MissingSecret"
+    # Planned
+    PLANNED = "Planned"
+    NO_GPU_POOLS = "NoGPUPools"
+    NO_POOL_FITS = "NoPoolFits"
+    MODEL_CONFIG_UNAVAILABLE = "ModelConfigUnavailable"
+    # Quantized
+    CACHE_HIT = "CacheHit"
+    JOB_RUNNING = "JobRunning"
+    JOB_PENDING = "JobPending"
+    JOB_SUCCEEDED = "JobSucceeded"
+    JOB_FAILED = "JobFailed"
+    NOT_NEEDED = "NotNeeded"
+    STORAGE_UNAVAILABLE = "StorageUnavailable"
+    # QualityGatePassed
+    GATE_PASSED = "GatePassed"
+    GATE_FAILED = "GateFailed"
+    AWAITING_ARTIFACT = "AwaitingArtifact"
+    # Deployed / Ready
+    DEPLOYMENTS_CREATED = "DeploymentsCreated"
+    ROLLING_OUT = "RollingOut"
+    ALL_VARIANTS_READY = "AllVariantsReady"
+    SOME_VARIANTS_READY = "SomeVariantsReady"
+    NO_REPLICAS_READY = "NoReplicasReady"
+    BLOCKED = "Blocked"
+
+
+class Condition(ApiModel):
+    """One aspect of the object's state (metav1.Condition)."""
+
+    type: Annotated[str, Field(max_length=316)]
+    """Condition type: Accepted, Planned, Quantized, QualityGatePassed, Deployed or Ready."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: Annotated[str, Field(max_length=1024)]
+    """A CamelCase word for programs."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """What happened, in words a person can act on."""
+    lastTransitionTime: str
+    """When the status last changed (RFC 3339)."""
+    observedGeneration: int | None = None
+    """The spec generation this condition was computed from."""
+
+
+def now_rfc3339() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(
+    conditions: list[Condition],
+    type: str,
+    status: bool | str,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: str | None = None,
+) -> list[Condition]:
+    """Return a new list with the condition set; ``lastTransitionTime`` moves only when the
+    status changes, so re-running reconcile with the same facts changes nothing."""
+    status_str = status if isinstance(status, str) else ("True" if status else "False")
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != type:
+            out.append(c)
+            continue
+        found = True
+        transition = c.lastTransitionTime if c.status == status_str else (now or now_rfc3339())
+        out.append(Condition(type=type, status=status_str, reason=reason, message=message,
+                             lastTransitionTime=transition, observedGeneration=generation))
+    if not found:
+        out.append(Condition(type=type, status=status_str, reason=reason, message=message,
+                             lastTransitionTime=now or now_rfc3339(), observedGeneration=generation))
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c.type, len(order)))
+
+
+def get_condition(conditions: list[Condition], type: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type), None)
+
+
+def is_true(conditions: list[Condition], type: str) -> bool:
+    c = get_condition(conditions, type)
+    return c is not None and c.status == "True"

@@ -1,0 +1,472 @@
+"""The ``QuantizedModel`` kind: one base model taken to a quantized, served, autoscaled endpoint.
+
+These models are the single source of truth of the API: the CRD schema, its descriptions
+(``kubectl explain``) and its CEL rules are generated from them by ``fewerbits_api.crdgen``.
+
+Defaults live here, not in the CRD: the API server must not fill in a value the user did not
+write, or a cluster-wide ``QuantizationPolicy`` default could never apply. The effective spec is
+the user's spec laid over the policy defaults, then validated by these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import API_VERSION, ApiModel
+from .conditions import Condition
+from .formats import KVCacheSetting, QuantFormat
+from .validation import (
+    DATASET_URI,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    HTTP_ENDPOINT,
+    REVISION,
+    SOURCE_URI,
+    STORAGE_URI,
+    check_no_path_tricks,
+)
+
+KIND = "QuantizedModel"
+PLURAL = "quantizedmodels"
+SHORT_NAMES = ["qm"]
+
+SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
+GPU_FAMILIES = ("turing", "ampere", "ada-lovelace", "hopper", "blackwell")
+GPUFamily = Literal["turing", "ampere", "ada-lovelace", "hopper", "blackwell"]
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+# A vLLM flag or its value; no whitespace or control characters so nothing can smuggle a second
+# argument or a newline into a log line. The operator passes arguments as a list (no shell).
+ExtraArg = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\s\x00-\x1f\x7f]+$")]
+
+
+class SourceSpec(ApiModel):
+    """Where the base (unquantized) model comes from."""
+
+    uri: Annotated[str, Field(max_length=512, pattern=SOURCE_URI)]
+    """The base model: `hf://org/name` (Hugging Face Hub), `s3://bucket/prefix` (a directory of
+    safetensors files and config.json) or `pvc://claim/path` (a PersistentVolumeClaim in the same
+    namespace, mounted read-only)."""
+
+    revision: Annotated[str, Field(max_length=255, pattern=REVISION)] | None = None
+    """The revision to quantize: a commit hash (best: immutable), tag or branch. Part of the
+    artifact key. Policies may require a pin (`rules.requireRevisionPin`)."""
+
+    credentialsSecret: SecretName | None = None
+    """A Secret in the same namespace with credentials for the source: key `HF_TOKEN` for
+    `hf://`, keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` for `s3://`. Its values are
+    passed to the Job as environment variables from the Secret and never copied anywhere else."""
+
+    trustRemoteCode: bool = False
+    """Allow the model's own Python code from its repository to run (`trust_remote_code`).
+    Refused unless a policy allows it (`rules.allowTrustRemoteCode`)."""
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_has_no_path_tricks(cls, v: str) -> str:
+        return check_no_path_tricks(v, "uri")
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+
+class CalibrationSpec(ApiModel):
+    """The data that calibration-based formats (AWQ, GPTQ, INT8, NVFP4) observe activations on."""
+
+    dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI)] = "general-en"
+    """A built-in dataset name (`general-en`), an S3 JSON Lines object
+    (`s3://bucket/path.jsonl`, one `{"text": ...}` per line) or a Hub dataset
+    (`hf://datasets/org/name[@revision]`). Its identity and content hash are part of the
+    artifact key."""
+
+    samples: Annotated[int, Field(ge=1, le=65536)] = 512
+    """Number of calibration samples. Default 512 (llm-compressor's usual recipe)."""
+
+    maxSeqLength: Annotated[int, Field(ge=16, le=131072)] = 2048
+    """Tokens per calibration sample (longer samples are truncated)."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_has_no_path_tricks(cls, v: str) -> str:
+        return check_no_path_tricks(v, "dataset")
+
+
+class QualityGateSpec(ApiModel):
+    """The quality an artifact must keep to be rolled out."""
+
+    maxPerplexityIncreasePercent: Annotated[float, Field(gt=0, le=1000)] = 3.0
+    """Largest allowed perplexity increase of the quantized model over the base model, in
+    percent, measured by the quantization Job on the same held-out windows. An artifact above it
+    is published (with its verdict) but never rolled out."""
+
+    evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI)] = "general-en-heldout"
+    """Held-out text for perplexity, in the same forms as `calibration.dataset`. Must not
+    overlap the calibration data; the built-in `general-en-heldout` does not."""
+
+    evalSamples: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Number of evaluation windows."""
+
+    @field_validator("evalDataset")
+    @classmethod
+    def _dataset_has_no_path_tricks(cls, v: str) -> str:
+        return check_no_path_tricks(v, "evalDataset")
+
+
+class QuantizationSpec(ApiModel):
+    """How to quantize: the format (or `auto`), the KV cache, what to leave alone, calibration
+    and the quality gate."""
+
+    format: QuantFormat = QuantFormat.AUTO
+    """The quantization format. `auto` lets the planner choose per GPU pool from the GPU's
+    compute capability and memory (blackwell: nvfp4, hopper/ada: fp8-dynamic, ampere:
+    w4a16-awq, turing: w8a8-int8, stepping down in bits when the model does not fit). An explicit
+    format is used on every pool that can run it; `none` serves the base model unquantized."""
+
+    kvCache: KVCacheSetting = KVCacheSetting.AUTO
+    """The KV-cache dtype. `auto`: FP8 from compute capability 8.9 (halves KV bytes, doubles
+    the sequences that fit), the model dtype below. `fp8`: FP8 where supported. `none`: the
+    model dtype everywhere."""
+
+    ignore: Annotated[list[Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:*\[\]-]+$")]], Field(max_length=64)] = Field(
+        default_factory=lambda: ["lm_head"]
+    )
+    """Layers left unquantized (module names or `re:` patterns as llm-compressor takes them).
+    Default `[lm_head]`: the LM head is the most sensitive layer; it is kept at 16 bits and
+    counted so in the memory estimate."""
+
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    """Calibration data for formats that need it."""
+
+    qualityGate: QualityGateSpec | None = None
+    """The quality gate. Evaluation always runs; without this field the gate of the matching
+    policy, or 3% perplexity increase, applies."""
+
+
+class StorageSpec(ApiModel):
+    """Object storage for artifacts, content-addressed: `<uri>/<key>/files/...` and
+    `<uri>/<key>/manifest.json` written last."""
+
+    uri: Annotated[str, Field(max_length=512, pattern=STORAGE_URI)]
+    """`s3://bucket/prefix` under which artifacts are published."""
+
+    endpoint: Annotated[str, Field(max_length=512, pattern=HTTP_ENDPOINT)] | None = None
+    """S3 endpoint URL for S3-compatible stores (MinIO, Ceph, R2...). Empty: AWS S3."""
+
+    region: Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9-]+$")] | None = None
+    """Region of the bucket."""
+
+    credentialsSecret: SecretName | None = None
+    """A Secret in the model's namespace with keys `AWS_ACCESS_KEY_ID` and
+    `AWS_SECRET_ACCESS_KEY`. Empty: the pod's own identity (IRSA, workload identity)."""
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_has_no_path_tricks(cls, v: str) -> str:
+        return check_no_path_tricks(v, "uri")
+
+
+class ServingTarget(ApiModel):
+    """One GPU pool to serve on, chosen by exactly one of family, product or node selector."""
+
+    family: GPUFamily | None = None
+    """GPU architecture family, as the `nvidia.com/gpu.family` node label names it."""
+
+    product: Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")] | None = None
+    """GPU product, as the `nvidia.com/gpu.product` node label names it (e.g. `NVIDIA-L4`,
+    `NVIDIA-H100-80GB-HBM3`)."""
+
+    nodeSelector: Annotated[dict[LabelKey, LabelValue], Field(min_length=1, max_length=16)] | None = None
+    """Node labels that select the pool's nodes."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [{
+            "rule": "[has(self.family), has(self.product), has(self.nodeSelector)].filter(x, x).size() == 1",
+            "message": "a serving target sets exactly one of family, product or nodeSelector",
+        }]
+    }}
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ServingTarget:
+        chosen = [n for n in ("family", "product", "nodeSelector") if getattr(self, n) is not None]
+        if len(chosen) != 1:
+            raise ValueError(
+                "a serving target sets exactly one of family, product or nodeSelector"
+                + (f" (got {', '.join(chosen)})" if chosen else " (got none)")
+            )
+        return self
+
+
+class ServingSpec(ApiModel):
+    """How the quantized model is served: vLLM, one Deployment per GPU pool behind one Service."""
+
+    targets: Annotated[list[ServingTarget], Field(max_length=16)] = Field(default_factory=list)
+    """GPU pools to serve on. Empty: every pool the planner finds able to run the model."""
+
+    maxModelLen: Annotated[int, Field(ge=128, le=10_485_760)] | None = None
+    """Longest sequence (prompt + output) to serve. Default: the model's own limit, clamped to
+    what fits. The KV cache is sized for at least `minConcurrentSequences` of this length."""
+
+    minConcurrentSequences: Annotated[int, Field(ge=1, le=1024)] = 4
+    """Sequences of `maxModelLen` the KV cache must hold at once for a pool to qualify; raises
+    the tensor-parallel size when a single GPU leaves too little room."""
+
+    gpuMemoryUtilization: Annotated[float, Field(ge=0.3, le=0.98)] = 0.9
+    """Fraction of each GPU's memory vLLM may use (`--gpu-memory-utilization`)."""
+
+    servedModelName: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")] | None = None
+    """The model name clients send in requests. Default: the QuantizedModel's name."""
+
+    image: Annotated[str, Field(max_length=512, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$")] | None = None
+    """The vLLM image. Default: the operator's configured vLLM image."""
+
+    replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Replicas per variant when autoscaling is off."""
+
+    extraArgs: Annotated[list[ExtraArg], Field(max_length=64)] = Field(default_factory=list)
+    """Extra vLLM arguments, appended after the planned ones. Flags that the plan owns or that
+    change trust (`--quantization`, `--kv-cache-dtype`, `--dtype`, `--tensor-parallel-size`,
+    `--trust-remote-code`, ...) are refused unless a policy allows them."""
+
+
+class AutoscalingSpec(ApiModel):
+    """Scaling of each variant on vLLM's KV-cache usage and queue depth."""
+
+    enabled: bool = True
+    """Scale each variant between minReplicas and maxReplicas. Off: `serving.replicas`."""
+
+    minReplicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Fewest replicas per variant."""
+
+    maxReplicas: Annotated[int, Field(ge=1, le=1000)] = 4
+    """Most replicas per variant (a policy's `rules.maxReplicas` caps it)."""
+
+    targetKVCacheUsage: Annotated[float, Field(gt=0, le=1)] = 0.7
+    """Average KV-cache usage (0-1, `vllm:kv_cache_usage_perc`) to hold each variant at."""
+
+    maxWaitingRequests: Annotated[int, Field(ge=0, le=100000)] = 5
+    """Waiting requests per replica (`vllm:num_requests_waiting`) above which the variant scales
+    up even when KV usage is low (prefill-heavy load)."""
+
+    scaleDownDelaySeconds: Annotated[int, Field(ge=0, le=86400)] = 300
+    """Seconds of sustained lower demand before scaling down."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "message": "minReplicas must be less than or equal to maxReplicas",
+        }]
+    }}
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> AutoscalingSpec:
+        if self.minReplicas > self.maxReplicas:
+            raise ValueError(
+                f"minReplicas ({self.minReplicas}) must be less than or equal to maxReplicas ({self.maxReplicas})"
+            )
+        return self
+
+
+class QuantizedModelSpec(ApiModel):
+    """What to quantize, how, where to store it, and how to serve and scale it."""
+
+    source: SourceSpec
+    """The base model."""
+
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    """Format, KV cache, ignored layers, calibration and quality gate."""
+
+    storage: StorageSpec | None = None
+    """Where artifacts are published. Default: the matching policy's, else the operator's."""
+
+    serving: ServingSpec = Field(default_factory=ServingSpec)
+    """Serving with vLLM."""
+
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Autoscaling of each variant."""
+
+
+# ---------------------------------------------------------------- status
+
+
+class PlanVariant(ApiModel):
+    """What the planner chose for one GPU pool."""
+
+    pool: str
+    """The pool's name (derived from its GPU product and node selector)."""
+    gpuProduct: str
+    """`nvidia.com/gpu.product` of the pool's nodes."""
+    family: str | None = None
+    """`nvidia.com/gpu.family` of the pool's nodes."""
+    format: QuantFormat
+    """The quantization format for this pool."""
+    kvCacheDtype: str
+    """vLLM `--kv-cache-dtype` (`fp8` or `auto`)."""
+    dtype: str
+    """vLLM `--dtype` (`bfloat16` from compute capability 8.0, else `float16`)."""
+    tensorParallelSize: int
+    """GPUs per replica."""
+    maxModelLen: int
+    """vLLM `--max-model-len`."""
+    weightsGiB: float
+    """Estimated weight memory per replica, GiB."""
+    kvCacheTokens: int
+    """Estimated tokens the KV cache holds per replica."""
+    decodeTokensPerSecond: float
+    """Estimated batch-1 decode speed (memory-bound: bandwidth / bytes read per token)."""
+    warnings: list[str] = Field(default_factory=list)
+    """What a person should know (fallback kernels, clamped lengths...)."""
+    vllmArgs: list[str] = Field(default_factory=list)
+    """The vLLM arguments for this variant."""
+
+
+class RejectedPool(ApiModel):
+    """A pool the model will not be served on, and why."""
+
+    pool: str
+    """The pool's name."""
+    reason: str
+    """Why, in words a person can act on."""
+
+
+class PlanStatus(ApiModel):
+    """The planner's decision for every pool."""
+
+    variants: list[PlanVariant] = Field(default_factory=list)
+    """One entry per pool the model is served on."""
+    rejected: list[RejectedPool] = Field(default_factory=list)
+    """Pools left out, each with its reason."""
+
+
+class QualityStatus(ApiModel):
+    """Quality measured by the quantization Job."""
+
+    baselinePerplexity: float
+    """Perplexity of the base model on the evaluation windows."""
+    perplexity: float
+    """Perplexity of the quantized model on the same windows."""
+    increasePercent: float
+    """(perplexity / baselinePerplexity - 1) x 100."""
+    maxIncreasePercent: float
+    """The gate it was judged against."""
+    passed: bool
+    """Whether the artifact passed the gate."""
+
+
+class ArtifactStatus(ApiModel):
+    """A quantized artifact this model uses or is producing."""
+
+    key: str
+    """The content-addressed key (sha256 of everything that decides the bytes)."""
+    uri: str
+    """Where it lives (`<storage uri>/<key>/`)."""
+    format: QuantFormat
+    """Its format."""
+    variants: list[str] = Field(default_factory=list)
+    """The pools that serve it."""
+    sizeBytes: int | None = None
+    """Total size of its files."""
+    job: str | None = None
+    """The quantization Job that produces it (absent on a cache hit)."""
+    cacheHit: bool | None = None
+    """True when the artifact already existed and no Job ran."""
+    quality: QualityStatus | None = None
+    """Measured quality and the gate verdict."""
+    tools: dict[str, str] = Field(default_factory=dict)
+    """Versions of the tools that made it."""
+
+
+class VariantServingStatus(ApiModel):
+    """Live state of one variant's Deployment."""
+
+    variant: str
+    """The pool it serves on."""
+    deployment: str
+    """Its Deployment's name."""
+    artifactKey: str | None = None
+    """The artifact it serves."""
+    replicas: int = 0
+    """Replicas the Deployment has."""
+    readyReplicas: int = 0
+    """Replicas ready to serve."""
+    desiredReplicas: int | None = None
+    """Replicas the autoscaler wants."""
+    kvCacheUsage: float | None = None
+    """Average KV-cache usage over ready replicas (0-1)."""
+    waitingRequests: float | None = None
+    """Average waiting requests per ready replica."""
+    lastScaleTime: str | None = None
+    """When the autoscaler last changed the replica count (RFC 3339)."""
+
+
+class QuantizedModelStatus(ApiModel):
+    """Observed state, written only by the operator."""
+
+    observedGeneration: int | None = None
+    """The generation of the spec this status describes."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Accepted, Planned, Quantized, QualityGatePassed, Deployed, Ready."""
+    plan: PlanStatus | None = None
+    """The planner's decision."""
+    artifacts: list[ArtifactStatus] = Field(default_factory=list)
+    """Artifacts in use or in the making."""
+    serving: list[VariantServingStatus] = Field(default_factory=list)
+    """Per-variant serving state."""
+    endpoint: str | None = None
+    """The OpenAI-compatible endpoint, `http://<name>.<namespace>.svc:8000`."""
+    formats: str | None = None
+    """Formats in the plan, comma-separated (for `kubectl get`)."""
+    replicas: str | None = None
+    """Ready/desired replicas over all variants, e.g. `3/4` (for `kubectl get`)."""
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata the operator reads; the rest is kept as the API server sent it."""
+
+    model_config = ApiModel.model_config | {"extra": "allow"}
+
+    name: str
+    """Object name."""
+    namespace: str | None = None
+    """Namespace (absent for cluster-scoped kinds)."""
+    uid: str | None = None
+    """Unique id."""
+    generation: int | None = None
+    """Spec generation."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations."""
+
+
+class QuantizedModel(ApiModel):
+    """A base model quantized per GPU pool, quality-gated, served by vLLM and autoscaled."""
+
+    KIND: ClassVar[str] = KIND
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    apiVersion: Literal["fewerbits.io/v1alpha1"] = API_VERSION
+    """API version."""
+    kind: Literal["QuantizedModel"] = KIND
+    """Kind."""
+    metadata: ObjectMeta
+    """Standard object metadata."""
+    spec: QuantizedModelSpec
+    """Desired state."""
+    status: QuantizedModelStatus | None = None
+    """Observed state."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _name_is_dns_label(cls, m: ObjectMeta) -> ObjectMeta:
+        # The name becomes Deployment, Service and Job names: a DNS label, short enough for
+        # suffixes (pool and hash) to fit in 63 characters.
+        import re
+
+        if not re.fullmatch(DNS1123_LABEL.strip("^$"), m.name) or len(m.name) > 40:
+            raise ValueError(
+                f"name: {m.name!r} must be a DNS label (lowercase letters, digits, '-') of at most 40 characters"
+            )
+        return m

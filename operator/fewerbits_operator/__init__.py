@@ -1,0 +1,1 @@
+"""fewerbits_operator."""
