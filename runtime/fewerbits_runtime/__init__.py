@@ -1,1 +1,10 @@
-"""fewerbits_runtime."""
+"""fewerbits_runtime: what runs in the serving pod.
+
+* ``python -m fewerbits_runtime fetch``: the init container; downloads and verifies one artifact
+  (``fewerbits_runtime.fetch``).
+* ``python -m fewerbits_runtime launch -- vllm serve ...``: the serving container's entrypoint;
+  checks the GPU's compute capability against the artifact's format, then execs vLLM
+  (``fewerbits_runtime.launch``).
+
+Depends only on the base dependencies of the distribution (boto3, pydantic): no torch.
+"""

@@ -1,0 +1,227 @@
+"""The vLLM launch wrapper: check that this GPU can run the artifact's format, then exec vLLM.
+
+The planner already placed the variant on a pool whose compute capability fits its format
+(DESIGN.md "Planner facts"); this is the last line of defence against a mislabelled node or a
+hand-edited Deployment. It fails in a second with a message naming both sides instead of letting
+vLLM spend minutes loading weights and then die in a kernel check.
+
+The compute capability comes from the device when one is visible (``nvidia-smi``, or torch if it
+is importable: the runtime image carries neither requirement), else from what the operator planned
+for (``--node-cc`` or ``FEWERBITS_NODE_GPU_CC``; the Downward API cannot read node labels, so the
+operator passes the pool's ``nvidia.com/gpu.compute.major``/``.minor`` as an environment variable).
+Compute capabilities are compared as numbers (10.0 > 9.0), never as strings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+
+from .errors import ExecFailed, GPUIncompatible, UsageError
+from .fetch import DEST_MANIFEST_NAME
+
+log = logging.getLogger("fewerbits.launch")
+
+CC = tuple[int, int]
+_CC_RE = re.compile(r"^\s*(\d+)(?:\.(\d+))?\s*$")
+
+
+def parse_cc(text: str) -> CC:
+    """'9.0' -> (9, 0); '10.0' -> (10, 0); '12.1' -> (12, 1); '9' -> (9, 0)."""
+    m = _CC_RE.match(text or "")
+    if not m:
+        raise ValueError(f"not a compute capability: {text!r} (expected MAJOR.MINOR, e.g. 9.0)")
+    return int(m.group(1)), int(m.group(2) or 0)
+
+
+def fmt_cc(cc: CC) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    cc: CC
+    name: str | None
+    source: str
+    """Where the figure came from: nvidia-smi, torch, --node-cc, FEWERBITS_NODE_GPU_CC."""
+
+    def describe(self) -> str:
+        return f"{fmt_cc(self.cc)} ({self.name})" if self.name else fmt_cc(self.cc)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    fallback: bool
+    message: str
+
+
+def check(fmt: QuantFormat, gpu: GPUInfo) -> Verdict:
+    """Whether an artifact of ``fmt`` can run on ``gpu``, natively or through a fallback kernel."""
+    facts = FORMAT_FACTS[fmt]
+    cc = gpu.cc
+    native_min, fallback_min, native_max = facts.native_min_cc, facts.fallback_min_cc, facts.native_max_cc
+    if native_max is not None and cc > native_max:
+        need = (f"exactly {fmt_cc(native_min)}" if native_min == native_max
+                else f"{fmt_cc(native_min)} to {fmt_cc(native_max)}")
+        return Verdict(False, False, f"artifact format {fmt.value} needs compute capability {need} "
+                                     f"(its kernel exists only there); this GPU is {gpu.describe()}")
+    if cc >= native_min:
+        return Verdict(True, False, f"artifact format {fmt.value} runs natively on compute capability "
+                                    f"{gpu.describe()} (native from {fmt_cc(native_min)})")
+    if fallback_min is not None and cc >= fallback_min:
+        return Verdict(True, True, f"artifact format {fmt.value} has no native kernel on compute capability "
+                                   f"{gpu.describe()} (native from {fmt_cc(native_min)}): it "
+                                   f"{facts.fallback_note or 'runs through a fallback kernel'}")
+    if fallback_min is not None:
+        need = f"≥ {fmt_cc(fallback_min)} (native from {fmt_cc(native_min)})"
+    elif native_max is not None and native_max == native_min:
+        need = f"exactly {fmt_cc(native_min)}"
+    else:
+        need = f"≥ {fmt_cc(native_min)}"
+    return Verdict(False, False, f"artifact format {fmt.value} needs compute capability {need}; "
+                                 f"this GPU is {gpu.describe()}")
+
+
+def _from_nvidia_smi() -> GPUInfo | None:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=compute_cap,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("nvidia-smi failed (%s); falling back to the planned compute capability", e)
+        return None
+    gpus = []
+    for line in out.splitlines():
+        cap, _, name = line.partition(",")
+        try:
+            gpus.append((parse_cc(cap), name.strip() or None))
+        except ValueError:
+            continue
+    if not gpus:
+        return None
+    cc, name = min(gpus)  # every visible GPU must run the model: the weakest one decides
+    return GPUInfo(cc, name, "nvidia-smi")
+
+
+def _from_torch() -> GPUInfo | None:
+    try:
+        import torch  # noqa: PLC0415 - optional: the runtime image has no torch, vLLM's does
+    except Exception:  # noqa: BLE001 - not installed or broken: not our source of truth then
+        return None
+    try:
+        if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+            return None
+        gpus = [(torch.cuda.get_device_capability(i), torch.cuda.get_device_name(i))
+                for i in range(torch.cuda.device_count())]
+    except Exception as e:  # noqa: BLE001
+        log.warning("torch could not query the GPU (%s)", e)
+        return None
+    cc, name = min(gpus)
+    return GPUInfo((int(cc[0]), int(cc[1])), name, "torch")
+
+
+def detect_gpu(node_cc: str | None, env: dict[str, str] | None = None, probe: bool = True) -> GPUInfo | None:
+    """The device's own figure first; the planned one otherwise. A disagreement is logged: the
+    device is what the kernels will see."""
+    env = os.environ if env is None else env
+    planned: GPUInfo | None = None
+    planned_text, source = (node_cc, "--node-cc") if node_cc else (env.get("FEWERBITS_NODE_GPU_CC"),
+                                                                    "FEWERBITS_NODE_GPU_CC")
+    if planned_text:
+        try:
+            planned = GPUInfo(parse_cc(planned_text), env.get("FEWERBITS_NODE_GPU_PRODUCT") or None, source)
+        except ValueError as e:
+            raise UsageError(f"{source}: {e}") from None
+    device = (_from_nvidia_smi() or _from_torch()) if probe else None
+    if device and planned and device.cc != planned.cc:
+        log.warning("the GPU reports compute capability %s but the variant was planned for %s (%s): "
+                    "trusting the device; check the node's GPU labels", device.describe(),
+                    planned.describe(), planned.source)
+    return device or planned
+
+
+def model_dir_from_args(cmd: list[str]) -> str | None:
+    """The model path of a ``vllm serve MODEL ...`` or ``... --model MODEL`` command line."""
+    for i, a in enumerate(cmd):
+        if a == "--model" and i + 1 < len(cmd):
+            return cmd[i + 1]
+        if a.startswith("--model="):
+            return a.split("=", 1)[1]
+    if "serve" in cmd:
+        i = cmd.index("serve")
+        if i + 1 < len(cmd) and not cmd[i + 1].startswith("-"):
+            return cmd[i + 1]
+    return None
+
+
+def format_from_manifest(path: Path) -> QuantFormat:
+    try:
+        doc = json.loads(path.read_text())
+        return QuantFormat(doc["format"])
+    except FileNotFoundError:
+        raise UsageError(f"no manifest at {path}: run the fetcher first, or pass --format") from None
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"cannot read the format from {path}: {e}") from None
+
+
+def resolve_format(fmt: str | None, manifest: str | None, cmd: list[str]) -> QuantFormat:
+    if fmt:
+        try:
+            return QuantFormat(fmt)
+        except ValueError:
+            raise UsageError(f"unknown format {fmt!r} (known: "
+                             f"{', '.join(f.value for f in QuantFormat if f is not QuantFormat.AUTO)})") from None
+    if manifest:
+        return format_from_manifest(Path(manifest))
+    model = model_dir_from_args(cmd)
+    if model and Path(model).is_dir():
+        return format_from_manifest(Path(model) / DEST_MANIFEST_NAME)
+    raise UsageError("cannot tell the artifact's format: pass --format (or FEWERBITS_FORMAT), --manifest, "
+                     "or a vLLM command whose model is a directory the fetcher filled")
+
+
+def prepare(fmt: QuantFormat, gpu: GPUInfo | None, allow_unknown_gpu: bool = True) -> Verdict:
+    """Decide; raise GPUIncompatible when the artifact cannot run here."""
+    if fmt is QuantFormat.AUTO:
+        raise UsageError("format 'auto' is a request, not an artifact format")
+    if gpu is None:
+        msg = (f"no compute capability known (no nvidia-smi, no torch GPU, no --node-cc or "
+               f"FEWERBITS_NODE_GPU_CC): cannot check that format {fmt.value} fits this GPU")
+        if not allow_unknown_gpu:
+            raise GPUIncompatible(msg)
+        log.warning("%s; starting anyway", msg)
+        return Verdict(True, False, msg)
+    verdict = check(fmt, gpu)
+    if not verdict.ok:
+        raise GPUIncompatible(verdict.message, format=fmt.value, computeCapability=fmt_cc(gpu.cc),
+                              gpu=gpu.name, ccSource=gpu.source)
+    if verdict.fallback:
+        log.warning("%s", verdict.message)
+    else:
+        log.info("%s", verdict.message)
+    return verdict
+
+
+def exec_command(cmd: list[str]) -> None:
+    """Replace this process with the command, so signals (SIGTERM on pod deletion) reach vLLM
+    directly and its exit status is the container's."""
+    if not cmd:
+        raise UsageError("nothing to launch: give the command after '--'")
+    log.info("exec %s", " ".join(cmd[:2]) + (" ..." if len(cmd) > 2 else ""))
+    for h in logging.getLogger().handlers:
+        h.flush()
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        raise ExecFailed(f"cannot start {cmd[0]!r}: {e.strerror}") from None

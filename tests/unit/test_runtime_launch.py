@@ -1,0 +1,230 @@
+"""The launch wrapper: numeric compute-capability checks, refusal messages, exec of what follows --."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+from fewerbits_runtime import launch
+from fewerbits_runtime.cli import main
+from fewerbits_runtime.errors import EXIT_GPU_INCOMPATIBLE, EXIT_USAGE, GPUIncompatible
+from fewerbits_runtime.launch import GPUInfo, check, detect_gpu, model_dir_from_args, parse_cc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def gpu(cc: str, name: str | None = None) -> GPUInfo:
+    return GPUInfo(parse_cc(cc), name, "test")
+
+
+@pytest.mark.parametrize("text,cc", [("9.0", (9, 0)), ("10.0", (10, 0)), ("12.1", (12, 1)), ("8.9", (8, 9)),
+                                     ("9", (9, 0)), (" 7.5\n", (7, 5))])
+def test_parse_cc(text, cc):
+    assert parse_cc(text) == cc
+
+
+@pytest.mark.parametrize("text", ["", "nine", "9.x", "v9.0", "9.0.1"])
+def test_parse_cc_refuses_garbage(text):
+    with pytest.raises(ValueError):
+        parse_cc(text)
+
+
+def test_cc_compares_as_numbers_not_strings():
+    # As strings "10.0" < "9.0"; as compute capabilities Blackwell is above Hopper.
+    assert "10.0" < "9.0"
+    assert parse_cc("10.0") > parse_cc("9.0")
+    v = check(QuantFormat.FP8_BLOCK, gpu("10.0", "NVIDIA-B200"))
+    assert v.ok and not v.fallback
+
+
+@pytest.mark.parametrize("fmt,cc,ok,fallback", [
+    ("nvfp4", "10.0", True, False),
+    ("nvfp4", "12.0", True, False),
+    ("nvfp4", "9.0", True, True),
+    ("nvfp4", "8.0", True, True),
+    ("nvfp4", "7.5", False, False),
+    ("nvfp4a16", "8.9", True, True),
+    ("fp8-dynamic", "8.9", True, False),
+    ("fp8-dynamic", "9.0", True, False),
+    ("fp8-dynamic", "8.6", True, True),
+    ("fp8-dynamic", "8.0", True, True),
+    ("fp8-dynamic", "7.5", False, False),
+    ("fp8-block", "8.9", False, False),
+    ("fp8-block", "9.0", True, False),
+    ("w4afp8", "9.0", True, False),
+    ("w4afp8", "8.9", False, False),
+    ("w4afp8", "10.0", False, False),
+    ("w4a16-awq", "8.0", True, False),
+    ("w4a16-awq", "7.5", True, True),
+    ("w4a16-gptq", "7.0", False, False),
+    ("w8a8-int8", "7.5", True, False),
+    ("w8a8-int8", "7.0", False, False),
+    ("none", "7.5", True, False),
+])
+def test_format_against_cc(fmt, cc, ok, fallback):
+    v = check(QuantFormat(fmt), gpu(cc))
+    assert (v.ok, v.fallback) == (ok, fallback), v.message
+
+
+def test_every_concrete_format_has_facts_the_check_understands():
+    for fmt in QuantFormat:
+        if fmt is QuantFormat.AUTO:
+            continue
+        facts = FORMAT_FACTS[fmt]
+        assert check(fmt, GPUInfo(facts.native_min_cc, None, "t")).ok
+
+
+def test_refusal_names_format_need_and_gpu():
+    v = check(QuantFormat.NVFP4, gpu("7.5", "Tesla-T4"))
+    assert v.message == ("artifact format nvfp4 needs compute capability ≥ 8.0 (native from 10.0); "
+                         "this GPU is 7.5 (Tesla-T4)")
+
+
+def test_w4afp8_refused_on_blackwell_and_ada():
+    for cc, name in (("10.0", "NVIDIA-B200"), ("8.9", "NVIDIA-L4")):
+        v = check(QuantFormat.W4AFP8, gpu(cc, name))
+        assert not v.ok
+        assert "w4afp8 needs compute capability exactly 9.0" in v.message
+        assert f"this GPU is {cc} ({name})" in v.message
+
+
+def test_fallback_is_allowed_with_the_note():
+    v = check(QuantFormat.FP8_DYNAMIC, gpu("8.0", "NVIDIA-A100-SXM4-80GB"))
+    assert v.ok and v.fallback
+    assert "native from 8.9" in v.message and "Marlin" in v.message
+
+
+def test_prepare_raises_with_details():
+    with pytest.raises(GPUIncompatible) as e:
+        launch.prepare(QuantFormat.FP8_BLOCK, gpu("8.9", "NVIDIA-L4"))
+    assert e.value.details["computeCapability"] == "8.9"
+    assert e.value.details["format"] == "fp8-block"
+
+
+def test_unknown_gpu_warns_or_refuses():
+    assert launch.prepare(QuantFormat.NVFP4, None).ok
+    with pytest.raises(GPUIncompatible):
+        launch.prepare(QuantFormat.NVFP4, None, allow_unknown_gpu=False)
+
+
+def test_detect_gpu_prefers_the_device(monkeypatch):
+    monkeypatch.setattr(launch, "_from_nvidia_smi", lambda: GPUInfo((9, 0), "NVIDIA-H100-80GB-HBM3", "nvidia-smi"))
+    got = detect_gpu("8.9", env={})
+    assert got.cc == (9, 0) and got.source == "nvidia-smi"
+
+
+def test_detect_gpu_falls_back_to_flag_then_env(monkeypatch):
+    monkeypatch.setattr(launch, "_from_nvidia_smi", lambda: None)
+    monkeypatch.setattr(launch, "_from_torch", lambda: None)
+    assert detect_gpu("10.0", env={"FEWERBITS_NODE_GPU_CC": "9.0"}).cc == (10, 0)
+    got = detect_gpu(None, env={"FEWERBITS_NODE_GPU_CC": "9.0", "FEWERBITS_NODE_GPU_PRODUCT": "NVIDIA-H200"})
+    assert (got.cc, got.name, got.source) == ((9, 0), "NVIDIA-H200", "FEWERBITS_NODE_GPU_CC")
+    assert detect_gpu(None, env={}) is None
+
+
+def test_nvidia_smi_output_parsed_weakest_gpu_wins(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '9.0, NVIDIA H100 80GB HBM3'\necho '8.9, NVIDIA L4'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    got = launch._from_nvidia_smi()
+    assert got.cc == (8, 9) and got.name == "NVIDIA L4"
+
+
+@pytest.mark.parametrize("cmd,model", [
+    (["vllm", "serve", "/models/k", "--dtype", "bfloat16"], "/models/k"),
+    (["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/k"], "/models/k"),
+    (["vllm", "serve", "--model=/models/k"], "/models/k"),
+    (["vllm", "serve", "--port", "8000"], None),
+])
+def test_model_dir_from_args(cmd, model):
+    assert model_dir_from_args(cmd) == model
+
+
+def _run_cli(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    term = tmp_path / "termination-log"
+    full_env = {**os.environ, "PYTHONPATH": f"{REPO / 'crds'}{os.pathsep}{REPO / 'runtime'}",
+                "FEWERBITS_TERMINATION_LOG": str(term), "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    full_env.pop("FEWERBITS_NODE_GPU_CC", None)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "fewerbits_runtime", *args], capture_output=True, text=True,
+                          env=full_env, timeout=60)
+
+
+def test_launch_execs_the_command_after_dashdash(tmp_path):
+    # No nvidia-smi in tmp_path's PATH entry; the planned CC decides; the "vLLM" is echo.
+    r = _run_cli(["launch", "--format", "fp8-dynamic", "--node-cc", "9.0", "--", "echo", "serving", "--port", "8000"],
+                 tmp_path, env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "serving --port 8000"
+
+
+def test_launch_exec_replaces_the_process(tmp_path):
+    # exec, not a child: the command sees the wrapper's own pid.
+    r = _run_cli(["launch", "--format", "none", "--node-cc", "8.0", "--", "sh", "-c", 'echo "$$ $PPID"'], tmp_path,
+                 env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    pid, ppid = r.stdout.split()
+    # the shell is the wrapper process itself, so its parent is the test (not a python wrapper)
+    assert int(ppid) == os.getpid()
+
+
+def test_launch_refuses_with_termination_message(tmp_path):
+    r = _run_cli(["launch", "--format", "nvfp4", "--", "echo", "must-not-run"], tmp_path,
+                 env={"FEWERBITS_NODE_GPU_CC": "7.5", "FEWERBITS_NODE_GPU_PRODUCT": "Tesla-T4",
+                      "PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == EXIT_GPU_INCOMPATIBLE
+    assert "must-not-run" not in r.stdout
+    msg = json.loads((tmp_path / "termination-log").read_text())
+    assert msg["reason"] == "GPUIncompatible"
+    assert msg["message"] == ("artifact format nvfp4 needs compute capability ≥ 8.0 (native from 10.0); "
+                              "this GPU is 7.5 (Tesla-T4)")
+    assert "this GPU is 7.5 (Tesla-T4)" in r.stderr
+
+
+def test_launch_uses_device_cc_from_nvidia_smi(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '10.0, NVIDIA B200'\n")
+    smi.chmod(0o755)
+    r = _run_cli(["launch", "--format", "w4afp8", "--node-cc", "9.0", "--", "echo", "x"], tmp_path,
+                 env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == EXIT_GPU_INCOMPATIBLE
+    assert "this GPU is 10.0 (NVIDIA B200)" in r.stderr
+    assert "planned for 9.0" in r.stderr
+
+
+def test_launch_reads_format_from_fetched_manifest(tmp_path):
+    model = tmp_path / "models" / ("a" * 64)
+    model.mkdir(parents=True)
+    (model / "fewerbits-manifest.json").write_text(json.dumps({"format": "fp8-block"}))
+    r = _run_cli(["launch", "--node-cc", "8.9", "--", "vllm-not-needed", "serve", str(model)], tmp_path,
+                 env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == EXIT_GPU_INCOMPATIBLE
+    assert "fp8-block needs compute capability ≥ 9.0; this GPU is 8.9" in r.stderr
+
+
+def test_launch_warns_on_fallback_then_execs(tmp_path):
+    r = _run_cli(["launch", "--format", "nvfp4", "--node-cc", "9.0", "--", "echo", "ok"], tmp_path,
+                 env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == 0
+    assert "WARNING" in r.stderr and "Marlin" in r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_launch_missing_command_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEWERBITS_TERMINATION_LOG", str(tmp_path / "t"))
+    assert main(["launch", "--format", "nvfp4", "--node-cc", "10.0"]) == EXIT_USAGE
+    assert main(["launch", "--node-cc", "10.0", "--", "echo"]) == EXIT_USAGE  # no format anywhere
+
+
+def test_launch_exec_failure_is_reported(tmp_path):
+    r = _run_cli(["launch", "--format", "none", "--node-cc", "8.0", "--", "no-such-vllm-binary"], tmp_path,
+                 env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 127
+    assert json.loads((tmp_path / "termination-log").read_text())["reason"] == "ExecFailed"
