@@ -1,0 +1,402 @@
+"""The shape of a model, read from its Hugging Face ``config.json``.
+
+Everything the planner needs to size a model without downloading its weights: parameter counts
+(total and, for mixture-of-experts models, active per token), split into the buckets that
+quantization treats differently, and the attention geometry that sizes the KV cache.
+
+Parameter buckets (DESIGN.md "Memory fit": weights ≈ params × bits/8 with ignored layers at
+16 bits):
+
+* ``linear_params`` — the decoder's Linear layers (attention projections, MLP, experts): what a
+  quantization format compresses.
+* ``embed_params`` — the input embedding (an nn.Embedding: never quantized by llm-compressor).
+* ``lm_head_params`` — the LM head when it is not tied to the embedding (0 when tied: the head
+  then reuses the embedding matrix, kept at 16 bits).
+* ``other_params`` — norms, biases and MoE routers: always 16 bits (routers stay unquantized in
+  vLLM and in llm-compressor's recipes).
+* ``vision_params`` — a multimodal model's vision encoder and projector (an estimate; left at
+  16 bits, as llm-compressor's multimodal recipes ignore them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class ModelConfigError(ValueError):
+    """A config.json the planner cannot read; the message names the file or field."""
+
+
+# Defaults that transformers' config classes apply when config.json leaves a field out (the
+# Gemma 3 text_config, for one, carries neither vocab_size nor max_position_embeddings).
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma": {"tie_word_embeddings": True, "head_dim": 256, "max_position_embeddings": 8192},
+    "gemma2": {"tie_word_embeddings": True, "head_dim": 256, "max_position_embeddings": 8192},
+    "gemma3_text": {
+        "tie_word_embeddings": True,
+        "head_dim": 256,
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "num_key_value_heads": 4,
+    },
+    "llama": {"tie_word_embeddings": False, "max_position_embeddings": 2048},
+    "mistral": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "mixtral": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "qwen2": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "qwen3": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "qwen2_moe": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "qwen3_moe": {"tie_word_embeddings": False, "max_position_embeddings": 32768},
+    "deepseek_v2": {"tie_word_embeddings": False},
+    "deepseek_v3": {"tie_word_embeddings": False},
+}
+# transformers' PretrainedConfig default when neither config.json nor the type says otherwise.
+_TIE_DEFAULT = False
+
+# Models with q/k/v projection biases although their config does not say so.
+_QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
+# Models whose attention applies RMSNorm to q and k per head (two head_dim vectors a layer).
+_QK_NORM_TYPES = {"qwen3", "qwen3_moe", "gemma3_text", "gemma3"}
+# Norms per decoder layer (Gemma 2/3 norm both before and after attention and MLP).
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "gemma3": 4}
+
+# Keys vLLM reads for the model's length limit (vllm/config/model.py, _get_and_verify_max_len);
+# the smallest present wins.
+_MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+FLOAT16_UNSUPPORTED_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})
+"""Architectures vLLM refuses to run in float16 (numerical instability: activations overflow);
+they need bfloat16, i.e. compute capability 8.0 or newer (DESIGN.md: gemma2/3 reject float16)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only model's size and attention geometry (see the module docstring)."""
+
+    model_type: str
+    """``model_type`` of the top-level config (``gemma3`` for Gemma 3, not ``gemma3_text``)."""
+    text_model_type: str
+    """``model_type`` of the language model (the nested ``text_config`` when there is one)."""
+    architectures: tuple[str, ...]
+    torch_dtype: str | None
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    """KV heads of the cache (1 for multi-head latent attention: one latent vector per token)."""
+    head_dim: int
+    vocab_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    max_model_len: int
+    """The longest sequence the model supports: max_position_embeddings, extended by RoPE scaling
+    where vLLM extends it."""
+    tie_word_embeddings: bool
+    embed_params: int
+    lm_head_params: int
+    linear_params: int
+    linear_active_params: int
+    other_params: int
+    vision_params: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    kv_head_dim: int = 0
+    """Elements per KV head per token per K or V (head_dim; the latent width for MLA)."""
+    kv_tensors: int = 2
+    """2 (K and V) for ordinary attention; 1 for MLA, which caches one latent vector."""
+    mla: bool = False
+    rope_scaling: Mapping[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def total_params(self) -> int:
+        return self.embed_params + self.lm_head_params + self.linear_params + self.other_params + self.vision_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters used per token (all of them for a dense model; the routed experts'
+        share for a mixture of experts)."""
+        return self.embed_params + self.lm_head_params + self.linear_active_params + self.other_params
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def float16_unsupported(self) -> bool:
+        return self.model_type in FLOAT16_UNSUPPORTED_TYPES or self.text_model_type in FLOAT16_UNSUPPORTED_TYPES
+
+    def kv_bytes_per_token_per_gpu(self, tensor_parallel: int, kv_bytes: float) -> float:
+        """KV-cache bytes one token takes on each GPU of a replica.
+
+        DESIGN.md: KV bytes per token = 2 × layers × kv_heads × head_dim × bytes(kv dtype).
+        Under tensor parallelism vLLM splits the KV heads across GPUs, and replicates them when
+        there are fewer KV heads than GPUs (so each GPU holds at least one); MLA's single
+        latent is replicated on every GPU.
+        """
+        heads_per_gpu = 1 if self.mla else math.ceil(self.num_kv_heads / tensor_parallel)
+        return self.kv_tensors * self.num_layers * heads_per_gpu * self.kv_head_dim * kv_bytes
+
+    def kv_bytes_per_token(self, kv_bytes: float) -> float:
+        """KV-cache bytes one token takes in the whole replica (TP 1)."""
+        return self.kv_bytes_per_token_per_gpu(1, kv_bytes)
+
+
+def _get(cfg: Mapping[str, Any], key: str, model_type: str, default: Any = None) -> Any:
+    value = cfg.get(key)
+    if value is None:
+        value = _TYPE_DEFAULTS.get(model_type, {}).get(key, default)
+    return value
+
+
+def _req_int(cfg: Mapping[str, Any], key: str, model_type: str, where: str) -> int:
+    value = _get(cfg, key, model_type)
+    if value is None:
+        raise ModelConfigError(f"{where}: missing {key!r}, which the planner needs to size the model")
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"{where}: {key!r} must be an integer, got {value!r}") from None
+    if n <= 0:
+        raise ModelConfigError(f"{where}: {key!r} must be positive, got {value!r}")
+    return n
+
+
+def _opt_int(cfg: Mapping[str, Any], key: str, default: int = 0) -> int:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ModelConfigError(f"config.json: {key!r} must be an integer, got {value!r}") from None
+
+
+def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    # transformers 5 writes `rope_parameters`; older configs `rope_scaling` (with `type` or
+    # `rope_type`).
+    for key in ("rope_scaling", "rope_parameters"):
+        value = cfg.get(key)
+        if isinstance(value, Mapping) and value:
+            return value
+    return None
+
+
+def _derived_max_len(cfg: Mapping[str, Any], model_type: str, rope: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(max_position_embeddings, the model's length limit), the way vLLM derives it."""
+    found = [int(cfg[k]) for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    default = _TYPE_DEFAULTS.get(model_type, {}).get("max_position_embeddings")
+    if not found and default:
+        found = [int(default)]
+    if not found:
+        raise ModelConfigError("config.json: missing 'max_position_embeddings' (the model's length limit)")
+    max_pos = min(found)
+    derived = float(max_pos)
+    # vLLM applies the RoPE scaling factor except for types whose max_position_embeddings already
+    # is the scaled length (su/longrope/llama3), and never for Gemma 3 (its 128K is already
+    # scaled); for yarn it scales original_max_position_embeddings.
+    if rope and "gemma3" not in model_type:
+        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+        if rope_type not in ("su", "longrope", "llama3", "default", "mrope"):
+            factor = float(rope.get("factor") or 1.0)
+            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+                derived = float(rope["original_max_position_embeddings"])
+            derived *= factor
+    return max_pos, int(derived)
+
+
+def _vision_params(cfg: Mapping[str, Any], text_hidden: int) -> int:
+    """A ViT-style encoder's parameters from its vision_config (an estimate: 4h² attention +
+    2·h·i MLP per layer, patch and position embeddings, and a projector to the text width)."""
+    vc = cfg.get("vision_config")
+    if not isinstance(vc, Mapping):
+        return 0
+    h = _opt_int(vc, "hidden_size")
+    i = _opt_int(vc, "intermediate_size", 4 * h)
+    layers = _opt_int(vc, "num_hidden_layers") or _opt_int(vc, "depth")
+    if not h or not layers:
+        return 0
+    patch = _opt_int(vc, "patch_size", 14)
+    image = _opt_int(vc, "image_size", 224)
+    channels = _opt_int(vc, "num_channels", 3)
+    per_layer = 4 * h * h + 2 * h * i + 4 * h + 2 * h + i + 4 * h  # weights, biases, 2 norms
+    embeddings = channels * patch * patch * h + (image // max(patch, 1)) ** 2 * h
+    projector = h * text_hidden
+    return layers * per_layer + embeddings + projector
+
+
+def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> ModelShape:
+    """The shape of a model from its parsed ``config.json``.
+
+    Reads dense decoders (Llama, Mistral, Qwen2/3, Gemma/Gemma2/Gemma3 — whose language model is
+    nested in ``text_config``) and mixtures of experts (Mixtral ``num_local_experts``, Qwen2/3-MoE
+    ``num_experts`` with ``moe_intermediate_size`` and shared experts, DeepSeek-V2/V3 routed and
+    shared experts with multi-head latent attention). Other decoders are read as Llama-like (gated
+    MLP), with a note. Raises ModelConfigError naming the missing or malformed field.
+    """
+    if not isinstance(config, Mapping):
+        raise ModelConfigError(f"{where}: expected a JSON object")
+    model_type = str(config.get("model_type") or "")
+    architectures = tuple(str(a) for a in (config.get("architectures") or ()))
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
+    cfg: Mapping[str, Any] = text if text is not None else config
+    text_type = str(cfg.get("model_type") or model_type)
+    if text is not None and not text.get("model_type") and model_type == "gemma3":
+        text_type = "gemma3_text"
+    notes: list[str] = []
+    known = set(_TYPE_DEFAULTS) | {"gemma3"}
+    if text_type not in known:
+        notes.append(
+            f"model_type {text_type or '(none)'!r} is not one the planner knows; "
+            "sized as a Llama-like decoder (gated MLP), so the estimate may be off"
+        )
+
+    hidden = _req_int(cfg, "hidden_size", text_type, where)
+    layers = _req_int(cfg, "num_hidden_layers", text_type, where)
+    heads = _req_int(cfg, "num_attention_heads", text_type, where)
+    kv_heads = int(_get(cfg, "num_key_value_heads", text_type) or heads)
+    head_dim = int(cfg.get("head_dim") or _TYPE_DEFAULTS.get(text_type, {}).get("head_dim") or hidden // heads)
+    vocab = _req_int(cfg, "vocab_size", text_type, where)
+    intermediate = _opt_int(cfg, "intermediate_size")
+    tie_value = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+    if tie_value is None:
+        tie_value = _TYPE_DEFAULTS.get(text_type, {}).get("tie_word_embeddings", _TIE_DEFAULT)
+    tie = bool(tie_value)
+    rope = _rope_scaling(cfg)
+    max_pos, max_len = _derived_max_len(cfg, text_type, rope)
+    dtype = config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+
+    norms_per_layer = _NORMS_PER_LAYER.get(text_type, 2)
+    other_per_layer = norms_per_layer * hidden
+
+    # --- attention
+    mla = bool(cfg.get("kv_lora_rank"))
+    if mla:
+        # DeepSeek multi-head latent attention: q (optionally through a low-rank q_lora), a joint
+        # compressed kv latent plus a shared rope key, and its up-projection.
+        q_lora = _opt_int(cfg, "q_lora_rank")
+        kv_lora = _opt_int(cfg, "kv_lora_rank")
+        nope = _opt_int(cfg, "qk_nope_head_dim", 128)
+        rope_dim = _opt_int(cfg, "qk_rope_head_dim", 64)
+        v_dim = _opt_int(cfg, "v_head_dim", 128)
+        q_head = nope + rope_dim
+        q_params = (hidden * q_lora + q_lora * heads * q_head) if q_lora else hidden * heads * q_head
+        attn = q_params + hidden * (kv_lora + rope_dim) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+        other_per_layer += kv_lora + (q_lora or 0)
+        kv_cache_heads, kv_head_dim, kv_tensors = 1, kv_lora + rope_dim, 1
+        head_dim = q_head
+    else:
+        attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+        if text_type in _QKV_BIAS_TYPES or cfg.get("attention_bias"):
+            other_per_layer += (heads + 2 * kv_heads) * head_dim
+        if text_type in _QK_NORM_TYPES:
+            other_per_layer += 2 * head_dim
+        kv_cache_heads, kv_head_dim, kv_tensors = kv_heads, head_dim, 2
+
+    # --- MLP / experts
+    experts = _opt_int(cfg, "num_local_experts") or _opt_int(cfg, "num_experts") or _opt_int(cfg, "n_routed_experts")
+    top_k = _opt_int(cfg, "num_experts_per_tok")
+    moe_inter = _opt_int(cfg, "moe_intermediate_size") or (intermediate if experts else 0)
+    shared_inter = _opt_int(cfg, "shared_expert_intermediate_size")
+    n_shared = _opt_int(cfg, "n_shared_experts")
+    if n_shared and not shared_inter:
+        shared_inter = n_shared * moe_inter
+    sparse_step = _opt_int(cfg, "decoder_sparse_step", 1) or 1
+    mlp_only = set(cfg.get("mlp_only_layers") or ())
+    first_dense = _opt_int(cfg, "first_k_dense_replace")
+    moe_freq = _opt_int(cfg, "moe_layer_freq", 1) or 1
+    if experts and not top_k:
+        raise ModelConfigError(f"{where}: a mixture of experts needs 'num_experts_per_tok'")
+    if not experts and not intermediate:
+        raise ModelConfigError(f"{where}: missing 'intermediate_size', which the planner needs to size the MLP")
+
+    linear = linear_active = other = 0
+    for layer in range(layers):
+        if text_type.startswith("deepseek"):
+            is_moe = experts > 0 and layer >= first_dense and layer % moe_freq == 0
+        else:
+            is_moe = experts > 0 and layer not in mlp_only and (layer + 1) % sparse_step == 0
+        linear += attn
+        linear_active += attn
+        other += other_per_layer
+        if is_moe:
+            expert = 3 * hidden * moe_inter  # gate, up and down projections
+            shared = 3 * hidden * shared_inter
+            linear += experts * expert + shared
+            linear_active += top_k * expert + shared
+            other += hidden * experts  # the router
+            if shared_inter and text_type.startswith("qwen"):
+                other += hidden  # Qwen's shared-expert gate
+        else:
+            linear += 3 * hidden * intermediate
+            linear_active += 3 * hidden * intermediate
+    other += hidden  # final norm
+
+    embed = vocab * hidden
+    lm_head = 0 if tie else vocab * hidden
+    vision = _vision_params(config, hidden) if text is not None else 0
+    if vision:
+        notes.append(f"vision encoder (~{vision / 1e9:.2f}B parameters, estimated) kept at 16 bits")
+
+    return ModelShape(
+        model_type=model_type or text_type,
+        text_model_type=text_type,
+        architectures=architectures,
+        torch_dtype=str(dtype) if dtype else None,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_cache_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        intermediate_size=intermediate,
+        max_position_embeddings=max_pos,
+        max_model_len=max_len,
+        tie_word_embeddings=tie,
+        embed_params=embed,
+        lm_head_params=lm_head,
+        linear_params=linear,
+        linear_active_params=linear_active,
+        other_params=other,
+        vision_params=vision,
+        num_experts=experts,
+        experts_per_token=top_k if experts else 0,
+        moe_intermediate_size=moe_inter if experts else 0,
+        kv_head_dim=kv_head_dim,
+        kv_tensors=kv_tensors,
+        mla=mla,
+        rope_scaling=dict(rope) if rope else None,
+        notes=tuple(notes),
+    )
+
+
+def load_model_shape(path: str | Path) -> ModelShape:
+    """The shape of the model whose ``config.json`` is at ``path`` (a file, or a directory that
+    holds one). Raises ModelConfigError with a message naming the file."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelConfigError(f"{p}: no such file") from None
+    except OSError as e:
+        raise ModelConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{p}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    return shape_from_config(config, where=str(p))
