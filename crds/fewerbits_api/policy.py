@@ -1,0 +1,183 @@
+"""The ``QuantizationPolicy`` kind: cluster-wide defaults and rules set by a platform team.
+
+A policy applies to the QuantizedModels in namespaces its ``namespaceSelector`` matches. The
+effective spec of a model is its own spec laid over the defaults of the matching policy with the
+highest priority; that policy's rules then judge it (``Accepted=False`` names the broken rule).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from .base import API_VERSION, ApiModel
+from .formats import QuantFormat
+from .quantizedmodel import (
+    GPUFamily,
+    LabelKey,
+    LabelValue,
+    ObjectMeta,
+    QuantizationSpec,
+    ServingSpec,
+    StorageSpec,
+    AutoscalingSpec,
+)
+
+KIND = "QuantizationPolicy"
+PLURAL = "quantizationpolicies"
+SHORT_NAMES = ["qp"]
+
+
+class LabelSelectorRequirement(ApiModel):
+    """A label selector requirement (metav1.LabelSelectorRequirement)."""
+
+    key: LabelKey
+    """The label key."""
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """How the key relates to the values."""
+    values: Annotated[list[LabelValue], Field(max_length=64)] = Field(default_factory=list)
+    """Values for In and NotIn; empty for Exists and DoesNotExist."""
+
+
+class LabelSelector(ApiModel):
+    """A label selector (metav1.LabelSelector). Empty selects everything."""
+
+    matchLabels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    """Labels that must all be present with these values."""
+    matchExpressions: Annotated[list[LabelSelectorRequirement], Field(max_length=32)] = Field(default_factory=list)
+    """Requirements that must all hold."""
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.matchLabels.items()):
+            return False
+        for req in self.matchExpressions:
+            present = req.key in labels
+            if req.operator == "In" and (not present or labels[req.key] not in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = None
+    """Taint key; empty with operator Exists matches every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+    value: str | None = None
+    """Taint value for Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all."""
+    tolerationSeconds: int | None = None
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class QuantizationJobPlacement(ApiModel):
+    """Where and how quantization Jobs run."""
+
+    nodeSelector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    """Node labels the Job's pod must match (e.g. a calibration GPU pool)."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
+    """Tolerations for tainted GPU nodes."""
+    priorityClassName: Annotated[str, Field(max_length=253)] | None = None
+    """Priority class of the Job's pod."""
+    gpus: Annotated[int, Field(ge=0, le=16)] = 1
+    """GPUs the Job requests (`nvidia.com/gpu`); 0 runs on CPU (small models only)."""
+    activeDeadlineSeconds: Annotated[int, Field(ge=60, le=604800)] = 21600
+    """How long a Job may run before Kubernetes stops it."""
+    backoffLimit: Annotated[int, Field(ge=0, le=10)] = 2
+    """Retries of a failed Job pod."""
+
+
+class PolicyRules(ApiModel):
+    """What models under this policy may and may not do."""
+
+    allowedFormats: Annotated[list[QuantFormat], Field(max_length=16)] | None = None
+    """Formats models may use (`auto` resolves only to these). Empty: all."""
+    allowedSources: Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=64)] | None = None
+    """Glob patterns the source URI must match, e.g. `hf://meta-llama/*`, `s3://models/*`."""
+    requireRevisionPin: bool = False
+    """Require `spec.source.revision`."""
+    requireQualityGate: bool = False
+    """Require `spec.quantization.qualityGate` to be set explicitly."""
+    maxPerplexityIncreasePercent: Annotated[float, Field(gt=0, le=1000)] | None = None
+    """Ceiling on `qualityGate.maxPerplexityIncreasePercent`."""
+    maxGPUsPerReplica: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Most GPUs one replica may use (caps the tensor-parallel size)."""
+    maxReplicas: Annotated[int, Field(ge=1, le=1000)] | None = None
+    """Most replicas per variant (caps `autoscaling.maxReplicas`)."""
+    allowTrustRemoteCode: bool = False
+    """Allow `spec.source.trustRemoteCode`."""
+    allowedExtraArgs: Annotated[list[Annotated[str, Field(min_length=3, max_length=128, pattern=r"^--[a-z0-9][a-z0-9-]*$")]], Field(max_length=64)] = Field(default_factory=list)
+    """vLLM flags models may pass in `serving.extraArgs` even though they change trust or
+    override the plan (e.g. `--enforce-eager`). Flags that are not plan- or trust-changing are
+    always allowed."""
+    artifactRetention: Literal["Retain", "Delete"] = "Retain"
+    """What happens to published artifacts when a model is deleted. `Delete` removes artifacts no
+    other model uses (the operator then adds a finalizer)."""
+    quantizationJob: QuantizationJobPlacement = Field(default_factory=QuantizationJobPlacement)
+    """Placement and limits of quantization Jobs."""
+
+    def source_allowed(self, uri: str) -> bool:
+        return self.allowedSources is None or any(fnmatch.fnmatchcase(uri, p) for p in self.allowedSources)
+
+
+class QuantizedModelDefaults(ApiModel):
+    """Defaults for any part of a QuantizedModel spec (the source excepted). A field the model
+    sets wins over the default."""
+
+    quantization: QuantizationSpec | None = None
+    """Default quantization settings."""
+    storage: StorageSpec | None = None
+    """Default artifact storage."""
+    serving: ServingSpec | None = None
+    """Default serving settings."""
+    autoscaling: AutoscalingSpec | None = None
+    """Default autoscaling settings."""
+
+
+class QuantizationPolicySpec(ApiModel):
+    """Defaults, rules and per-family format choices for the models in matching namespaces."""
+
+    namespaceSelector: LabelSelector = Field(default_factory=LabelSelector)
+    """Namespaces this policy applies to. Empty: all."""
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    """When several policies match a namespace, the highest priority wins (ties: name order)."""
+    defaults: QuantizedModelDefaults = Field(default_factory=QuantizedModelDefaults)
+    """Defaults merged under each model's spec."""
+    rules: PolicyRules = Field(default_factory=PolicyRules)
+    """Rules each model must satisfy."""
+    formatByGPUFamily: dict[GPUFamily, QuantFormat] = Field(default_factory=dict)
+    """Format the planner picks for `format: auto` on a GPU family, overriding its default."""
+
+    @field_validator("formatByGPUFamily")
+    @classmethod
+    def _concrete(cls, v: dict[str, QuantFormat]) -> dict[str, QuantFormat]:
+        for family, fmt in v.items():
+            if fmt is QuantFormat.AUTO:
+                raise ValueError(f"formatByGPUFamily.{family}: must name a concrete format, not 'auto'")
+        return v
+
+
+class QuantizationPolicy(ApiModel):
+    """Cluster-wide defaults and rules for QuantizedModels."""
+
+    KIND: ClassVar[str] = KIND
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+    apiVersion: Literal["fewerbits.io/v1alpha1"] = API_VERSION
+    """API version."""
+    kind: Literal["QuantizationPolicy"] = KIND
+    """Kind."""
+    metadata: ObjectMeta
+    """Standard object metadata."""
+    spec: QuantizationPolicySpec = Field(default_factory=QuantizationPolicySpec)
+    """Defaults and rules."""

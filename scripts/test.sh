@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up everything the tests need and run them: a virtual environment with the project and its
+# [dev,quantjob] extras, the control-plane binaries built from Go modules (cached outside the
+# repo, keyed by version), then pytest. Extra arguments go to pytest.
+#
+#   scripts/test.sh                 # everything
+#   scripts/test.sh tests/unit      # unit tests only (no Go build needed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${FEWERBITS_VENV:-.venv}
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+step() { printf '\n==> %s (%ds)\n' "$*" "$SECONDS"; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating virtual environment $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+step "installing fewerbits with [dev,quantjob] extras (pip cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
+
+if [ -x e2e/build.sh ] && [ "${FEWERBITS_SKIP_BUILD:-}" != 1 ]; then
+  step "building the control plane from Go modules (cached)"
+  e2e/build.sh
+fi
+
+step "running tests"
+set +e
+"$VENV/bin/python" -m pytest -ra --durations=15 "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: treating as failure" >&2
+  exit 1
+fi
+step "done (pytest exit $rc)"
+exit "$rc"
