@@ -1,0 +1,653 @@
+"""The planner's decision rules: for each GPU pool, format, dtype, KV-cache dtype, tensor-parallel
+size and maximum length that fit and run fastest there — or the reason the pool cannot serve.
+
+Pure functions (STYLE.md rule 1): ``plan(shape, pools, request) -> PlanStatus``. Every figure
+cited below is from DESIGN.md "Planner facts"; the assumptions the planner adds are named as
+module constants.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Iterable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat
+from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, ServingTarget
+
+from .catalog import CC, GPUPool, family_from_cc
+from .shape import ModelShape
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fewerbits_api.policy import QuantizationPolicySpec
+    from fewerbits_api.quantizedmodel import QuantizedModelSpec
+
+GIB = 1024**3
+
+# --- assumptions the planner adds to DESIGN.md's formulas -------------------------------------
+
+RESERVE_FIXED_GIB = 1.5
+"""Per GPU, outside weights and KV: CUDA context, CUDA graphs and sampler buffers."""
+RESERVE_FRACTION = 0.03
+"""Per GPU, a share of its memory for the activation peak of vLLM's profiling run (vLLM picks
+larger batches on larger GPUs, so the peak grows with the GPU)."""
+RESERVE_TP_GIB = 0.5
+"""Per GPU when tensor-parallel: NCCL communication buffers."""
+DEFAULT_MIN_MODEL_LEN = 8192
+"""Without ``serving.maxModelLen`` the length defaults to the model's limit, lowered to what fits;
+the tensor-parallel size is chosen so that at least this length (or the model's limit, if
+shorter) fits ``minConcurrentSequences`` times."""
+MODEL_LEN_STEP = 1024
+"""A lowered default length is rounded down to a multiple of this."""
+TYPICAL_CONTEXT_TOKENS = 2048
+"""Context length at which the batch-1 decode speed is estimated (KV read per token)."""
+GROUP_SIZE: dict[QuantFormat, int] = {
+    # Group / block sizes of llm-compressor's presets. vLLM's kernels need each GPU's share of a
+    # quantized layer's input (row-parallel: o_proj, down_proj, experts) to be a whole number of
+    # groups, so these limit the tensor-parallel sizes a format can use.
+    QuantFormat.W4A16_AWQ: 128,
+    QuantFormat.W4A16_GPTQ: 128,
+    QuantFormat.W4AFP8: 128,
+    QuantFormat.FP8_BLOCK: 128,
+    QuantFormat.NVFP4: 16,
+    QuantFormat.NVFP4A16: 16,
+}
+
+# DESIGN.md "Default choice per family": blackwell → nvfp4 (alt fp8-dynamic); hopper →
+# fp8-dynamic (alt w4afp8 / w4a16-awq when memory is tight); ada-lovelace → fp8-dynamic (alt
+# w4a16-awq); ampere → w4a16-awq (w8a8-int8 for heavy batching); turing → w8a8-int8 (alt
+# w4a16-gptq). Each list is also the step-down order: the first format that fits wins. Formats
+# missing from a list are appended (so a policy's allowedFormats can always be honoured), then
+# formats that run only through a fallback kernel are moved behind the native ones, and `none`
+# (16 bits) comes last.
+FAMILY_FORMATS: dict[str, tuple[QuantFormat, ...]] = {
+    "blackwell": (QuantFormat.NVFP4, QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ),
+    "hopper": (QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4AFP8, QuantFormat.W4A16_GPTQ),
+    "ada-lovelace": (QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ),
+    "ampere": (QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ, QuantFormat.W8A8_INT8),
+    "turing": (QuantFormat.W8A8_INT8, QuantFormat.W4A16_GPTQ, QuantFormat.W4A16_AWQ),
+    "volta": (),
+}
+
+# Layers that the planner already counts at 16 bits (so ignoring them changes nothing).
+_ALWAYS_16BIT_NAMES = (
+    "model.layers.0.mlp.gate",  # MoE routers
+    "model.layers.0.block_sparse_moe.gate",
+    "model.layers.0.mlp.shared_expert_gate",
+    "model.embed_tokens",
+    "vision_tower.vision_model.encoder.layers.0.mlp.fc1",
+    "model.vision_tower.encoder.layers.0.self_attn.q_proj",
+    "multi_modal_projector.linear_1",
+    "model.multi_modal_projector.mm_input_projection",
+    "visual.blocks.0.attn.qkv",
+)
+
+
+class PlanRequest(BaseModel):
+    """What the planner is asked: the effective spec's quantization and serving settings plus the
+    matching policy's constraints. Build it with ``PlanRequest.from_spec`` in the operator."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: QuantFormat = QuantFormat.AUTO
+    """`auto` picks per pool; a concrete format is used where it runs and fits, refused elsewhere."""
+    kv_cache: KVCacheSetting = KVCacheSetting.AUTO
+    ignore: tuple[str, ...] = ("lm_head",)
+    """Layers kept at 16 bits (llm-compressor names or `re:` patterns)."""
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
+    """Requested `--max-model-len`; None: the model's limit, lowered to what fits."""
+    min_concurrent_sequences: Annotated[int, Field(ge=1)] = 4
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    targets: tuple[ServingTarget, ...] = ()
+    """Pools to serve on; empty: all pools."""
+    served_model_name: str | None = None
+    """Put in `--served-model-name` when set."""
+    allowed_formats: tuple[QuantFormat, ...] | None = None
+    """Policy `rules.allowedFormats` (None or empty: all)."""
+    format_by_gpu_family: Mapping[str, QuantFormat] = Field(default_factory=dict)
+    """Policy `formatByGPUFamily`: replaces the family default of `format: auto`."""
+    max_gpus_per_replica: Annotated[int, Field(ge=1)] | None = None
+    """Policy `rules.maxGPUsPerReplica`: caps the tensor-parallel size."""
+
+    @field_validator("allowed_formats")
+    @classmethod
+    def _empty_is_all(cls, v: tuple[QuantFormat, ...] | None) -> tuple[QuantFormat, ...] | None:
+        # "Empty: all" (PolicyRules.allowedFormats); `auto` in the list means nothing concrete.
+        if v is None:
+            return None
+        concrete = tuple(f for f in v if f is not QuantFormat.AUTO)
+        return concrete or None
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: QuantizedModelSpec,
+        policy: QuantizationPolicySpec | None = None,
+        *,
+        default_served_model_name: str | None = None,
+    ) -> PlanRequest:
+        """The request for an effective QuantizedModel spec under the matching policy's spec."""
+        q, s = spec.quantization, spec.serving
+        rules = policy.rules if policy is not None else None
+        return cls(
+            format=q.format,
+            kv_cache=q.kvCache,
+            ignore=tuple(q.ignore),
+            max_model_len=s.maxModelLen,
+            min_concurrent_sequences=s.minConcurrentSequences,
+            gpu_memory_utilization=s.gpuMemoryUtilization,
+            targets=tuple(s.targets),
+            served_model_name=s.servedModelName or default_served_model_name,
+            allowed_formats=tuple(rules.allowedFormats) if rules and rules.allowedFormats else None,
+            format_by_gpu_family=dict(policy.formatByGPUFamily) if policy is not None else {},
+            max_gpus_per_replica=rules.maxGPUsPerReplica if rules else None,
+        )
+
+    def allows(self, fmt: QuantFormat) -> bool:
+        return self.allowed_formats is None or fmt in self.allowed_formats
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _cc(cc: CC) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.1f} GiB"
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,}"
+
+
+def kernel_support(fmt: QuantFormat, cc: CC) -> tuple[str, str]:
+    """Whether vLLM runs ``fmt`` on compute capability ``cc``: ("native", ""), ("fallback",
+    what the fallback means) or ("refused", why). DESIGN.md format table, via FORMAT_FACTS."""
+    facts = FORMAT_FACTS[fmt]
+    if facts.native_max_cc is not None and cc > facts.native_max_cc:
+        return "refused", (
+            f"{fmt.value} has a vLLM kernel only on compute capability {_cc(facts.native_min_cc)} exactly "
+            f"(Hopper); this GPU is {_cc(cc)}"
+        )
+    if cc >= facts.native_min_cc:
+        return "native", ""
+    if facts.fallback_min_cc is not None and cc >= facts.fallback_min_cc:
+        return "fallback", facts.fallback_note
+    lowest = facts.fallback_min_cc or facts.native_min_cc
+    exact = " exactly" if facts.native_max_cc is not None else ""
+    return "refused", f"{fmt.value} needs compute capability {_cc(lowest)}{exact} or newer; this GPU is {_cc(cc)}"
+
+
+def _lm_head_ignored(ignore: Iterable[str]) -> bool:
+    for entry in ignore:
+        if entry == "lm_head" or entry.endswith(".lm_head"):
+            return True
+        if entry.startswith("re:"):
+            try:
+                if re.search(entry[3:], "lm_head"):
+                    return True
+            except re.error:
+                continue
+    return False
+
+
+def _unsized_ignores(ignore: Iterable[str]) -> list[str]:
+    """Ignore entries the planner cannot size: not the LM head, and not layers it already
+    counts at 16 bits (routers, embeddings, vision encoder)."""
+    unknown = []
+    for entry in ignore:
+        if _lm_head_ignored([entry]):
+            continue
+        if entry.startswith("re:"):
+            try:
+                pattern = re.compile(entry[3:])
+            except re.error:
+                unknown.append(entry)
+                continue
+            if any(pattern.search(n) for n in _ALWAYS_16BIT_NAMES):
+                continue
+        elif any(n.endswith(entry) or entry in n.split(".") for n in _ALWAYS_16BIT_NAMES):
+            continue
+        unknown.append(entry)
+    return unknown
+
+
+@dataclass(frozen=True)
+class WeightEstimate:
+    total_bytes: float
+    """Weights of one replica (all GPUs together)."""
+    read_per_token_bytes: float
+    """Weights read to decode one token (active experts only; the input embedding is a lookup)."""
+
+
+def estimate_weights(shape: ModelShape, fmt: QuantFormat, ignore: Iterable[str]) -> WeightEstimate:
+    """DESIGN.md "Memory fit": weights ≈ params × bits/8 (+ scales: ~3% for group-128 int4), with
+    ignored layers (lm_head), embeddings, norms, routers and any vision encoder at 16 bits."""
+    facts = FORMAT_FACTS[fmt]
+    q = facts.weight_bits / 8 * (1 + facts.scale_overhead)
+    half = 2.0
+    lm_head_bytes_per_param = half if _lm_head_ignored(ignore) else q
+    lm_head = shape.lm_head_params * lm_head_bytes_per_param
+    sixteen_bit = (shape.embed_params + shape.other_params + shape.vision_params) * half
+    total = shape.linear_params * q + lm_head + sixteen_bit
+    # Decoding reads the LM head whole (the embedding matrix, at 16 bits, when tied).
+    head_read = lm_head if shape.lm_head_params else shape.embed_params * half
+    read = shape.linear_active_params * q + head_read + shape.other_params * half
+    return WeightEstimate(total, read)
+
+
+def runtime_reserve_bytes(memory_bytes: float, tensor_parallel: int) -> float:
+    """What each GPU keeps outside weights and KV (see the RESERVE_* constants)."""
+    return (RESERVE_FIXED_GIB + (RESERVE_TP_GIB if tensor_parallel > 1 else 0.0)) * GIB + RESERVE_FRACTION * memory_bytes
+
+
+def _kv_bytes(kv_dtype: str) -> float:
+    return 1.0 if kv_dtype == "fp8" else 2.0
+
+
+def _tp_blocker(shape: ModelShape, fmt: QuantFormat, tp: int) -> str | None:
+    """Why vLLM cannot split the model ``tp`` ways, or None."""
+    if shape.num_attention_heads % tp:
+        return f"{shape.num_attention_heads} attention heads are not divisible by {tp}"
+    kv = shape.num_kv_heads
+    if not shape.mla and (kv % tp if kv >= tp else tp % kv):
+        # vLLM splits KV heads across GPUs, or replicates them when fewer than the GPUs.
+        return f"{kv} KV heads cannot be split or replicated evenly over {tp} GPUs"
+    group = GROUP_SIZE.get(fmt)
+    if group and tp > 1:
+        dims = []
+        if shape.intermediate_size and (not shape.is_moe or shape.linear_params > 0):
+            dims.append(("MLP width", shape.intermediate_size))
+        if shape.is_moe and shape.moe_intermediate_size:
+            dims.append(("expert MLP width", shape.moe_intermediate_size))
+        if not shape.mla:
+            dims.append(("attention width", shape.num_attention_heads * shape.head_dim))
+        for what, width in dims:
+            if width % tp or (width // tp) % group:
+                return f"{fmt.value} needs each GPU's share of the {what} ({width}/{tp}) to be a multiple of its group size {group}"
+    return None
+
+
+def tp_candidates(pool: GPUPool, max_gpus: int | None) -> list[int]:
+    """Powers of two up to the GPUs of one node (one replica stays on one node) and the
+    policy's maxGPUsPerReplica."""
+    limit = min(pool.gpus_per_node, max_gpus or pool.gpus_per_node)
+    out, tp = [], 1
+    while tp <= limit:
+        out.append(tp)
+        tp *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The outcome of sizing one format on one pool."""
+
+    fmt: QuantFormat
+    tp: int | None = None
+    weights: WeightEstimate | None = None
+    kv_tokens: int = 0
+    max_model_len: int = 0
+    reason: str = ""
+    """Why it does not fit (when tp is None), with advice."""
+    summary: str = ""
+    """The same in a few words (for step-down warnings)."""
+    lowered_len_from: int | None = None
+
+
+@dataclass(frozen=True)
+class _KVShortfall:
+    tp: int
+    kv_tokens: int
+    weights_per_gpu: float
+    usable_per_gpu: float
+
+
+def fit_format(
+    shape: ModelShape,
+    pool: GPUPool,
+    fmt: QuantFormat,
+    kv_dtype: str,
+    target_len: int | None,
+    request: PlanRequest,
+) -> Fit:
+    """The smallest tensor-parallel size at which ``fmt`` fits on ``pool``, and what it gives.
+
+    DESIGN.md: tensor-parallel size is the smallest power of two that divides the attention
+    heads and leaves room for KV of maxModelLen × a minimum concurrency; usable per GPU ≈
+    memory × gpu-memory-utilization minus a runtime reserve.
+    """
+    weights = estimate_weights(shape, fmt, request.ignore)
+    mem = pool.memory_mib * 1024**2
+    util = request.gpu_memory_utilization
+    conc = request.min_concurrent_sequences
+    limit = shape.max_model_len
+    need_len = target_len if target_len is not None else min(limit, DEFAULT_MIN_MODEL_LEN)
+    need_tokens = conc * need_len
+    candidates = tp_candidates(pool, request.max_gpus_per_replica)
+    blockers: list[str] = []
+    shortfall: _KVShortfall | None = None
+    for tp in candidates:
+        blocker = _tp_blocker(shape, fmt, tp)
+        if blocker:
+            blockers.append(f"TP {tp}: {blocker}")
+            continue
+        usable = mem * util - runtime_reserve_bytes(mem, tp)
+        free = usable - weights.total_bytes / tp
+        if free <= 0:
+            continue
+        per_token = shape.kv_bytes_per_token_per_gpu(tp, _kv_bytes(kv_dtype))
+        kv_tokens = int(free // per_token)
+        if kv_tokens < need_tokens:
+            shortfall = _KVShortfall(tp, kv_tokens, weights.total_bytes / tp, usable)
+            continue
+        if target_len is not None:
+            return Fit(fmt, tp, weights, kv_tokens, target_len)
+        length = min(limit, kv_tokens // conc)
+        lowered = None
+        if length < limit:
+            length = max(need_len, length // MODEL_LEN_STEP * MODEL_LEN_STEP)
+            lowered = limit
+        return Fit(fmt, tp, weights, kv_tokens, length, lowered_len_from=lowered)
+    reason = _no_fit_reason(shape, pool, fmt, weights, need_len, candidates, blockers, shortfall, request, kv_dtype)
+    if shortfall is not None:
+        summary = (
+            f"its KV cache would hold {_tokens(shortfall.kv_tokens)} tokens, "
+            f"fewer than {conc} × {_tokens(need_len)}"
+        )
+    else:
+        summary = f"{_gib(weights.total_bytes)} of weights"
+    return Fit(fmt, None, weights, reason=reason, summary=summary)
+
+
+def _no_fit_reason(
+    shape: ModelShape,
+    pool: GPUPool,
+    fmt: QuantFormat,
+    weights: WeightEstimate,
+    need_len: int,
+    candidates: list[int],
+    blockers: list[str],
+    shortfall: _KVShortfall | None,
+    request: PlanRequest,
+    kv_dtype: str,
+) -> str:
+    mem = pool.memory_mib * 1024**2
+    util = request.gpu_memory_utilization
+    fmt_name = "16 bits (format none)" if fmt is QuantFormat.NONE else fmt.value
+    usable_tp = [tp for tp in candidates if not _tp_blocker(shape, fmt, tp)]
+    if not usable_tp:
+        return f"at {fmt_name} no tensor-parallel size up to {candidates[-1]} works: " + "; ".join(blockers)
+    cap = ""
+    if request.max_gpus_per_replica is not None and request.max_gpus_per_replica < pool.gpus_per_node:
+        cap = f", capped at {request.max_gpus_per_replica} by the policy's maxGPUsPerReplica"
+    if blockers:
+        cap += " (" + "; ".join(blockers) + ")"
+    if shortfall is None:
+        # The weights alone overflow every usable tensor-parallel size.
+        usable_multi = mem * util - runtime_reserve_bytes(mem, 2)
+        gpus = max(1.0, weights.total_bytes / max(usable_multi, 1.0))
+        need_gpus = 2 ** math.ceil(math.log2(gpus) - 1e-9)
+        gpus_word = "GPU" if pool.gpus_per_node == 1 else "GPUs"
+        advice = (
+            f"use a pool with ≥ {need_gpus} GPUs per node, a format with fewer bits, or a smaller model"
+            if need_gpus > usable_tp[-1] and not cap
+            else "allow more GPUs per replica, use a format with fewer bits, or a smaller model"
+        )
+        return (
+            f"needs {_gib(weights.total_bytes)} for weights at {fmt_name}; the pool has "
+            f"{pool.gpus_per_node}×{pool.memory_gib:.1f} GiB {gpus_word} per node{cap} "
+            f"({_gib(mem * util - runtime_reserve_bytes(mem, 1))} usable on each); {advice}"
+        )
+    conc = request.min_concurrent_sequences
+    fits_len = shortfall.kv_tokens // conc // 256 * 256
+    lower = f"lower serving.maxModelLen to {_tokens(fits_len)}, " if fits_len >= 256 else ""
+    return (
+        f"at {fmt_name} the weights fit with tensor parallelism {shortfall.tp}{cap} "
+        f"({_gib(shortfall.weights_per_gpu)} of {_gib(shortfall.usable_per_gpu)} usable per GPU) but the "
+        f"{'FP8' if kv_dtype == 'fp8' else '16-bit'} KV cache then holds only {_tokens(shortfall.kv_tokens)} tokens, "
+        f"fewer than {conc} sequences × {_tokens(need_len)} tokens (serving.minConcurrentSequences × maxModelLen); "
+        f"{lower}lower minConcurrentSequences, or use a pool with more GPU memory"
+    )
+
+
+# ------------------------------------------------------------------------------ per pool
+
+
+def compute_dtype(cc: CC) -> str:
+    """DESIGN.md: bfloat16 from compute capability 8.0, float16 below."""
+    return "bfloat16" if cc >= (8, 0) else "float16"
+
+
+def kv_cache_dtype(setting: KVCacheSetting, cc: CC) -> tuple[str, str | None]:
+    """(vLLM --kv-cache-dtype, warning). DESIGN.md: fp8 from compute capability 8.9, auto below.
+
+    An explicit `fp8` below 8.9 is served with the model dtype and a warning rather than refused:
+    unlike the weight format, the KV dtype is a per-pool runtime flag that needs no other
+    artifact, and vLLM's FP8 KV kernels below Ada are slower or missing — so the pool still
+    serves, just with half the KV capacity the user hoped for (the fit is checked with 16 bits).
+    """
+    if setting is KVCacheSetting.NONE:
+        return "auto", None
+    if cc >= (8, 9):
+        return "fp8", None
+    if setting is KVCacheSetting.FP8:
+        return "auto", (
+            f"kvCache fp8 needs compute capability 8.9 for FP8 attention kernels; this GPU is {_cc(cc)}, "
+            "so the KV cache stays 16-bit (sized as such)"
+        )
+    return "auto", None
+
+
+def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat], list[str]]:
+    """The formats `auto` tries on a pool, in order, and notes about the policy override."""
+    family = pool.family if pool.family in FAMILY_FORMATS else family_from_cc(pool.cc)
+    base = list(FAMILY_FORMATS.get(family, ()))
+    base += [f for f in QUANTIZED_FORMATS if f not in base]
+    native = [f for f in base if kernel_support(f, pool.cc)[0] == "native"]
+    fallback = [f for f in base if kernel_support(f, pool.cc)[0] == "fallback"]
+    chain = native + fallback + [QuantFormat.NONE]
+    notes: list[str] = []
+    override = request.format_by_gpu_family.get(pool.family) or request.format_by_gpu_family.get(family)
+    if override is not None and override is not QuantFormat.AUTO:
+        support, why = kernel_support(override, pool.cc)
+        if support == "refused":
+            notes.append(f"policy formatByGPUFamily.{family} = {override.value} cannot run here ({why}); ignored")
+        else:
+            chain = [override] + [f for f in chain if f is not override]
+    return [f for f in chain if request.allows(f)], notes
+
+
+def _variant(
+    shape: ModelShape,
+    pool: GPUPool,
+    fit: Fit,
+    dtype: str,
+    kv_dtype: str,
+    request: PlanRequest,
+    warnings: list[str],
+) -> PlanVariant:
+    assert fit.tp is not None and fit.weights is not None
+    # DESIGN.md: decode at batch 1 is memory-bound: tokens/s ≈ bandwidth / bytes read per token
+    # (weights/TP + KV read). Each GPU reads its share in parallel; the KV read is that of a
+    # TYPICAL_CONTEXT_TOKENS context. No efficiency factor and no all-reduce time: an upper bound
+    # (real servers reach roughly 60-80% of it).
+    context = min(fit.max_model_len, TYPICAL_CONTEXT_TOKENS)
+    kv_read = shape.kv_bytes_per_token_per_gpu(fit.tp, _kv_bytes(kv_dtype)) * context
+    per_gpu_bytes = fit.weights.read_per_token_bytes / fit.tp + kv_read
+    decode = pool.bandwidth_gbps * 1e9 / per_gpu_bytes
+    args: list[str] = []
+    if request.served_model_name:
+        args += ["--served-model-name", request.served_model_name]
+    # compressed-tensors checkpoints carry their quantization config: no --quantization flag.
+    args += [
+        "--dtype", dtype,
+        "--kv-cache-dtype", kv_dtype,
+        "--tensor-parallel-size", str(fit.tp),
+        "--max-model-len", str(fit.max_model_len),
+        "--gpu-memory-utilization", f"{request.gpu_memory_utilization:g}",
+    ]
+    return PlanVariant(
+        pool=pool.name,
+        gpuProduct=pool.product,
+        family=pool.family,
+        format=fit.fmt,
+        kvCacheDtype=kv_dtype,
+        dtype=dtype,
+        tensorParallelSize=fit.tp,
+        maxModelLen=fit.max_model_len,
+        weightsGiB=round(fit.weights.total_bytes / GIB, 2),
+        kvCacheTokens=fit.kv_tokens,
+        decodeTokensPerSecond=round(decode, 1),
+        warnings=warnings,
+        vllmArgs=args,
+    )
+
+
+def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVariant | RejectedPool:
+    """The variant for one pool, or why the pool cannot serve the model."""
+    warnings: list[str] = list(pool.notes) + list(shape.notes)
+    dtype = compute_dtype(pool.cc)
+    if dtype == "float16" and shape.float16_unsupported:
+        return RejectedPool(
+            pool=pool.name,
+            reason=(
+                f"{shape.text_model_type} cannot run in float16 (vLLM refuses it: activations overflow) and "
+                f"{pool.product} (compute capability {_cc(pool.cc)}) has no bfloat16; "
+                "use a pool with compute capability 8.0 or newer (Ampere and later)"
+            ),
+        )
+    kv_dtype, kv_warning = kv_cache_dtype(request.kv_cache, pool.cc)
+    if kv_warning:
+        warnings.append(kv_warning)
+
+    limit = shape.max_model_len
+    target_len = request.max_model_len
+    if target_len is not None and target_len > limit:
+        # vLLM refuses a --max-model-len above the model's derived limit.
+        warnings.append(f"maxModelLen {_tokens(target_len)} is above the model's limit; clamped to {_tokens(limit)}")
+        target_len = limit
+
+    unsized = _unsized_ignores(request.ignore)
+    if unsized and request.format is not QuantFormat.NONE:
+        warnings.append(
+            "ignore entries " + ", ".join(unsized) + " cannot be sized by the planner; counted as quantized, "
+            "so the weight estimate may be low"
+        )
+
+    if request.format is not QuantFormat.AUTO:
+        fmt = request.format
+        if not request.allows(fmt):
+            allowed = ", ".join(f.value for f in request.allowed_formats or ())
+            return RejectedPool(pool=pool.name, reason=f"format {fmt.value} is not allowed by the policy (allowedFormats: {allowed})")
+        support, why = kernel_support(fmt, pool.cc)
+        if support == "refused":
+            return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
+        if support == "fallback":
+            warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
+        fit = fit_format(shape, pool, fmt, kv_dtype, target_len, request)
+        if fit.tp is None:
+            hint = ""
+            chain, _ = _auto_chain(pool, request)
+            for alt in chain:
+                if alt is fmt:
+                    continue
+                alt_fit = fit_format(shape, pool, alt, kv_dtype, target_len, request)
+                if alt_fit.tp is not None:
+                    hint = f"; it would fit at {alt.value} (tensor parallelism {alt_fit.tp})"
+                    break
+            return RejectedPool(pool=pool.name, reason=fit.reason + hint)
+        return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+
+    chain, notes = _auto_chain(pool, request)
+    warnings += notes
+    if not chain:
+        allowed = ", ".join(f.value for f in request.allowed_formats or ())
+        return RejectedPool(pool=pool.name, reason=f"none of the policy's allowedFormats ({allowed}) runs on {pool.product} (compute capability {_cc(pool.cc)})")
+    tried: list[Fit] = []
+    for fmt in chain:
+        fit = fit_format(shape, pool, fmt, kv_dtype, target_len, request)
+        if fit.tp is None:
+            tried.append(fit)
+            continue
+        if tried:
+            first = tried[0]
+            warnings.append(
+                f"{first.fmt.value} does not fit ({first.summary}); stepped down to {fmt.value} "
+                f"({FORMAT_FACTS[fmt].weight_bits:g} bits per weight)"
+            )
+        support, why = kernel_support(fmt, pool.cc)
+        if support == "fallback":
+            warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
+        return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+    # Nothing fits: the reason of the format with the fewest bytes is the one to act on.
+    smallest = min(tried, key=lambda f: f.weights.total_bytes if f.weights else math.inf)
+    names = ", ".join(f.fmt.value for f in tried)
+    return RejectedPool(
+        pool=pool.name,
+        reason=f"does not fit at any allowed format (tried {names}); {smallest.reason}",
+    )
+
+
+def _finish(
+    shape: ModelShape,
+    pool: GPUPool,
+    fit: Fit,
+    dtype: str,
+    kv_dtype: str,
+    request: PlanRequest,
+    warnings: list[str],
+) -> PlanVariant:
+    if fit.lowered_len_from is not None:
+        warnings.append(
+            f"maxModelLen {_tokens(fit.max_model_len)} (the model allows {_tokens(fit.lowered_len_from)}): "
+            f"the KV cache ({_tokens(fit.kv_tokens)} tokens) must hold {request.min_concurrent_sequences} "
+            "sequences; set serving.maxModelLen to choose"
+        )
+    return _variant(shape, pool, fit, dtype, kv_dtype, request, warnings)
+
+
+# ------------------------------------------------------------------------------ all pools
+
+
+def pool_targeted(pool: GPUPool, targets: Iterable[ServingTarget]) -> bool:
+    """Whether a pool is one of ``serving.targets`` (all pools when there are none). A
+    nodeSelector target matches a pool whose nodes all carry its labels."""
+    targets = list(targets)
+    if not targets:
+        return True
+    for t in targets:
+        if t.family is not None and t.family == pool.family:
+            return True
+        if t.product is not None and t.product == pool.product:
+            return True
+        if t.nodeSelector is not None and all(pool.common_labels.get(k) == v for k, v in t.nodeSelector.items()):
+            return True
+    return False
+
+
+def unmatched_targets(pools: Iterable[GPUPool], targets: Iterable[ServingTarget]) -> list[ServingTarget]:
+    """Targets that select no pool at all (a typo in a product name, a family the cluster lacks):
+    for the operator to report in the Planned condition."""
+    pools = list(pools)
+    return [t for t in targets if not any(pool_targeted(p, [t]) for p in pools)]
+
+
+def plan(shape: ModelShape, pools: Iterable[GPUPool], request: PlanRequest) -> PlanStatus:
+    """The plan for every targeted pool: a variant where the model runs and fits, a rejection
+    with a reason a person can act on elsewhere. Pools that ``serving.targets`` leaves out are
+    neither (they are not candidates; see ``unmatched_targets`` for targets that match nothing).
+    """
+    variants: list[PlanVariant] = []
+    rejected: list[RejectedPool] = []
+    for pool in pools:
+        if not pool_targeted(pool, request.targets):
+            continue
+        outcome = plan_pool(shape, pool, request)
+        (variants if isinstance(outcome, PlanVariant) else rejected).append(outcome)
+    return PlanStatus(variants=variants, rejected=rejected)
