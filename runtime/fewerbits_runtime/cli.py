@@ -42,6 +42,7 @@ ENV = {
     "node_cc": "FEWERBITS_NODE_GPU_CC",
     "manifest": "FEWERBITS_MANIFEST",
     "require_gpu_info": "FEWERBITS_REQUIRE_GPU_INFO",
+    "launcher_dir": "FEWERBITS_LAUNCHER_DIR",
 }
 
 _SIZE_SUFFIX = {"": 1, "k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2, "g": 1024**3, "gi": 1024**3}
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--progress-interval", type=float,
                    help=f"seconds between progress lines (default 10) [{ENV['progress_interval']}]")
     f.add_argument("--stats-file", type=Path, help=f"write the fetch statistics here as JSON [{ENV['stats_file']}]")
+    f.add_argument("--launcher-dir", type=Path,
+                   help="after a successful fetch, copy the launch wrapper (standard library only) here, for "
+                        f"the vLLM container's PYTHONPATH [{ENV['launcher_dir']}]")
 
     la = sub.add_parser("launch", help="check the GPU against the artifact format, then exec the command after --")
     la.add_argument("--format", help=f"artifact format (default: read from the fetched manifest) [{ENV['format']}]")
@@ -146,6 +150,12 @@ def _run_fetch(a: argparse.Namespace) -> int:
     stats_file = a.stats_file or _env_default("stats_file", Path)
     if stats_file:
         Path(stats_file).write_text(json.dumps(summary, sort_keys=True) + "\n")
+    launcher_dir = a.launcher_dir or _env_default("launcher_dir", Path)
+    if launcher_dir:
+        from .install import install_launcher
+
+        install_launcher(Path(launcher_dir))
+        log.info("launch wrapper installed in %s (PYTHONPATH for the vLLM container)", launcher_dir)
     write_termination_message(termination_message(
         "fetch", "CacheHit" if stats.cacheHit else "Fetched",
         f"artifact {key} ready in {dest}", EXIT_OK,

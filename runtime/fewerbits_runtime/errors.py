@@ -12,11 +12,11 @@ import json
 import logging
 import os
 
-from fewerbits_api.jobcontract import (
-    TERMINATION_LOG_DEFAULT,
-    TERMINATION_LOG_ENV,
-    TERMINATION_MESSAGE_MAX_BYTES,
-)
+# The same values as fewerbits_api.jobcontract (a unit test keeps them equal), defined here so the
+# launch wrapper needs only the standard library: it runs in the vLLM image, not ours.
+TERMINATION_LOG_DEFAULT = "/dev/termination-log"
+TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
+TERMINATION_MESSAGE_MAX_BYTES = 4096
 
 log = logging.getLogger("fewerbits.runtime")
 

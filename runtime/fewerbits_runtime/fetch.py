@@ -51,17 +51,11 @@ from .errors import (
     RuntimeFailure,
     StorageError,
 )
+from .layout import DEST_MANIFEST_NAME, MARKER_NAME, RESERVED_NAMES, STAGING_DIR  # noqa: F401 - re-exported
 from .storage import TRANSIENT_ERRORS, error_code, make_client, translate
 
 log = logging.getLogger("fewerbits.fetch")
 
-MARKER_NAME = ".fewerbits-verified"
-"""In dest: the digest of the manifest whose files were all verified there."""
-DEST_MANIFEST_NAME = "fewerbits-manifest.json"
-"""In dest: the artifact's manifest, for the launch wrapper (format) and for people."""
-STAGING_DIR = ".fewerbits-partial"
-"""In dest: temporary files (``<path>.part``) and their part state (``<path>.state``)."""
-RESERVED_NAMES = frozenset({MARKER_NAME, DEST_MANIFEST_NAME, STAGING_DIR})
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

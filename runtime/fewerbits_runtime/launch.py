@@ -26,7 +26,7 @@ from pathlib import Path
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 
 from .errors import ExecFailed, GPUIncompatible, UsageError
-from .fetch import DEST_MANIFEST_NAME
+from .layout import DEST_MANIFEST_NAME
 
 log = logging.getLogger("fewerbits.launch")
 
