@@ -54,6 +54,12 @@ class SourceSpec(ApiModel):
     """The revision to quantize: a commit hash (best: immutable), tag or branch. Part of the
     artifact key. Policies may require a pin (`rules.requireRevisionPin`)."""
 
+    endpoint: Annotated[str, Field(max_length=512, pattern=HTTP_ENDPOINT)] | None = None
+    """For `s3://` sources on an S3-compatible store: its endpoint URL. Empty: AWS S3."""
+
+    region: Annotated[str, Field(max_length=64, pattern=r"^[a-z0-9-]+$")] | None = None
+    """For `s3://` sources: the bucket's region."""
+
     credentialsSecret: SecretName | None = None
     """A Secret in the same namespace with credentials for the source: key `HF_TOKEN` for
     `hf://`, keys `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` for `s3://`. Its values are
