@@ -435,8 +435,11 @@ def test_cli_reads_env_and_reports(s3, published, tmp_path, monkeypatch):
     monkeypatch.setenv("FEWERBITS_DEST", str(tmp_path / "m"))
     monkeypatch.setenv("FEWERBITS_FETCH_PART_SIZE", "256Ki")
     monkeypatch.setenv("FEWERBITS_FETCH_STATS_FILE", str(stats_file))
+    monkeypatch.setenv("FEWERBITS_LAUNCHER_DIR", str(tmp_path / "launcher"))
     assert main(["fetch"]) == 0
     _assert_copy(tmp_path / "m", files)
+    assert (tmp_path / "launcher" / "fewerbits_runtime" / "launch.py").exists()
+    assert (tmp_path / "launcher" / "fewerbits_api" / "formats.py").exists()
     assert json.loads(stats_file.read_text())["fileGets"] == 8
     assert json.loads(term.read_text())["reason"] == "Fetched"
     s3.deny = True
