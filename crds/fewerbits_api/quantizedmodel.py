@@ -268,7 +268,9 @@ class AutoscalingSpec(ApiModel):
 
     @model_validator(mode="after")
     def _min_le_max(self) -> AutoscalingSpec:
-        if self.minReplicas > self.maxReplicas:
+        # Only when both are written here: a policy's defaults may set one and leave the other to
+        # the model. The complete spec checks the effective pair (QuantizedModelSpec).
+        if {"minReplicas", "maxReplicas"} <= self.model_fields_set and self.minReplicas > self.maxReplicas:
             raise ValueError(
                 f"minReplicas ({self.minReplicas}) must be less than or equal to maxReplicas ({self.maxReplicas})"
             )
@@ -292,6 +294,16 @@ class QuantizedModelSpec(ApiModel):
 
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Autoscaling of each variant."""
+
+    @model_validator(mode="after")
+    def _effective_min_le_max(self) -> QuantizedModelSpec:
+        a = self.autoscaling
+        if a.minReplicas > a.maxReplicas:
+            raise ValueError(
+                f"autoscaling.minReplicas ({a.minReplicas}) must be less than or equal to "
+                f"autoscaling.maxReplicas ({a.maxReplicas})"
+            )
+        return self
 
 
 # ---------------------------------------------------------------- status

@@ -86,6 +86,7 @@ def test_minimal_spec_gets_documented_defaults():
         ({"autoscaling": {"targetKVCacheUsage": 0}}, "spec.autoscaling.targetKVCacheUsage", "greater than 0"),
         ({"autoscaling": {"targetKVCacheUsage": 1.2}}, "spec.autoscaling.targetKVCacheUsage", "less than or equal to 1"),
         ({"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling", "minReplicas (5) must be less than or equal to maxReplicas (2)"),
+        ({"autoscaling": {"minReplicas": 5}}, "spec", "autoscaling.minReplicas (5) must be less than or equal to autoscaling.maxReplicas (4)"),
         ({"autoscaling": {"minReplicas": "many"}}, "spec.autoscaling.minReplicas", "integer"),
         ({"serving": {"replicass": 2}}, "spec.serving.replicass", "Extra inputs are not permitted"),
     ],

@@ -1,0 +1,73 @@
+"""Artifact keys for a plan: one artifact per distinct format. Pure.
+
+DESIGN.md "Artifacts": the key hashes everything that decides the bytes: source URI and revision,
+format and recipe parameters, ignore list, calibration dataset identity and content hash, sample
+count, sequence length, and the tool versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from fewerbits_api.artifact import ArtifactKeyInputs
+from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelSpec
+
+# Jobs are named by key, so two models asking for the same bytes share one Job.
+JOB_PREFIX = "fewerbits-quantize-"
+JOB_KEY_CHARS = 24
+
+
+@dataclass(frozen=True)
+class PlannedArtifact:
+    format: QuantFormat
+    inputs: ArtifactKeyInputs
+    variants: tuple[str, ...]
+    """Pools that will serve it."""
+
+    @property
+    def key(self) -> str:
+        return self.inputs.key()
+
+    @property
+    def job_name(self) -> str:
+        return job_name(self.key)
+
+
+def job_name(key: str) -> str:
+    return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}"
+
+
+def builtin_dataset_hash(name: str) -> str:
+    """Built-in datasets ship inside the quantjob image, whose tool versions are already in the
+    key; their identity is their name and the image's package version."""
+    return hashlib.sha256(f"fewerbits-builtin:{name}".encode()).hexdigest()
+
+
+def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
+    facts = FORMAT_FACTS[fmt]
+    calib = spec.quantization.calibration
+    uses_data = facts.needs_calibration_data
+    dataset = calib.dataset if uses_data else None
+    dataset_hash = None
+    if dataset is not None and "://" not in dataset:
+        dataset_hash = builtin_dataset_hash(dataset)
+    return ArtifactKeyInputs(
+        sourceUri=spec.source.uri,
+        sourceRevision=spec.source.revision,
+        format=fmt,
+        recipe={"scheme": facts.llmcompressor_scheme} if facts.llmcompressor_scheme else {},
+        ignore=list(spec.quantization.ignore) if fmt is not QuantFormat.NONE else [],
+        calibrationDataset=dataset,
+        calibrationDatasetHash=dataset_hash,
+        calibrationSamples=calib.samples if uses_data else None,
+        calibrationMaxSeqLength=calib.maxSeqLength if uses_data else None,
+    )
+
+
+def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus) -> list[PlannedArtifact]:
+    by_format: dict[QuantFormat, list[str]] = {}
+    for v in plan.variants:
+        by_format.setdefault(v.format, []).append(v.pool)
+    return [PlannedArtifact(fmt, key_inputs(spec, fmt), tuple(pools)) for fmt, pools in by_format.items()]

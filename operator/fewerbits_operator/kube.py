@@ -1,0 +1,209 @@
+"""The one module that talks to the Kubernetes API server (STYLE.md rule 1).
+
+Everything else computes; this reads and writes. AlreadyExists on create and NotFound on delete
+are success (STYLE.md rule 2). Secrets are read only to check they exist and, for the operator's
+own look-ups in object storage and the model source, for their credential values; those values
+never leave this process (not logged, not in status, not in events).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from fewerbits_api.base import GROUP, VERSION
+from fewerbits_api.policy import PLURAL as POLICY_PLURAL
+from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
+
+log = logging.getLogger("fewerbits.kube")
+COMPONENT = "fewerbits-operator"
+
+
+def load_config() -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def _missing(e: ApiException) -> bool:
+    return e.status == 404
+
+
+class Kube:
+    """Typed verbs over the API objects the operator touches."""
+
+    def __init__(self, api: client.ApiClient | None = None):
+        self.api = api or load_config()
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.batch = client.BatchV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self._lock = threading.Lock()
+        self.writes = 0
+        """API writes made by this process (for metrics and the 'no writes at rest' check)."""
+
+    def _wrote(self) -> None:
+        with self._lock:
+            self.writes += 1
+
+    # ------------------------------------------------------------ QuantizedModel / Policy
+
+    def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        if not namespaces:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL).get("items", [])
+        items: list[dict[str, Any]] = []
+        for ns in namespaces:
+            items += self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, QM_PLURAL).get("items", [])
+        return items
+
+    def patch_model_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> None:
+        """JSON merge patch of the status subresource (lists are replaced whole)."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, QM_PLURAL, name, {"status": status_patch})
+            self._wrote()
+        except ApiException as e:
+            if not _missing(e):
+                raise
+
+    def list_policies(self) -> list[dict[str, Any]]:
+        return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL).get("items", [])
+
+    # ------------------------------------------------------------ cluster facts
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        try:
+            return dict(self.core.read_namespace(namespace).metadata.labels or {})
+        except ApiException as e:
+            if _missing(e):
+                return {}
+            raise
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        nodes = self.core.list_node()
+        return [self.api.sanitize_for_serialization(n) for n in nodes.items]
+
+    def secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        """Decoded data of a Secret, or None when it does not exist."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+        return {k: base64.b64decode(v).decode(errors="replace") for k, v in (secret.data or {}).items()}
+
+    # ------------------------------------------------------------ Jobs and pods
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.sanitize_for_serialization(self.batch.read_namespaced_job(name, namespace))
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a Job, Deployment or Service; returns None when it already existed."""
+        kind, ns = body["kind"], body["metadata"]["namespace"]
+        try:
+            if kind == "Job":
+                out = self.batch.create_namespaced_job(ns, body)
+            elif kind == "Deployment":
+                out = self.apps.create_namespaced_deployment(ns, body)
+            elif kind == "Service":
+                out = self.core.create_namespaced_service(ns, body)
+            else:
+                raise ValueError(f"cannot create {kind}")
+        except ApiException as e:
+            if e.status == 409:
+                return None
+            raise
+        self._wrote()
+        return self.api.sanitize_for_serialization(out)
+
+    def add_owner(self, kind: str, namespace: str, name: str, owner_refs: list[dict[str, Any]]) -> None:
+        patch = {"metadata": {"ownerReferences": owner_refs}}
+        if kind == "Job":
+            self.batch.patch_namespaced_job(name, namespace, patch)
+        self._wrote()
+
+    def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}")
+        return [self.api.sanitize_for_serialization(p) for p in pods.items]
+
+    # ------------------------------------------------------------ Deployments and Services
+
+    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        deps = self.apps.list_namespaced_deployment(namespace, label_selector=selector)
+        return [self.api.sanitize_for_serialization(d) for d in deps.items]
+
+    def replace_deployment(self, body: dict[str, Any]) -> None:
+        md = body["metadata"]
+        self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
+        self._wrote()
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        try:
+            self.apps.delete_namespaced_deployment(name, namespace, propagation_policy="Background")
+            self._wrote()
+        except ApiException as e:
+            if not _missing(e):
+                raise
+
+    def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.sanitize_for_serialization(self.core.read_namespaced_service(name, namespace))
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def patch_service(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.core.patch_namespaced_service(name, namespace, patch)
+        self._wrote()
+
+    # ------------------------------------------------------------ events
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the object; best effort (an event lost is not a reconcile failure)."""
+        md = obj["metadata"]
+        now = datetime.now(timezone.utc)
+        body = {
+            "metadata": {"generateName": f"{md['name']}.", "namespace": md["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": md["name"],
+                "namespace": md["namespace"], "uid": md.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(md["namespace"], body)
+            self._wrote()
+        except ApiException as e:
+            log.warning("could not post event %s on %s/%s: %s", reason, md["namespace"], md["name"], e.reason)

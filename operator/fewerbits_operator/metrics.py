@@ -1,0 +1,58 @@
+"""Operator metrics (prometheus-client), served on FEWERBITS_METRICS_PORT."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from fewerbits_api.conditions import CONDITION_TYPES
+from fewerbits_api.quantizedmodel import QuantizedModelStatus
+
+RECONCILES = Counter("fewerbits_reconciles_total", "Reconciles of QuantizedModels, by result", ["result"])
+RECONCILE_ERRORS = Counter("fewerbits_reconcile_errors_total", "Reconciles that raised an error")
+RECONCILE_DURATION = Histogram("fewerbits_reconcile_duration_seconds", "Time one reconcile takes",
+                               buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+JOBS_CREATED = Counter("fewerbits_quantization_jobs_created_total", "Quantization Jobs created")
+CACHE_HITS = Counter("fewerbits_artifact_cache_hits_total", "Artifacts found already published (no Job needed)")
+JOBS_RUNNING = Gauge("fewerbits_quantization_jobs_running", "Quantization Jobs not finished yet")
+MODELS = Gauge("fewerbits_models", "QuantizedModels by condition and status", ["condition", "status"])
+PERPLEXITY_INCREASE = Gauge("fewerbits_artifact_perplexity_increase_percent",
+                            "Measured perplexity increase of each model's artifacts",
+                            ["namespace", "model", "format"])
+
+_lock = threading.Lock()
+_models: dict[tuple[str, str], QuantizedModelStatus] = {}
+
+
+def observe_model(namespace: str, name: str, status: QuantizedModelStatus) -> None:
+    with _lock:
+        _models[(namespace, name)] = status
+        _refresh()
+    for a in status.artifacts:
+        if a.quality is not None:
+            PERPLEXITY_INCREASE.labels(namespace, name, a.format.value).set(a.quality.increasePercent)
+
+
+def forget_model(namespace: str, name: str) -> None:
+    with _lock:
+        gone = _models.pop((namespace, name), None)
+        _refresh()
+    if gone is not None:
+        for a in gone.artifacts:
+            try:
+                PERPLEXITY_INCREASE.remove(namespace, name, a.format.value)
+            except KeyError:
+                pass
+
+
+def _refresh() -> None:
+    counts = {(t, s): 0 for t in CONDITION_TYPES for s in ("True", "False", "Unknown")}
+    running = 0
+    for status in _models.values():
+        for c in status.conditions:
+            counts[(c.type, c.status)] = counts.get((c.type, c.status), 0) + 1
+        running += sum(1 for a in status.artifacts if a.job and a.sizeBytes is None)
+    for (t, s), n in counts.items():
+        MODELS.labels(t, s).set(n)
+    JOBS_RUNNING.set(running)

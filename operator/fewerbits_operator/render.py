@@ -1,0 +1,384 @@
+"""Renderers: typed inputs in, Kubernetes objects (plain dicts) out. No I/O (STYLE.md rule 1);
+golden tests pin their output.
+
+Names are deterministic (STYLE.md rule 2): the Job by artifact key, the Deployment by model and
+pool, the Service by model. A spec-hash annotation on each Deployment lets reconcile tell drift
+from a no-op without comparing server-defaulted fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fewerbits_api.jobcontract import (
+    CONTRACT_ENV,
+    ENV_HF_TOKEN,
+    ENV_SOURCE_ACCESS_KEY,
+    ENV_SOURCE_SECRET_KEY,
+    ENV_STORAGE_ACCESS_KEY,
+    ENV_STORAGE_SECRET_KEY,
+    QuantJobContract,
+)
+from fewerbits_api.policy import QuantizationJobPlacement
+from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
+
+from .artifacts import PlannedArtifact
+from .settings import OperatorSettings
+
+DOMAIN = "fewerbits.io"
+LABEL_MODEL = f"{DOMAIN}/model"
+LABEL_VARIANT = f"{DOMAIN}/variant"
+LABEL_ARTIFACT = f"{DOMAIN}/artifact"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "fewerbits"}
+ANNOTATION_SPEC_HASH = f"{DOMAIN}/spec-hash"
+ANNOTATION_ARTIFACT_KEY = f"{DOMAIN}/artifact-key"
+ANNOTATION_FORMAT = f"{DOMAIN}/format"
+
+VLLM_PORT = 8000
+MODELS_DIR = "/models"
+LAUNCHER_DIR = "/fewerbits/launcher"
+# Manifest copy the fetcher leaves in the artifact directory (fewerbits_runtime.layout).
+DEST_MANIFEST_NAME = "fewerbits-manifest.json"
+
+# Pod security: what the `restricted` Pod Security Standard asks, for every pod we create.
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The QuantizedModel that owns what we render."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self, controller: bool = True) -> dict[str, Any]:
+        return {
+            "apiVersion": f"{DOMAIN}/v1alpha1",
+            "kind": "QuantizedModel",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": controller,
+            "blockOwnerDeletion": True,
+        }
+
+
+def _fresh(obj: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy: rendered objects share no sub-dicts, so editing one never edits another."""
+    return copy.deepcopy(obj)
+
+
+def spec_hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def model_labels(model: str) -> dict[str, str]:
+    return {**MANAGED_BY, "app.kubernetes.io/name": "fewerbits-model", LABEL_MODEL: model}
+
+
+def deployment_name(model: str, pool: str) -> str:
+    return f"{model}-{pool}"
+
+
+# ------------------------------------------------------------------ credentials (Secret refs only)
+
+
+def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
+    if not source.credentialsSecret:
+        return []
+    if source.scheme == "hf":
+        return [_secret_env(ENV_HF_TOKEN, source.credentialsSecret, "HF_TOKEN")]
+    if source.scheme == "s3":
+        return [
+            _secret_env(ENV_SOURCE_ACCESS_KEY, source.credentialsSecret, "AWS_ACCESS_KEY_ID"),
+            _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+        ]
+    return []
+
+
+def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
+    if not storage.credentialsSecret:
+        return []
+    return [
+        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, "AWS_ACCESS_KEY_ID"),
+        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+    ]
+
+
+# ------------------------------------------------------------------ quantization Job
+
+
+def render_job(
+    owner: Owner,
+    spec: QuantizedModelSpec,
+    artifact: PlannedArtifact,
+    placement: QuantizationJobPlacement,
+    gate: QualityGateSpec,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last)."""
+    assert spec.storage is not None
+    source_mount = None
+    volumes: list[dict[str, Any]] = [
+        {"name": "work", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.source.scheme == "pvc":
+        claim, _, sub = spec.source.uri.removeprefix("pvc://").partition("/")
+        source_mount = f"/source/{sub}".rstrip("/")
+        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
+    contract = QuantJobContract(
+        key=artifact.key,
+        keyInputs=artifact.inputs,
+        source=spec.source,
+        format=artifact.format,
+        ignore=list(spec.quantization.ignore),
+        calibration=spec.quantization.calibration,
+        qualityGate=gate,
+        storage=spec.storage,
+        sourceMountPath=source_mount,
+    )
+    resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
+    if placement.gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(placement.gpus)}
+        resources["requests"]["nvidia.com/gpu"] = str(placement.gpus)
+    labels = {**MANAGED_BY, LABEL_COMPONENT: "quantize", LABEL_ARTIFACT: artifact.key[:63]}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": dict(POD_SECURITY),
+        "containers": [{
+            "name": "quantize",
+            "image": settings.quantjob_image,
+            "env": [
+                {"name": CONTRACT_ENV, "value": contract.to_json()},
+                {"name": "HOME", "value": "/work"},
+                {"name": "HF_HOME", "value": "/work/hf"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                *source_credential_env(spec.source),
+                *storage_credential_env(spec.storage),
+            ],
+            "resources": resources,
+            "securityContext": dict(CONTAINER_SECURITY),
+            "volumeMounts": mounts,
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }],
+        "volumes": volumes,
+    }
+    if placement.gpus:
+        pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
+    if placement.nodeSelector:
+        pod_spec["nodeSelector"] = dict(placement.nodeSelector)
+    if placement.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in placement.tolerations]
+    if placement.priorityClassName:
+        pod_spec["priorityClassName"] = placement.priorityClassName
+    return _fresh({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": artifact.job_name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_ARTIFACT_KEY: artifact.key, ANNOTATION_FORMAT: artifact.format.value},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": placement.backoffLimit,
+            "activeDeadlineSeconds": placement.activeDeadlineSeconds,
+            "ttlSecondsAfterFinished": settings.job_ttl_seconds,
+            # Exit code 2 is a bad contract or bad input: retrying cannot help.
+            "podFailurePolicy": {"rules": [{
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "quantize", "operator": "In", "values": [2]},
+            }]},
+            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+        },
+    })
+
+
+# ------------------------------------------------------------------ serving
+
+
+def startup_budget_seconds(weights_gib: float) -> int:
+    """Time vLLM may take from container start to a healthy /health: loading weights from the
+    local disk (~0.5 GiB/s, conservative for network-attached volumes), plus engine start-up,
+    profiling and CUDA-graph capture (~3 minutes)."""
+    return int(180 + math.ceil(weights_gib / 0.5))
+
+
+def render_deployment(
+    owner: Owner,
+    spec: QuantizedModelSpec,
+    variant: PlanVariant,
+    node_selector: dict[str, str],
+    compute_capability: str,
+    artifact_key: str,
+    artifact_bytes: int | None,
+    replicas: int,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    """One vLLM Deployment per planned variant."""
+    assert spec.storage is not None
+    name = deployment_name(owner.name, variant.pool)
+    labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
+    model_dir = f"{MODELS_DIR}/{artifact_key}"
+    served = spec.serving.servedModelName or owner.name
+    vllm_args = list(variant.vllmArgs)
+    if "--served-model-name" not in vllm_args:
+        vllm_args = ["--served-model-name", served, *vllm_args]
+    command = [
+        "python3", "-m", "fewerbits_runtime", "launch",
+        "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",
+        "--node-cc", compute_capability,
+        "--",
+        "vllm", "serve", model_dir,
+        "--host", "0.0.0.0", "--port", str(VLLM_PORT),
+        *vllm_args,
+        *spec.serving.extraArgs,
+    ]
+    # emptyDir sized for the artifact plus headroom, so a full node disk shows as an eviction
+    # with a reason rather than a corrupt half-written model.
+    model_volume: dict[str, Any] = {}
+    if artifact_bytes:
+        model_volume["sizeLimit"] = f"{math.ceil(artifact_bytes * 1.2 / 2**20) + 256}Mi"
+    budget = startup_budget_seconds(variant.weightsGiB)
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    gpus = str(variant.tensorParallelSize)
+    template = {
+        "metadata": {
+            "labels": dict(labels),
+            "annotations": {ANNOTATION_ARTIFACT_KEY: artifact_key, ANNOTATION_FORMAT: variant.format.value},
+        },
+        "spec": {
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": dict(POD_SECURITY),
+            "nodeSelector": dict(node_selector),
+            "tolerations": [dict(GPU_TOLERATION)],
+            "terminationGracePeriodSeconds": 60,
+            "initContainers": [{
+                "name": "fetch",
+                "image": settings.runtime_image,
+                "args": ["fetch", "--storage-uri", spec.storage.uri, "--key", artifact_key, "--dest", model_dir,
+                         "--launcher-dir", LAUNCHER_DIR,
+                         *(["--endpoint", spec.storage.endpoint] if spec.storage.endpoint else []),
+                         *(["--region", spec.storage.region] if spec.storage.region else [])],
+                "env": [{"name": "HOME", "value": "/tmp"}, *storage_credential_env(spec.storage)],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                "securityContext": dict(CONTAINER_SECURITY),
+                "volumeMounts": [
+                    {"name": "models", "mountPath": MODELS_DIR},
+                    {"name": "launcher", "mountPath": "/fewerbits"},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                ],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }],
+            "containers": [{
+                "name": "vllm",
+                "image": spec.serving.image or settings.vllm_image,
+                "command": command,
+                "env": [
+                    {"name": "PYTHONPATH", "value": LAUNCHER_DIR},
+                    {"name": "HOME", "value": "/tmp"},
+                    {"name": "HF_HOME", "value": "/tmp/hf"},
+                    {"name": "HF_HUB_OFFLINE", "value": "1"},
+                    {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+                ],
+                "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+                "resources": {
+                    "requests": {"cpu": settings.vllm_cpu_request, "memory": settings.vllm_memory_request,
+                                 "nvidia.com/gpu": gpus},
+                    "limits": {"nvidia.com/gpu": gpus},
+                },
+                "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": False},
+                "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": math.ceil(budget / 10)},
+                "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+                "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
+                "volumeMounts": [
+                    {"name": "models", "mountPath": MODELS_DIR, "readOnly": True},
+                    {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                ],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }],
+            "volumes": [
+                {"name": "models", "emptyDir": model_volume},
+                {"name": "launcher", "emptyDir": {"sizeLimit": "64Mi"}},
+                {"name": "tmp", "emptyDir": {}},
+                # vLLM's tensor-parallel workers talk through shared memory.
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+            ],
+        },
+    }
+    deployment_spec = {
+        "selector": {"matchLabels": {LABEL_MODEL: owner.name, LABEL_VARIANT: variant.pool}},
+        # A new artifact rolls out without dropping the old one until new pods are ready.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": max(600, budget + 300),
+        "template": template,
+    }
+    return _fresh({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(deployment_spec), ANNOTATION_ARTIFACT_KEY: artifact_key},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {**deployment_spec, "replicas": replicas},
+    })
+
+
+def render_service(owner: Owner) -> dict[str, Any]:
+    """One Service in front of every variant: clients see one endpoint."""
+    labels = model_labels(owner.name)
+    return _fresh({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_MODEL: owner.name, LABEL_COMPONENT: "server"},
+            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    })
+
+
+def endpoint(owner: Owner) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{VLLM_PORT}"

@@ -1,0 +1,60 @@
+"""Operator settings, from environment variables with the ``FEWERBITS_`` prefix."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from . import __version__
+
+
+class OperatorSettings(BaseSettings):
+    """Everything the operator can be told at start-up. Every field has a default."""
+
+    model_config = SettingsConfigDict(env_prefix="FEWERBITS_", extra="ignore")
+
+    namespaces: list[str] = Field(default_factory=list)
+    """Namespaces to watch (JSON list in the environment). Empty: the whole cluster."""
+    quantjob_image: str = f"ghcr.io/fewerbits/fewerbits-quantjob:{__version__}"
+    """Image of the quantization Job."""
+    runtime_image: str = f"ghcr.io/fewerbits/fewerbits-runtime:{__version__}"
+    """Image of the serving pod's fetch init container (it also carries the launch wrapper)."""
+    vllm_image: str = "vllm/vllm-openai:v0.33.0"
+    """Default vLLM image (a model's `serving.image` wins)."""
+    default_storage_uri: str | None = None
+    """Artifact storage when neither the model nor a policy names one."""
+    default_storage_endpoint: str | None = None
+    """Endpoint of the default storage."""
+    default_storage_region: str | None = None
+    """Region of the default storage."""
+    default_storage_credentials_secret: str | None = None
+    """Secret (in each model's namespace) with credentials for the default storage."""
+    hf_endpoint: str = "https://huggingface.co"
+    """Hugging Face Hub endpoint, for reading a model's config.json."""
+    resync_seconds: float = 30.0
+    """Every model is reconciled at least this often (level-triggered safety net)."""
+    job_ttl_seconds: int = 86400
+    """Finished quantization Jobs are removed after this many seconds."""
+    job_cpu_request: str = "2"
+    """CPU request of the quantization Job."""
+    job_memory_request: str = "8Gi"
+    """Memory request of the quantization Job."""
+    vllm_cpu_request: str = "2"
+    """CPU request of each vLLM pod."""
+    vllm_memory_request: str = "8Gi"
+    """Memory request of each vLLM pod."""
+    metrics_port: int = 8080
+    """Port of the Prometheus metrics endpoint (0: off)."""
+    health_port: int = 8081
+    """Port of the liveness endpoint (/healthz)."""
+    model_config_timeout_seconds: float = 20.0
+    """Timeout for reading a model's config.json from its source."""
+    storage_timeout_seconds: float = 20.0
+    """Timeout for manifest look-ups in object storage."""
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> OperatorSettings:
+    return OperatorSettings()

@@ -1,0 +1,167 @@
+"""What the operator reads outside the API server: artifact manifests in object storage and the
+base model's ``config.json`` (to know its shape before planning).
+
+Credentials come from the Secrets a model names, are used for the request, and are never logged
+or stored. Errors carry messages a person can act on; none includes a credential.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import ValidationError
+
+from fewerbits_api.artifact import MANIFEST_NAME, Manifest, artifact_prefix
+from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+
+log = logging.getLogger("fewerbits.storage")
+
+
+class StorageError(RuntimeError):
+    """Object storage could not be read (unreachable, denied, malformed manifest)."""
+
+
+class ModelConfigError(RuntimeError):
+    """The base model's config.json could not be read."""
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key: str | None = None
+    secret_key: str | None = None
+
+    @classmethod
+    def from_secret(cls, data: dict[str, str] | None) -> S3Credentials:
+        if not data:
+            return cls()
+        return cls(data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY"))
+
+    def __repr__(self) -> str:  # never print a secret by accident
+        return f"S3Credentials(access_key={'***' if self.access_key else None})"
+
+
+class ObjectStore:
+    """Cached boto3 clients per (endpoint, region, access key)."""
+
+    def __init__(self, timeout: float = 20.0):
+        self.timeout = timeout
+        self._clients: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+        self._config_cache: dict[tuple, dict[str, Any]] = {}
+
+    def _client(self, endpoint: str | None, region: str | None, creds: S3Credentials):
+        key = (endpoint, region, creds.access_key, creds.secret_key)
+        with self._lock:
+            c = self._clients.get(key)
+            if c is None:
+                c = boto3.session.Session().client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    region_name=region or "us-east-1",
+                    aws_access_key_id=creds.access_key,
+                    aws_secret_access_key=creds.secret_key,
+                    config=BotoConfig(
+                        connect_timeout=self.timeout, read_timeout=self.timeout,
+                        retries={"max_attempts": 2, "mode": "standard"},
+                        s3={"addressing_style": "path" if endpoint else "auto"},
+                    ),
+                )
+                self._clients[key] = c
+            return c
+
+    # ------------------------------------------------------------ artifacts
+
+    def get_manifest(self, storage: StorageSpec, key: str, creds: S3Credentials) -> Manifest | None:
+        """The artifact's manifest, or None when it has not been published (no manifest, no artifact)."""
+        bucket, prefix = artifact_prefix(storage.uri, key)
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return None
+            if code == "NoSuchBucket":
+                raise StorageError(f"bucket {bucket} does not exist at {storage.endpoint or 'AWS S3'}") from None
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
+                raise StorageError(f"access to s3://{bucket}/{prefix} denied ({code}): check the storage "
+                                   "credentials Secret") from None
+            raise StorageError(f"reading s3://{bucket}/{prefix}{MANIFEST_NAME} failed: {code or e}") from None
+        except BotoCoreError as e:
+            raise StorageError(f"object storage {storage.endpoint or 'AWS S3'} unreachable: {type(e).__name__}") from None
+        try:
+            manifest = Manifest.model_validate_json(body)
+            manifest.verify_key()
+        except (ValidationError, ValueError) as e:
+            raise StorageError(f"s3://{bucket}/{prefix}{MANIFEST_NAME} is not a valid fewerbits manifest: "
+                               f"{str(e).splitlines()[0]}") from None
+        if manifest.key != key:
+            raise StorageError(f"s3://{bucket}/{prefix}{MANIFEST_NAME} belongs to artifact {manifest.key}, not {key}")
+        return manifest
+
+    # ------------------------------------------------------------ base model config
+
+    def model_config(self, source: SourceSpec, secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
+        """The base model's config.json, cached per (uri, revision)."""
+        cache_key = (source.uri, source.revision, source.endpoint)
+        if cache_key in self._config_cache:
+            return self._config_cache[cache_key]
+        if source.scheme == "s3":
+            cfg = self._s3_config(source, S3Credentials.from_secret(secret))
+        elif source.scheme == "hf":
+            cfg = self._hf_config(source, (secret or {}).get("HF_TOKEN"), hf_endpoint)
+        else:
+            raise ModelConfigError(
+                f"{source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
+                "their config.json to plan (use an hf:// or s3:// source)")
+        self._config_cache[cache_key] = cfg
+        return cfg
+
+    def _s3_config(self, source: SourceSpec, creds: S3Credentials) -> dict[str, Any]:
+        rest = source.uri.removeprefix("s3://")
+        bucket, _, prefix = rest.partition("/")
+        key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
+        s3 = self._client(source.endpoint, source.region, creds)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            raise ModelConfigError(f"cannot read s3://{bucket}/{key}: {code}") from None
+        except BotoCoreError as e:
+            raise ModelConfigError(f"cannot reach {source.endpoint or 'AWS S3'}: {type(e).__name__}") from None
+        return _parse_config(body, f"s3://{bucket}/{key}")
+
+    def _hf_config(self, source: SourceSpec, token: str | None, hf_endpoint: str) -> dict[str, Any]:
+        repo = source.uri.removeprefix("hf://")
+        url = f"{hf_endpoint.rstrip('/')}/{repo}/resolve/{source.revision or 'main'}/config.json"
+        req = urllib.request.Request(url, headers={"User-Agent": "fewerbits-operator"})
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                body = resp.read(4 * 2**20)
+        except urllib.error.HTTPError as e:
+            hint = " (gated or private: set spec.source.credentialsSecret with HF_TOKEN)" if e.code in (401, 403) else ""
+            raise ModelConfigError(f"cannot read config.json of {source.uri}: HTTP {e.code}{hint}") from None
+        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            raise ModelConfigError(f"cannot reach {hf_endpoint} for {source.uri}: {getattr(e, 'reason', e)}") from None
+        return _parse_config(body, url)
+
+
+def _parse_config(body: bytes, where: str) -> dict[str, Any]:
+    try:
+        cfg = json.loads(body)
+    except ValueError:
+        raise ModelConfigError(f"{where} is not JSON") from None
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{where} is not a JSON object")
+    return cfg
