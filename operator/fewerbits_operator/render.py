@@ -8,7 +8,6 @@ from a no-op without comparing server-defaulted fields.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -82,8 +81,9 @@ class Owner:
 
 
 def _fresh(obj: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy: rendered objects share no sub-dicts, so editing one never edits another."""
-    return copy.deepcopy(obj)
+    """A copy sharing no sub-objects (deepcopy would keep the aliasing), so editing one part of a
+    rendered object never edits another."""
+    return json.loads(json.dumps(obj))
 
 
 def spec_hash(obj: Any) -> str:
