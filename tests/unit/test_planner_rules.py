@@ -318,7 +318,7 @@ def test_default_max_model_len_is_lowered_to_what_fits():
     v = variant("llama-3.1-8b", L4)
     assert 8192 <= v.maxModelLen < 131072 and v.maxModelLen % 1024 == 0
     assert v.kvCacheTokens >= 4 * v.maxModelLen
-    assert any("the model allows 131,072" in w for w in v.warnings)
+    assert any(f"maxModelLen lowered to {v.maxModelLen:,} (model allows 131,072)" in w for w in v.warnings)
 
 
 def test_requested_len_that_does_not_fit_says_what_would():

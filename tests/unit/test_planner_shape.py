@@ -68,13 +68,20 @@ def test_llama3_rope_scaling_does_not_extend_the_limit_again():
     assert s.max_position_embeddings == 131072 and s.max_model_len == 131072
 
 
-def test_yarn_rope_scaling_extends_original_length():
-    s = shape("deepseek-v2-lite")
-    assert s.max_model_len == 4096 * 40  # original_max_position_embeddings × factor, as vLLM does
+def test_rope_scaling_limit_follows_vllm_0_33():
+    # YaRN: max_position_embeddings already is the scaled length (vLLM 0.33 no longer multiplies).
+    assert shape("deepseek-v2-lite").max_model_len == 163840
     cfg = json.loads((CONFIGS / "qwen2.5-7b.json").read_text())
     cfg["max_position_embeddings"] = 32768
     cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
-    assert shape_from_config(cfg).max_model_len == 131072
+    assert shape_from_config(cfg).max_model_len == 32768
+    # Linear and dynamic scaling extend it by the factor.
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    assert shape_from_config(cfg).max_model_len == 65536
+    # The smallest of the length keys vLLM reads wins.
+    cfg["rope_scaling"] = None
+    cfg["seq_length"] = 4096
+    assert shape_from_config(cfg).max_model_len == 4096
 
 
 def test_tied_embeddings_have_no_separate_lm_head():

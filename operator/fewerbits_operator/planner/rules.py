@@ -605,9 +605,8 @@ def _finish(
 ) -> PlanVariant:
     if fit.lowered_len_from is not None:
         warnings.append(
-            f"maxModelLen {_tokens(fit.max_model_len)} (the model allows {_tokens(fit.lowered_len_from)}): "
-            f"the KV cache ({_tokens(fit.kv_tokens)} tokens) must hold {request.min_concurrent_sequences} "
-            "sequences; set serving.maxModelLen to choose"
+            f"maxModelLen lowered to {_tokens(fit.max_model_len)} (model allows {_tokens(fit.lowered_len_from)}) "
+            f"so {request.min_concurrent_sequences} sequences fit the KV cache; set serving.maxModelLen to choose"
         )
     return _variant(shape, pool, fit, dtype, kv_dtype, request, warnings)
 

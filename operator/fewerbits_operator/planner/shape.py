@@ -76,9 +76,12 @@ _MAX_LEN_KEYS = (
     "seq_len",
 )
 
-FLOAT16_UNSUPPORTED_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text"})
-"""Architectures vLLM refuses to run in float16 (numerical instability: activations overflow);
-they need bfloat16, i.e. compute capability 8.0 or newer (DESIGN.md: gemma2/3 reject float16)."""
+_ROPE_ALREADY_SCALED = ("default", "su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+FLOAT16_UNSUPPORTED_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
+"""Architectures vLLM refuses to run in float16 (vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS:
+numerical instability); they need bfloat16, i.e. compute capability 8.0 or newer (DESIGN.md:
+gemma2/3 reject float16)."""
 
 
 @dataclass(frozen=True)
@@ -205,16 +208,14 @@ def _derived_max_len(cfg: Mapping[str, Any], model_type: str, rope: Mapping[str,
         raise ModelConfigError("config.json: missing 'max_position_embeddings' (the model's length limit)")
     max_pos = min(found)
     derived = float(max_pos)
-    # vLLM applies the RoPE scaling factor except for types whose max_position_embeddings already
-    # is the scaled length (su/longrope/llama3), and never for Gemma 3 (its 128K is already
-    # scaled); for yarn it scales original_max_position_embeddings.
+    # vLLM 0.33 (vllm/config/model.py, _get_and_verify_max_len) multiplies by the RoPE scaling
+    # factor except for types whose max_position_embeddings already is the scaled length
+    # (su/longrope/llama3 and the YaRN variants), and never for Gemma 3 (its 128K is already
+    # scaled).
     if rope and "gemma3" not in model_type:
         rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
-        if rope_type not in ("su", "longrope", "llama3", "default", "mrope"):
-            factor = float(rope.get("factor") or 1.0)
-            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
-                derived = float(rope["original_max_position_embeddings"])
-            derived *= factor
+        if rope_type not in _ROPE_ALREADY_SCALED:
+            derived *= float(rope.get("factor") or 1.0)
     return max_pos, int(derived)
 
 
