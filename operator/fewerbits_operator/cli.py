@@ -10,10 +10,10 @@ import argparse
 import sys
 from importlib.metadata import version
 
-from . import validate_cmd
+from . import plan_cmd, validate_cmd
 
 # Subcommand modules, in the order `fewerbits --help` lists them.
-SUBCOMMANDS = [validate_cmd]
+SUBCOMMANDS = [validate_cmd, plan_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
