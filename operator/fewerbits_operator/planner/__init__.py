@@ -23,9 +23,13 @@ from .rules import (
     unmatched_targets,
 )
 from .shape import ModelConfigError, ModelShape, load_model_shape, shape_from_config
+from .vllm_args import VLLM_VERSION, check_vllm_args, vllm_arg_spec
 
 __all__ = [
     "CATALOG",
+    "VLLM_VERSION",
+    "check_vllm_args",
+    "vllm_arg_spec",
     "GPUPool",
     "GPUSpec",
     "ModelConfigError",

@@ -1,0 +1,165 @@
+"""Check vLLM command-line arguments against vLLM's own argument rules, without vLLM.
+
+``vllm_args_v0.33.0.json`` beside this file is a dump of every option of the ``vllm serve``
+parser of vLLM 0.33.0 (option strings, value type, choices, nargs), made by
+``tools/vllm_args/dump_vllm_args.py`` from the real parser. This module reads it and applies the
+same preprocessing vLLM's FlexibleArgumentParser does (``--a_b`` means ``--a-b``; ``--x=v``;
+``--json-arg.key v`` for dict-valued options; ``-O3``) so that the planner's arguments are tested
+and the operator can refuse a bad ``serving.extraArgs`` before a pod crash-loops on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Sequence
+
+VLLM_VERSION = "0.33.0"
+"""The vLLM release the argument dump comes from (the serving image should match it)."""
+
+_HUMAN_INT = re.compile(r"\d+(\.\d+)?[kKmMgGtT]?")
+_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+_DICT_TYPES = {"parse_dataclass", "loads", "union_dict_and_str"}
+
+
+@lru_cache(maxsize=4)
+def vllm_arg_spec(version: str = VLLM_VERSION) -> dict[str, Any]:
+    """The dumped parser of a vLLM release: ``{"vllm_version", "options": {flag: {...}}, ...}``."""
+    name = f"vllm_args_v{version}.json"
+    try:
+        text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"no vLLM argument dump for version {version} ({name})") from None
+    return json.loads(text)
+
+
+def _looks_like_value(arg: str) -> bool:
+    """A token that is a value, not a flag (negative numbers such as ``-1`` are values)."""
+    return not arg.startswith("-") or bool(_NUMBER.fullmatch(arg))
+
+
+def _check_value(flag: str, value: str, entry: dict[str, Any]) -> str | None:
+    type_name = entry.get("type") or "str"
+    if type_name.startswith("optional:"):
+        if value in ("", "None"):
+            return None
+        type_name = type_name.removeprefix("optional:")
+    choices = entry.get("choices")
+    if choices is not None and value not in choices:
+        shown = ", ".join(choices[:24]) + (", ..." if len(choices) > 24 else "")
+        return f"{flag} {value!r}: not one of vLLM's choices ({shown})"
+    try:
+        if type_name == "int":
+            int(value)
+        elif type_name == "float":
+            float(value)
+        elif type_name == "human_readable_int":
+            if not _HUMAN_INT.fullmatch(value.strip()):
+                raise ValueError
+        elif type_name == "human_readable_int_or_auto":
+            if value.strip() not in ("auto", "-1") and not _HUMAN_INT.fullmatch(value.strip()):
+                raise ValueError
+        elif type_name in ("loads", "parse_dataclass"):
+            json.loads(value)
+        elif type_name == "union_dict_and_str":
+            if re.match(r"(?s)^\s*{.*}\s*$", value):
+                json.loads(value)
+    except ValueError:
+        readable = {
+            "int": "an integer",
+            "float": "a number",
+            "human_readable_int": "an integer (suffixes k/K/m/M/g/G allowed)",
+            "human_readable_int_or_auto": "an integer (k/M suffixes allowed), -1 or auto",
+            "loads": "JSON",
+            "parse_dataclass": "a JSON object",
+            "union_dict_and_str": "a string or a JSON object",
+        }.get(type_name, type_name)
+        return f"{flag} {value!r}: must be {readable}"
+    return None
+
+
+def _suggest(flag: str, options: dict[str, Any]) -> str:
+    close = difflib.get_close_matches(flag, [o for o in options if o.startswith("--")], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[str]:
+    """Errors in a vLLM argument list (``[]`` when ``vllm serve MODEL *args`` would parse it).
+
+    Checks that each flag exists in that vLLM release, that flags taking no value get none,
+    that values are present and of the option's type (int, float, JSON, human-readable int) and
+    among its choices (argparse choices, and the KV-cache dtypes and quantization methods vLLM
+    validates after parsing). A bare value with no flag before it is an error: the operator
+    places the model path itself.
+    """
+    spec = vllm_arg_spec(version)
+    options: dict[str, dict[str, Any]] = spec["options"]
+    errors: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-") or _NUMBER.fullmatch(arg):
+            errors.append(f"{arg!r}: a value with no option before it (the model path is set by the operator)")
+            continue
+        if arg.startswith("-O") and not arg.startswith("--"):
+            # -O3, -O=3, -Odecode, or -O 3: the optimization level.
+            level = arg[3:] if arg[2:3] == "=" else arg[2:]
+            if not level:
+                if i < len(args) and args[i] in {"0", "1", "2", "3"}:
+                    i += 1
+                else:
+                    errors.append("-O: needs an optimization level")
+            continue
+        name, has_eq, inline = arg.partition("=")
+        if name.startswith("--"):
+            base, dot, _ = name[2:].partition(".")
+            flag = "--" + base.replace("_", "-")
+        else:
+            base, dot, flag = name[1:], "", name
+        entry = options.get(flag)
+        if entry is None:
+            errors.append(f"{flag}: not an option of vLLM {spec.get('vllm_version', version)}{_suggest(flag, options)}")
+            if not has_eq and i < len(args) and _looks_like_value(args[i]):
+                i += 1  # skip its value, so it is not reported again
+            continue
+        if dot:
+            # --compilation-config.level 3: a key of a dict-valued option, any JSON-ish value.
+            type_name = (entry.get("type") or "").removeprefix("optional:")
+            if type_name not in _DICT_TYPES:
+                errors.append(f"{name}: {flag} does not take dotted keys")
+            if not has_eq:
+                if i < len(args):
+                    i += 1
+                else:
+                    errors.append(f"{name}: needs a value")
+            continue
+        if entry["kind"] in ("flag", "boolean_optional"):
+            if has_eq:
+                errors.append(f"{flag}: takes no value (got {inline!r})")
+            continue
+        nargs = entry.get("nargs")
+        if has_eq:
+            values = [inline]
+        elif nargs in ("+", "*"):
+            values = []
+            while i < len(args) and _looks_like_value(args[i]):
+                values.append(args[i])
+                i += 1
+        elif nargs == "?":
+            values = [args[i]] if i < len(args) and _looks_like_value(args[i]) else []
+            i += len(values)
+        else:
+            values = [args[i]] if i < len(args) and _looks_like_value(args[i]) else []
+            i += len(values)
+        if not values and nargs not in ("?", "*"):
+            errors.append(f"{flag}: needs a value")
+            continue
+        for value in values:
+            problem = _check_value(flag, value, entry)
+            if problem:
+                errors.append(problem)
+    return errors
