@@ -17,6 +17,8 @@ from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec, StorageSpec
 
+from .planner import check_vllm_args
+
 DEFAULT_GATE_PERCENT = 3.0
 
 # vLLM flags a model may not pass in serving.extraArgs unless a policy allows them: the plan owns
@@ -92,8 +94,8 @@ def effective_spec(
                       "or the operator's FEWERBITS_DEFAULT_STORAGE_URI")
     if spec.source.scheme != "s3" and (spec.source.endpoint or spec.source.region):
         errors.append("spec.source.endpoint: only s3:// sources take an endpoint or region")
-    if spec.quantization.qualityGate is None and policy is None:
-        pass  # the built-in default gate applies
+    # vLLM's own argument rules (its parser's flags, types and choices, pinned release).
+    errors += [f"spec.serving.extraArgs: {e}" for e in check_vllm_args(spec.serving.extraArgs)]
     return Effective(spec, policy, errors=errors, violations=check_rules(spec, raw_spec or {}, policy))
 
 

@@ -30,10 +30,10 @@ def test_committed_crds_do_not_drift_from_the_models(capsys):
 
 
 def test_check_detects_drift(tmp_path, capsys):
-    crdgen.main(["--out", str(tmp_path)])
+    crdgen.main(["--out", str(tmp_path), "--no-chart"])
     target = next(tmp_path.glob("*quantizedmodels.yaml"))
     target.write_text(target.read_text().replace("maxReplicas", "maxReplica"))
-    assert crdgen.main(["--out", str(tmp_path), "--check"]) == 1
+    assert crdgen.main(["--out", str(tmp_path), "--check", "--no-chart"]) == 1
     assert "maxReplica" in capsys.readouterr().out
 
 
@@ -97,3 +97,12 @@ def test_policy_crd_is_cluster_scoped(crds):
         "rules"]["properties"]["quantizationJob"]["properties"]["nodeSelector"]
     assert node_selector["additionalProperties"]["type"] == "string"
     assert any("k.matches(" in r["rule"] for r in node_selector["x-kubernetes-validations"])
+
+
+def test_chart_copy_is_the_same_crd_behind_crds_enabled():
+    for name, text in crdgen.render_chart().items():
+        assert text.splitlines()[1] == "{{- if .Values.crds.enabled }}" and text.endswith("{{- end }}\n")
+        assert "helm.sh/resource-policy: keep" in text
+        plain = "\n".join(l for l in text.splitlines() if "{{" not in l and "resource-policy" not in l
+                          and l != "  annotations:")
+        assert yaml.safe_load(plain) == yaml.safe_load(crdgen.render_all()[name])

@@ -104,3 +104,11 @@ def test_select_policy_by_namespace_and_priority():
 def test_gate_falls_back_to_default():
     eff = effective_spec(SPEC, None)
     assert eff.gate().maxPerplexityIncreasePercent == 3.0
+
+
+def test_extra_args_are_checked_against_vllm_rules():
+    eff = effective_spec(deep_merge(SPEC, {"serving": {"extraArgs": ["--enforce-eager", "--max-num-seqs", "many",
+                                                                     "--no-such-flag"]}}), None)
+    assert not eff.accepted
+    assert "spec.serving.extraArgs: --max-num-seqs 'many': must be an integer" in eff.errors
+    assert any(e.startswith("spec.serving.extraArgs: --no-such-flag: not an option of vLLM") for e in eff.errors)
