@@ -1,0 +1,1 @@
+"""Local control plane for tests, built from Go modules (see e2e/README.md)."""

@@ -1,0 +1,700 @@
+"""The pod runner: a kubelet for the pods whose images e2e/workloads.py maps to local commands.
+
+It watches pods bound to (kwok) nodes; for each pod it owns it does what a kubelet would: resolve the
+environment through the API (secretKeyRef, configMapKeyRef, fieldRef, envFrom), materialise volumes
+as local folders (paths in env and args are rewritten to them), run init containers in order and
+then the containers as local process groups, probe readiness, apply the restart policy, and report
+everything through pod status — phase, conditions, container states, exit codes and the termination
+message. On deletion it stops the processes (SIGTERM, grace, SIGKILL) and finishes the delete.
+
+Pod IPs come from a loopback CIDR, so a process can bind its pod IP. The simulator listens on ":port"
+(all addresses), so it gets a free port and the runner forwards <pod IP>:<container port> to it.
+
+Container output goes to <state-dir>/<ns>_<pod>_<uid8>/<container>.log (there is no `kubectl logs`).
+The termination-message file is given to the process as $FEWERBITS_TERMINATION_LOG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import copy
+import datetime as dt
+import ipaddress
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from e2e import procs, workloads
+
+log = logging.getLogger("podrunner")
+
+TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
+PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
+PASS_ENV_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
+MAX_TERMINATION_MESSAGE = 4096  # what a kubelet keeps
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ConfigError(Exception):
+    """The container cannot be created yet (missing Secret/ConfigMap key): CreateContainerConfigError."""
+
+
+# ---------------------------------------------------------------------------------------- TCP forward
+
+
+class Forwarder:
+    """Accept on (ip, port) and copy bytes both ways to 127.0.0.1:target."""
+
+    def __init__(self, ip: str, port: int, target: int):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((ip, port))
+        self.sock.listen(64)
+        self.target = target
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            up.settimeout(None)
+        except OSError:
+            conn.close()
+            return
+
+        def pump(a: socket.socket, b: socket.socket) -> None:
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    b.shutdown(socket.SHUT_WR)
+
+        t = threading.Thread(target=pump, args=(up, conn), daemon=True)
+        t.start()
+        pump(conn, up)
+        t.join()
+        conn.close()
+        up.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+# ---------------------------------------------------------------------------------------- containers
+
+
+class Container:
+    def __init__(self, spec: dict, rule: workloads.ImageRule | None, init: bool):
+        self.spec = spec
+        self.name = spec["name"]
+        self.image = spec.get("image", "")
+        self.rule = rule
+        self.init = init
+        self.proc = None
+        self.forwarders: list[Forwarder] = []
+        self.restart_count = 0
+        self.state: dict = {"waiting": {"reason": "ContainerCreating"}}
+        self.last_state: dict = {}
+        self.ready = False
+        self.started = False
+        self.backoff_until = 0.0
+        self.sim_port: int | None = None
+        self.vllm: workloads.VLLMArgs | None = None
+
+    def status(self) -> dict:
+        s = {"name": self.name, "image": self.image, "imageID": "", "ready": self.ready,
+             "restartCount": self.restart_count, "started": self.started, "state": self.state}
+        if self.last_state:
+            s["lastState"] = self.last_state
+        if self.proc is not None:
+            s["containerID"] = f"fewerbits-e2e://{self.proc.pid}"
+        return s
+
+
+class PodRun(threading.Thread):
+    def __init__(self, runner: "Runner", pod: dict, ip: str):
+        super().__init__(daemon=True, name=f"pod-{pod['metadata']['name']}")
+        self.runner = runner
+        self.api = runner.api
+        self.pod = pod
+        md = pod["metadata"]
+        self.ns, self.name, self.uid = md["namespace"], md["name"], md["uid"]
+        self.ip = ip
+        self.dir = runner.state_dir / f"{self.ns}_{self.name}_{self.uid[:8]}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        spec = pod["spec"]
+        self.restart_policy = spec.get("restartPolicy", "Always")
+        rules = runner.rules
+        self.inits = [Container(c, workloads.rule_for(c.get("image", ""), rules), True)
+                      for c in spec.get("initContainers") or []]
+        self.mains = [Container(c, workloads.rule_for(c.get("image", ""), rules), False)
+                      for c in spec.get("containers") or []]
+        self.deleting = threading.Event()
+        self.gone = threading.Event()
+        self.phase = "Pending"
+        self.start_time = now()
+        self.conds: dict[str, dict] = {}
+        self._last_sent: dict | None = None
+        self.mounts: list[tuple[str, Path]] = []
+
+    # ---------------------------------------------------------------- status
+
+    def _cond(self, type_: str, status: bool, reason: str = "", message: str = "") -> None:
+        val = "True" if status else "False"
+        old = self.conds.get(type_)
+        if old and old["status"] == val and old.get("reason", "") == reason:
+            return
+        c = {"type": type_, "status": val, "lastProbeTime": None, "lastTransitionTime": now()}
+        if reason:
+            c["reason"] = reason
+        if message:
+            c["message"] = message
+        self.conds[type_] = c
+
+    def _push(self) -> None:
+        ready = self.phase == "Running" and all(c.ready for c in self.mains)
+        self._cond("ContainersReady", ready, "" if ready else "ContainersNotReady")
+        self._cond("Ready", ready, "" if ready else "ContainersNotReady")
+        conds = [{"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                  "lastTransitionTime": self.pod["metadata"].get("creationTimestamp") or now()}]
+        conds += list(self.conds.values())
+        status = {
+            "phase": self.phase, "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": self.ip, "podIPs": [{"ip": self.ip}], "startTime": self.start_time,
+            "conditions": conds,
+            "containerStatuses": [c.status() for c in self.mains],
+        }
+        if self.inits:
+            status["initContainerStatuses"] = [c.status() for c in self.inits]
+        if status == self._last_sent or self.gone.is_set():
+            return
+        try:
+            # A JSON merge patch replaces lists wholesale: we always send them complete.
+            self.api.patch_namespaced_pod_status(self.name, self.ns, {"status": status},
+                                                 _content_type="application/merge-patch+json")
+            self._last_sent = copy.deepcopy(status)
+        except Exception as e:  # noqa: BLE001 — pod may be gone; the watch tells us
+            if getattr(e, "status", None) == 404:
+                self.gone.set()
+            else:
+                log.warning("status update of %s/%s failed: %s", self.ns, self.name, e)
+
+    # ---------------------------------------------------------------- environment and volumes
+
+    def _get(self, kind: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            fn = self.api.read_namespaced_secret if kind == "Secret" else self.api.read_namespaced_config_map
+            obj = fn(name, self.ns, _preload_content=False)
+            return json.loads(obj.data)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def _key(self, kind: str, ref: dict) -> str | None:
+        obj = self._get(kind, ref["name"])
+        optional = ref.get("optional", False)
+        if obj is None:
+            if optional:
+                return None
+            raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+        data = obj.get("data") or {}
+        if ref["key"] in data:
+            v = data[ref["key"]]
+            return base64.b64decode(v).decode() if kind == "Secret" else v
+        if kind == "ConfigMap" and ref["key"] in (obj.get("binaryData") or {}):
+            return base64.b64decode(obj["binaryData"][ref["key"]]).decode(errors="replace")
+        if optional:
+            return None
+        raise ConfigError(f'couldn\'t find key {ref["key"]} in {kind} {self.ns}/{ref["name"]}')
+
+    def _field(self, path: str) -> str:
+        md, spec = self.pod["metadata"], self.pod["spec"]
+        simple = {"metadata.name": md["name"], "metadata.namespace": self.ns, "metadata.uid": self.uid,
+                  "spec.nodeName": spec.get("nodeName", ""), "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+                  "status.podIP": self.ip, "status.podIPs": self.ip, "status.hostIP": "127.0.0.1",
+                  "status.hostIPs": "127.0.0.1"}
+        if path in simple:
+            return simple[path]
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+        if m:
+            return (md.get(m.group(1)) or {}).get(m.group(2), "")
+        raise ConfigError(f"unsupported fieldRef {path}")
+
+    def _resource(self, c: Container, ref: dict) -> str:
+        kind, _, res = ref["resource"].partition(".")
+        val = ((c.spec.get("resources") or {}).get(kind) or {}).get(res)
+        return str(val) if val is not None else "0"
+
+    def _env(self, c: Container) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for src in c.spec.get("envFrom") or []:
+            prefix = src.get("prefix", "")
+            for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                if key in src:
+                    obj = self._get(kind, src[key]["name"])
+                    if obj is None:
+                        if src[key].get("optional"):
+                            continue
+                        raise ConfigError(f'{kind.lower()} "{src[key]["name"]}" not found')
+                    for k, v in (obj.get("data") or {}).items():
+                        env[prefix + k] = base64.b64decode(v).decode() if kind == "Secret" else v
+        for e in c.spec.get("env") or []:
+            if "valueFrom" in e:
+                vf = e["valueFrom"]
+                if "secretKeyRef" in vf:
+                    v = self._key("Secret", vf["secretKeyRef"])
+                elif "configMapKeyRef" in vf:
+                    v = self._key("ConfigMap", vf["configMapKeyRef"])
+                elif "fieldRef" in vf:
+                    v = self._field(vf["fieldRef"]["fieldPath"])
+                elif "resourceFieldRef" in vf:
+                    v = self._resource(c, vf["resourceFieldRef"])
+                else:
+                    raise ConfigError(f"unsupported valueFrom in env {e['name']}")
+                if v is None:
+                    continue
+            else:
+                v = _expand(e.get("value", ""), env)
+            env[e["name"]] = v
+        return env
+
+    def _prepare_volumes(self) -> dict[str, Path]:
+        vols: dict[str, Path] = {}
+        root = self.dir / "volumes"
+        for v in self.pod["spec"].get("volumes") or []:
+            name = v["name"]
+            if "hostPath" in v:
+                vols[name] = Path(v["hostPath"]["path"])
+                continue
+            if "persistentVolumeClaim" in v:
+                # Claims outlive pods: one folder per claim for the cluster's lifetime.
+                p = self.runner.state_dir / "pvc" / f"{self.ns}_{v['persistentVolumeClaim']['claimName']}"
+            else:
+                p = root / name
+            p.mkdir(parents=True, exist_ok=True)
+            for kind, key in (("Secret", "secret"), ("ConfigMap", "configMap")):
+                if key in v:
+                    ref = v[key]
+                    obj = self._get(kind, ref.get("secretName") or ref.get("name"))
+                    if obj is None:
+                        if ref.get("optional"):
+                            continue
+                        raise ConfigError(f"{kind.lower()} {ref.get('secretName') or ref.get('name')} not found")
+                    data = obj.get("data") or {}
+                    items = ref.get("items") or [{"key": k, "path": k} for k in data]
+                    for it in items:
+                        if it["key"] not in data:
+                            continue
+                        raw = data[it["key"]]
+                        f = p / it["path"]
+                        f.parent.mkdir(parents=True, exist_ok=True)
+                        f.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
+            vols[name] = p
+        return vols
+
+    def _mounts(self, c: Container, vols: dict[str, Path]) -> list[tuple[str, Path]]:
+        out = []
+        for m in c.spec.get("volumeMounts") or []:
+            if m["name"] not in vols:
+                continue
+            local = vols[m["name"]] / m["subPath"] if m.get("subPath") else vols[m["name"]]
+            local.mkdir(parents=True, exist_ok=True)
+            out.append((m["mountPath"].rstrip("/") or "/", local))
+        return sorted(out, key=lambda t: -len(t[0]))
+
+    @staticmethod
+    def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
+        for mount, local in mounts:
+            if mount == "/":
+                continue
+            s = re.sub(rf"(?<![\w./-]){re.escape(mount)}(?=/|$|[^\w.-])", lambda _m, lp=str(local): lp, s)
+        return s
+
+    # ---------------------------------------------------------------- processes
+
+    def _start(self, c: Container, vols: dict[str, Path]) -> None:
+        env_pod = self._env(c)
+        mounts = self._mounts(c, vols)
+        env = {k: v for k, v in os.environ.items() if k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)}
+        for k in filter(None, os.environ.get("FEWERBITS_E2E_PASS_ENV", "").split(",")):
+            if k in os.environ:
+                env[k] = os.environ[k]
+        env.update({k: self._rewrite(v, mounts) for k, v in env_pod.items()})
+        term = self.dir / f"{c.name}.termination-log"
+        with contextlib.suppress(FileNotFoundError):
+            term.unlink()
+        env.update({TERMINATION_LOG_ENV: str(term), "POD_IP": self.ip, "POD_NAME": self.name,
+                    "POD_NAMESPACE": self.ns, "HOSTNAME": self.name})
+        command = [_expand(x, env_pod) for x in c.spec.get("command") or []]
+        args = [_expand(x, env_pod) for x in c.spec.get("args") or []]
+        logf = self.dir / f"{c.name}.log"
+        if c.rule is None or c.rule.kind == "noop":
+            c.proc = None
+        elif c.rule.kind == "vllm":
+            c.vllm = workloads.parse_vllm_args(command + args)
+            c.sim_port = procs.free_port()
+            argv = workloads.sim_argv(self.runner.sim, c.vllm, c.sim_port)
+            c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
+            ports = {p["containerPort"] for p in c.spec.get("ports") or [] if p.get("protocol", "TCP") == "TCP"}
+            ports.add(c.vllm.port)
+            for port in sorted(ports):
+                c.forwarders.append(Forwarder(self.ip, port, c.sim_port))
+        else:
+            argv = [self._rewrite(a, mounts) for a in workloads.local_argv(c.rule, command, args)]
+            c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
+        c.term_file = term
+        c.state = {"running": {"startedAt": now()}}
+        c.started = True
+        c.ready = False
+
+    def _stop(self, c: Container, grace: float) -> None:
+        for f in c.forwarders:
+            f.close()
+        c.forwarders.clear()
+        if c.proc is not None and c.proc.poll() is None:
+            procs.stop_group(c.proc.pid, grace, c.proc)
+
+    def _finished(self, c: Container) -> dict | None:
+        """The terminated state if c's process has exited, else None."""
+        if c.proc is None:
+            return None
+        rc = c.proc.poll()
+        if rc is None:
+            return None
+        for f in c.forwarders:
+            f.close()
+        c.forwarders.clear()
+        msg = ""
+        with contextlib.suppress(OSError):
+            msg = c.term_file.read_text(errors="replace")[:MAX_TERMINATION_MESSAGE]
+        if not msg and rc != 0 and c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            lines = (self.dir / f"{c.name}.log").read_text(errors="replace").splitlines()[-80:]
+            msg = "\n".join(lines)[-2048:]
+        exit_code = rc if rc >= 0 else 128 - rc  # killed by signal N -> 128+N, as a runtime reports
+        t = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+             "startedAt": c.state.get("running", {}).get("startedAt", now()), "finishedAt": now()}
+        if msg:
+            t["message"] = msg
+        return {"terminated": t}
+
+    def _ready(self, c: Container) -> bool:
+        if c.proc is None:
+            return "running" in c.state
+        if c.proc.poll() is not None:
+            return False
+        probe = c.spec.get("readinessProbe") or {}
+        try:
+            if c.rule and c.rule.kind == "vllm":
+                return _http_ok(f"http://{self.ip}:{c.vllm.port}/health")
+            if "httpGet" in probe:
+                h = probe["httpGet"]
+                port = _port(h.get("port"), c.spec)
+                return _http_ok(f"http://{self.ip}:{port}{h.get('path', '/')}")
+            if "tcpSocket" in probe:
+                with socket.create_connection((self.ip, _port(probe["tcpSocket"]["port"], c.spec)), timeout=1):
+                    return True
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def _run_to_completion(self, c: Container, vols) -> int:
+        """Run an init container; returns its exit code (None means the pod is being deleted)."""
+        self._start(c, vols)
+        self._push()
+        while not self.deleting.is_set():
+            t = self._finished(c)
+            if t:
+                c.state = t
+                c.ready = t["terminated"]["exitCode"] == 0
+                self._push()
+                return t["terminated"]["exitCode"]
+            if c.proc is None:  # noop init container: succeeds at once
+                c.state = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(), "finishedAt": now()}}
+                c.ready = True
+                self._push()
+                return 0
+            time.sleep(0.1)
+        return -1
+
+    def _with_config_retry(self, c: Container, fn) -> bool:
+        """Call fn, retrying while the container config cannot be resolved. False if deleted meanwhile."""
+        while not self.deleting.is_set():
+            try:
+                fn()
+                return True
+            except ConfigError as e:
+                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+                self._push()
+                self.deleting.wait(1.0)
+        return False
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception:  # noqa: BLE001
+            log.exception("pod %s/%s: runner error", self.ns, self.name)
+        finally:
+            if self.deleting.is_set():
+                self._finish_delete()
+            self.runner.done(self.uid)
+
+    def _run(self) -> None:
+        self._cond("PodReadyToStartContainers", True)
+        self._cond("Initialized", not self.inits, "" if not self.inits else "ContainersNotInitialized")
+        self._push()
+        vols: dict[str, Path] = {}
+        if not self._with_config_retry(self.mains[0] if self.mains else None, lambda: vols.update(self._prepare_volumes())):
+            return
+        for c in self.inits:
+            while True:
+                rc = None
+
+                def go(c=c):
+                    nonlocal rc
+                    rc = self._run_to_completion(c, vols)
+
+                if not self._with_config_retry(c, go) or self.deleting.is_set():
+                    return
+                if rc == 0:
+                    break
+                if self.restart_policy == "Never":
+                    self.phase = "Failed"
+                    self._cond("Initialized", False, "ContainersNotInitialized")
+                    for m in self.mains:
+                        m.state = {"waiting": {"reason": "PodInitializing"}}
+                    self._push()
+                    return
+                c.last_state, c.restart_count = c.state, c.restart_count + 1
+                c.state = {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting {c.name}"}}
+                self._push()
+                if self.deleting.wait(min(10, 2 ** c.restart_count)):
+                    return
+        self._cond("Initialized", True)
+        for c in self.mains:
+            c.state = {"waiting": {"reason": "ContainerCreating"}}
+            if not self._with_config_retry(c, lambda c=c: self._start(c, vols)):
+                return
+        self.phase = "Running"
+        self._push()
+        while not self.deleting.is_set():
+            for c in self.mains:
+                if c.backoff_until and time.monotonic() >= c.backoff_until:
+                    c.backoff_until = 0
+                    c.restart_count += 1
+                    if not self._with_config_retry(c, lambda c=c: self._start(c, vols)):
+                        return
+                    continue
+                if "running" not in c.state:
+                    continue
+                t = self._finished(c)
+                if t:
+                    code = t["terminated"]["exitCode"]
+                    restart = self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and code != 0)
+                    c.ready = False
+                    if restart:
+                        c.last_state = t
+                        c.state = {"waiting": {"reason": "CrashLoopBackOff",
+                                               "message": f"back-off restarting failed container {c.name}"}}
+                        c.backoff_until = time.monotonic() + min(10, 2 ** c.restart_count)
+                    else:
+                        c.state = t
+                        c.started = False
+                else:
+                    c.ready = self._ready(c)
+            if all("terminated" in c.state for c in self.mains):
+                codes = [c.state["terminated"]["exitCode"] for c in self.mains]
+                self.phase = "Succeeded" if all(x == 0 for x in codes) else "Failed"
+                self._push()
+                return
+            self._push()
+            self.deleting.wait(0.5)
+
+    def _finish_delete(self) -> None:
+        grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        for c in self.mains + self.inits:
+            self._stop(c, min(grace, 10.0))
+        self.runner.force_delete(self.ns, self.name, self.uid)
+
+    def request_delete(self) -> None:
+        self.deleting.set()
+
+
+def _port(port, spec: dict) -> int:
+    if isinstance(port, int) or (isinstance(port, str) and port.isdigit()):
+        return int(port)
+    for p in spec.get("ports") or []:
+        if p.get("name") == port:
+            return int(p["containerPort"])
+    raise ValueError(f"unknown port {port}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return 200 <= r.status < 400
+    except OSError:
+        return False
+
+
+def _expand(s: str, env: dict[str, str]) -> str:
+    """Kubernetes $(VAR) expansion: defined variables are replaced, $$ escapes, others stay."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, s)
+
+
+# ---------------------------------------------------------------------------------------- runner
+
+
+class Runner:
+    def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str):
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self.api = client.CoreV1Api(client.ApiClient(cfg))
+        self.state_dir = state_dir
+        self.rules = rules
+        self.sim = sim
+        self._hosts = ipaddress.ip_network(cidr).hosts()
+        self.runs: dict[str, PodRun] = {}
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    def owns(self, pod: dict) -> bool:
+        spec = pod.get("spec") or {}
+        images = [c.get("image", "") for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])]
+        return any(workloads.rule_for(i, self.rules) for i in images)
+
+    def on_pod(self, pod: dict, deleted: bool = False) -> None:
+        if not self.owns(pod) or not pod["spec"].get("nodeName"):
+            return
+        uid = pod["metadata"]["uid"]
+        with self.lock:
+            run = self.runs.get(uid)
+            if deleted:
+                if run:
+                    run.gone.set()
+                    run.request_delete()
+                return
+            if pod["metadata"].get("deletionTimestamp"):
+                if run and run.is_alive():
+                    run.request_delete()
+                else:  # never ran here, or already finished: only the delete is left to do
+                    threading.Thread(target=self.force_delete, daemon=True,
+                                     args=(pod["metadata"]["namespace"], pod["metadata"]["name"], uid)).start()
+                return
+            if run or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                return
+            run = PodRun(self, pod, str(next(self._hosts)))
+            self.runs[uid] = run
+        log.info("running pod %s/%s at %s", run.ns, run.name, run.ip)
+        run.start()
+
+    def done(self, uid: str) -> None:
+        # Keep finished runs so a later event for the same uid does not start them again.
+        pass
+
+    def force_delete(self, ns: str, name: str, uid: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.api.delete_namespaced_pod(name, ns, body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid)))
+        except ApiException as e:
+            if e.status not in (404, 409):
+                log.warning("delete of %s/%s failed: %s", ns, name, e)
+
+    def loop(self, ready_file: Path) -> None:
+        from kubernetes import watch
+
+        while not self.stopping.is_set():
+            try:
+                resp = self.api.list_pod_for_all_namespaces(_preload_content=False)
+                listing = json.loads(resp.data)
+                for pod in listing["items"]:
+                    self.on_pod(pod)
+                ready_file.touch()
+                rv = listing["metadata"]["resourceVersion"]
+                w = watch.Watch()
+                for ev in w.stream(self.api.list_pod_for_all_namespaces, resource_version=rv,
+                                   timeout_seconds=60, allow_watch_bookmarks=False):
+                    if self.stopping.is_set():
+                        w.stop()
+                        break
+                    if ev["type"] == "ERROR":
+                        break
+                    self.on_pod(ev["raw_object"], deleted=ev["type"] == "DELETED")
+            except Exception as e:  # noqa: BLE001 — API restarts, 410 Gone: list again
+                if not self.stopping.is_set():
+                    log.warning("watch restarted: %s", e)
+                    time.sleep(0.5)
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            runs = list(self.runs.values())
+        for r in runs:
+            for c in r.mains + r.inits:
+                r._stop(c, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m e2e.podrunner")
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--state-dir", type=Path, required=True)
+    ap.add_argument("--images", type=Path, required=True, help="JSON list of image rules")
+    ap.add_argument("--cidr", required=True)
+    ap.add_argument("--sim", required=True, help="llm-d-inference-sim binary")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    a.state_dir.mkdir(parents=True, exist_ok=True)
+    rules = [workloads.ImageRule.from_json(r) for r in json.loads(a.images.read_text())]
+    runner = Runner(a.kubeconfig, a.state_dir, rules, a.cidr, a.sim)
+
+    def stop(*_):
+        runner.shutdown()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    runner.loop(a.state_dir / "ready")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Pure tests of the image -> local command map (no cluster)."""
+
+from __future__ import annotations
+
+import sys
+
+from e2e import workloads
+
+
+def test_quantjob_image_runs_the_module_with_container_args():
+    rule = workloads.rule_for("ghcr.io/fewerbits/fewerbits-quantjob:0.1.0", workloads.default_rules())
+    assert rule.kind == "module"
+    assert workloads.local_argv(rule, None, ["run"]) == [sys.executable, "-m", "fewerbits_quantjob", "run"]
+    # A container command replaces the entrypoint, as in Docker; `python` means this interpreter.
+    assert workloads.local_argv(rule, ["python", "-m", "x"], ["a"]) == [sys.executable, "-m", "x", "a"]
+
+
+def test_unknown_images_are_left_to_kwok():
+    assert workloads.rule_for("nginx:1.29", workloads.default_rules()) is None
+
+
+def test_vllm_arguments_become_simulator_arguments():
+    v = workloads.parse_vllm_args(["vllm", "serve", "/models/k", "--served-model-name", "a", "b",
+                                   "--port=8001", "--max-num-seqs", "16", "--tensor-parallel-size", "2"])
+    assert (v.served_model_names, v.port, v.max_num_seqs) == (["a", "b"], 8001, 16)
+    argv = workloads.sim_argv("/bin/sim", v, 4242)
+    assert argv[:5] == ["/bin/sim", "--port", "4242", "--model", "a"]
+    assert "--force-dummy-tokenizer" in argv and "--tensor-parallel-size" not in argv
+    assert workloads.parse_vllm_args(["--model", "org/m"]).served_model_names == ["org/m"]
+
+
+def test_kwok_exclusion_selects_only_unowned_pods():
+    expr = workloads.kwok_exclusion(workloads.default_rules())
+    assert expr["operator"] == "In" and expr["values"] == ["false"]
+    assert "fewerbits-quantjob" in expr["key"] and "vllm/vllm-openai" in expr["key"]

@@ -1,0 +1,148 @@
+"""Which pods the harness really runs, and how: a map from image repository to a local command.
+
+A pod any of whose container images contains a rule's `match` string is owned by the pod runner
+(e2e/podrunner.py); kwok's pod stages are given a selector that skips exactly those pods. Everything
+else is left to kwok's normal stages. The operator under test needs no test-only code: it renders
+ordinary pods, and this table decides what a "container" of that image means on this machine.
+
+Kinds of rule:
+  module  — the image's entrypoint is `python -m <module>`: run it with this interpreter and the
+            container's args (a container `command` replaces the entrypoint, Docker-style).
+  command — run the container's own command + args (`python`/`python3` mean this interpreter).
+  vllm    — a vLLM OpenAI server: run llm-d-inference-sim with the served model name, port and
+            max-num-seqs taken from the vLLM arguments.
+  noop    — a container that "runs" (init: succeeds at once; main: stays running) without a process.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ImageRule:
+    match: str            # substring of the image reference, e.g. "fewerbits-quantjob"
+    kind: str             # module | command | vllm | noop
+    module: str = ""      # for kind=module
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict) -> "ImageRule":
+        return ImageRule(**d)
+
+
+# The harness config. The `fewerbits-test/` entry is for tests of the harness itself (e.g. image
+# `fewerbits-test/python` with `command: [python, -c, ...]`); no operator code refers to it.
+DEFAULT_RULES = (
+    ImageRule("fewerbits-quantjob", "module", "fewerbits_quantjob"),
+    ImageRule("fewerbits-runtime", "module", "fewerbits_runtime"),
+    ImageRule("vllm/vllm-openai", "vllm"),
+    ImageRule("fewerbits-test/", "command"),
+)
+
+
+def default_rules() -> list[ImageRule]:
+    return list(DEFAULT_RULES)
+
+
+def rule_for(image: str, rules: list[ImageRule]) -> ImageRule | None:
+    for r in rules:
+        if r.match in image:
+            return r
+    return None
+
+
+def kwok_exclusion(rules: list[ImageRule]) -> dict | None:
+    """A kwok Stage matchExpression (gojq query) that is true only for pods the runner does NOT own."""
+    if not rules:
+        return None
+    regex = "|".join(_regex_escape(r.match) for r in rules)
+    # The regex sits in a jq string literal: its backslashes and quotes need escaping again.
+    regex = regex.replace("\\", "\\\\").replace('"', '\\"')
+    query = f'[(.spec.containers // [])[].image, (.spec.initContainers // [])[].image] | any(test("{regex}"))'
+    return {"key": query, "operator": "In", "values": ["false"]}
+
+
+def _regex_escape(s: str) -> str:
+    return "".join("\\" + ch if ch in ".^$*+?()[]{}|\\" else ch for ch in s)
+
+
+def _python(argv: list[str]) -> list[str]:
+    if argv and argv[0] in ("python", "python3", "python3.11"):
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
+def local_argv(rule: ImageRule, command: list[str] | None, args: list[str] | None) -> list[str]:
+    """The local argv for a container of a module/command rule (Docker ENTRYPOINT/CMD semantics)."""
+    command, args = list(command or []), list(args or [])
+    if rule.kind == "module":
+        return _python(command + args) if command else [sys.executable, "-m", rule.module, *args]
+    if rule.kind == "command":
+        if not command and not args:
+            raise ValueError("a `command` image needs a container command or args")
+        return _python(command + args)
+    raise ValueError(f"rule kind {rule.kind} has no local argv")
+
+
+@dataclass
+class VLLMArgs:
+    served_model_names: list[str]
+    port: int
+    max_num_seqs: int | None
+    max_model_len: int | None
+
+
+def parse_vllm_args(argv: list[str]) -> VLLMArgs:
+    """Pick out of a vLLM command line what the simulator needs; ignore the rest (dtype, TP, ...)."""
+    served: list[str] = []
+    model = None
+    port = 8000
+    max_num_seqs = max_model_len = None
+    i = 0
+    # `vllm serve MODEL ...` gives the model positionally.
+    if "serve" in argv:
+        j = argv.index("serve") + 1
+        if j < len(argv) and not argv[j].startswith("-"):
+            model = argv[j]
+    while i < len(argv):
+        a = argv[i]
+        key, eq, val = a.partition("=")
+        takes = (lambda: val) if eq else (lambda: argv[i + 1] if i + 1 < len(argv) else "")
+        if key == "--served-model-name":
+            if eq:
+                served.append(val)
+            else:
+                k = i + 1
+                while k < len(argv) and not argv[k].startswith("-"):
+                    served.append(argv[k])
+                    k += 1
+                i = k - 1
+        elif key == "--model":
+            model = takes()
+        elif key == "--port":
+            port = int(takes())
+        elif key == "--max-num-seqs":
+            max_num_seqs = int(takes())
+        elif key == "--max-model-len":
+            max_model_len = int(takes())
+        i += 1
+    if not served:
+        served = [model or "model"]
+    return VLLMArgs(served, port, max_num_seqs, max_model_len)
+
+
+def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int) -> list[str]:
+    # The simulator's --model must not be a real hub model and needs the dummy tokenizer, or it
+    # reaches for the internet (HARNESS.md). The served names are what clients see.
+    argv = [sim_binary, "--port", str(listen_port), "--model", v.served_model_names[0],
+            "--served-model-name", *v.served_model_names, "--force-dummy-tokenizer"]
+    if v.max_num_seqs:
+        argv += ["--max-num-seqs", str(v.max_num_seqs)]
+    if v.max_model_len:
+        argv += ["--max-model-len", str(v.max_model_len)]
+    return argv
