@@ -1,0 +1,88 @@
+"""Fixtures for the operator's integration tests on the real control plane."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from tests.integration.operator_harness import REPO, Models, OperatorProcess
+
+MODEL_BUCKET = "base-models"
+ARTIFACT_BUCKET = "artifacts"
+TEST_MODEL_PREFIX = "fewerbits-test/tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def crds_installed(cluster):
+    cluster.kubectl("apply", "-f", str(REPO / "crds" / "bases"))
+    for crd in ("quantizedmodels.fewerbits.io", "quantizationpolicies.fewerbits.io"):
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+    return True
+
+
+@pytest.fixture(scope="session")
+def test_model_uri(cluster) -> str:
+    """The tiny trained test model, uploaded to the cluster's S3 server as an s3:// source."""
+    from tests.testmodel import build_test_model
+
+    local = Path(build_test_model())
+    s3 = cluster.s3.client()
+    for bucket in (MODEL_BUCKET, ARTIFACT_BUCKET):
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except s3.exceptions.BucketAlreadyOwnedByYou:
+            pass
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        s3.upload_file(str(path), MODEL_BUCKET, f"{TEST_MODEL_PREFIX}/{path.relative_to(local)}")
+    return f"s3://{MODEL_BUCKET}/{TEST_MODEL_PREFIX}"
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crds_installed, tmp_path_factory):
+    op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log").start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+@pytest.fixture(scope="session")
+def models(cluster, operator) -> Models:
+    return Models(cluster.api_client(), operator)
+
+
+@pytest.fixture
+def s3_secret(cluster, namespace) -> str:
+    """A Secret with the S3 server's credentials in the test namespace."""
+    name = "s3-credentials"
+    client.CoreV1Api(cluster.api_client()).create_namespaced_secret(namespace, {
+        "metadata": {"name": name},
+        "data": {"AWS_ACCESS_KEY_ID": base64.b64encode(cluster.s3.access_key.encode()).decode(),
+                 "AWS_SECRET_ACCESS_KEY": base64.b64encode(cluster.s3.secret_key.encode()).decode()},
+    })
+    return name
+
+
+@pytest.fixture
+def model_spec(cluster, test_model_uri, s3_secret):
+    """A spec factory: the test model from S3, artifacts to S3, both with the test Secret."""
+    def make(**overrides) -> dict:
+        spec = {
+            "source": {"uri": test_model_uri, "endpoint": cluster.s3.endpoint, "credentialsSecret": s3_secret},
+            "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
+                             "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
+            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/quantized", "endpoint": cluster.s3.endpoint,
+                        "credentialsSecret": s3_secret},
+            "serving": {"maxModelLen": 256},
+            "autoscaling": {"enabled": False},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(spec.get(key), dict):
+                spec[key] = {**spec[key], **value}
+            else:
+                spec[key] = value
+        return spec
+    return make

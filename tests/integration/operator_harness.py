@@ -1,0 +1,153 @@
+"""Running the real operator against the local control plane, and waiting on what it does.
+
+The operator runs as its own process (`python -m fewerbits_operator`), exactly as in its image,
+with the cluster's kubeconfig; the harness's pod runner plays the kubelet for the Jobs and vLLM
+pods it creates (real quantjob, llm-d-inference-sim as vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kubernetes import client
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    log_path: Path
+    env_extra: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    metrics_port: int = 0
+
+    def start(self) -> "OperatorProcess":
+        self.metrics_port = free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("FEWERBITS_")},
+            "KUBECONFIG": str(self.kubeconfig),
+            "FEWERBITS_RESYNC_SECONDS": "3",
+            "FEWERBITS_METRICS_PORT": str(self.metrics_port),
+            "FEWERBITS_HEALTH_PORT": str(free_port()),
+            "FEWERBITS_JOB_CPU_REQUEST": "1",
+            "FEWERBITS_JOB_MEMORY_REQUEST": "1Gi",
+            "PYTHONUNBUFFERED": "1",
+            **self.env_extra,
+        }
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "fewerbits_operator"], env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+
+class Models:
+    """QuantizedModel verbs and waits for tests."""
+
+    def __init__(self, api: client.ApiClient, operator: OperatorProcess):
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.operator = operator
+
+    def apply(self, namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+
+    def patch_spec(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, {"spec": patch})
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def delete(self, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def condition(self, namespace: str, name: str, type_: str) -> dict[str, Any] | None:
+        status = self.get(namespace, name).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+
+    def wait(self, what: str, check: Callable[[], Any], timeout: float = 180, namespace: str | None = None,
+             name: str | None = None) -> Any:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(0.5)
+        state = ""
+        if namespace and name:
+            try:
+                state = json.dumps(self.get(namespace, name).get("status"), indent=1)[:6000]
+            except Exception as e:  # noqa: BLE001 — best effort for the failure message
+                state = repr(e)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}\nstatus: {state}\n"
+                             f"operator log:\n{self.operator.log_tail()}")
+
+    def wait_condition(self, namespace: str, name: str, type_: str, status: str = "True",
+                       reason: str | None = None, timeout: float = 240) -> dict[str, Any]:
+        def check():
+            c = self.condition(namespace, name, type_)
+            if c and c["status"] == status and (reason is None or c["reason"] == reason):
+                return c
+            return None
+        return self.wait(f"{type_}={status}{f' ({reason})' if reason else ''} on {namespace}/{name}", check,
+                         timeout, namespace, name)
+
+    def jobs(self, namespace: str) -> list[Any]:
+        return self.batch.list_namespaced_job(namespace, label_selector="app.kubernetes.io/managed-by=fewerbits").items
+
+    def deployments(self, namespace: str, model: str) -> list[Any]:
+        return self.apps.list_namespaced_deployment(namespace, label_selector=f"fewerbits.io/model={model}").items
+
+    def events(self, namespace: str, name: str) -> list[Any]:
+        return [e for e in self.core.list_namespaced_event(namespace).items if e.involved_object.name == name]
