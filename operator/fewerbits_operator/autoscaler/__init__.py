@@ -1,0 +1,26 @@
+"""Autoscaling of each served variant on vLLM's KV-cache usage and queue depth (issue 8).
+
+- ``metrics``: per-pod figures from a pod's ``/metrics`` or from Prometheus (typed results).
+- ``algorithm``: the decision, a pure function.
+- ``loop``: the ``Autoscaler`` that observes, decides and writes only the Deployment's scale
+  subresource, the autoscaler-owned fields of ``status.serving`` and Events.
+- ``kubeio``: the ``AutoscalerIO`` implementation over the official ``kubernetes`` client.
+"""
+
+from .algorithm import Decision, History, Observation, Tuning, bounds, decide
+from .metrics import (
+    DirectScrapeSource,
+    MetricsSource,
+    PodSample,
+    PodTarget,
+    PrometheusSource,
+    ScrapeFailure,
+    parse_vllm_metrics,
+    scrape_pod,
+)
+
+__all__ = [
+    "Decision", "History", "Observation", "Tuning", "bounds", "decide",
+    "DirectScrapeSource", "MetricsSource", "PodSample", "PodTarget", "PrometheusSource", "ScrapeFailure",
+    "parse_vllm_metrics", "scrape_pod",
+]
