@@ -1,0 +1,217 @@
+"""The scaling decision for one variant, as a pure function (STYLE.md rule 1): figures in, a
+decision out, no clock and no I/O. The loop feeds it; tests and the bench drive it directly.
+
+Rules (each answers a known failure of an existing LLM autoscaler):
+
+1. **KV rule** (HPA's formula): ``kv_wants = ceil(ready x avgKV / target)``, but no change while
+   ``|avgKV / target - 1| <= tolerance`` (0.1, as HPA and AIBrix), so noise around the target
+   moves nothing.
+2. **Queue rule** (llm-d found KV usage alone misses prefill-heavy saturation: KV near 0.3 while
+   queues grow). When the average waiting requests per ready pod exceed ``maxWaitingRequests``
+   (M), the excess ``(avgWaiting - M) x ready`` must be absorbed by new replicas, and a new
+   replica absorbs about as many sequences as a saturated one runs now (vLLM queues a request
+   only when it cannot schedule it, so a queueing pod's running count is its concurrency):
+   ``queue_wants = ready + ceil(excess / max(1, avgRunning))``. The larger of the two rules wins.
+3. **Pods still starting count as capacity**: the wants are compared with the Deployment's
+   current replicas (the scale subresource's spec, starting pods included), not with ready pods,
+   so a scale-up in flight is not repeated every sync while its pods start.
+4. **Scale up at once, bounded**: up to ``max(2 x current, current + 4)`` per decision (HPA's
+   default scale-up policy), within one sync period of the signal.
+5. **Scale down only after sustained lower demand**: every recommendation is kept for
+   ``scaleDownDelaySeconds``; the decision scales down to the HIGHEST recommendation in that
+   window (HPA stabilisation), and only once the window is fully observed (after a restart, or a
+   gap in observations longer than the window, the wait starts again).
+6. **Never scale down on missing data**: with no samples, a ready pod not reporting, a pod not
+   ready, or fewer pods than replicas, the recommendation recorded is at least the current count
+   (so the full delay runs again once data is back). Scale-up still works from the pods that
+   report; a ready pod that does not report is assumed to carry the average load of those that
+   do (assuming it fully loaded would let a blocked metrics port scale a variant to its maximum;
+   assuming it idle would hide real pressure).
+7. **Bounds**: ``[minReplicas, min(maxReplicas, policy rules.maxReplicas)]``; the policy cap wins
+   over minReplicas. Bounds are enforced even without data (they are limits, not demand).
+8. **No scale from zero**: at 0 replicas there are no pods and so no vLLM metrics; the variant
+   stays at 0 until minReplicas (or a user) raises it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from fewerbits_api.quantizedmodel import AutoscalingSpec
+
+from .metrics import PodSample
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Knobs of the algorithm that are not in the API (the defaults are the documented policy)."""
+
+    tolerance: float = 0.1
+    """No KV-driven change while |avgKV/target - 1| is within this."""
+    max_scale_up_factor: float = 2.0
+    """A decision may at most multiply the replicas by this..."""
+    max_scale_up_add: int = 4
+    """...or add this many, whichever is more."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the loop saw of one variant at one instant."""
+
+    current_replicas: int
+    """spec.replicas of the Deployment's scale subresource."""
+    samples: Sequence[PodSample] = ()
+    """Samples of ready pods that reported."""
+    scrape_failures: int = 0
+    """Ready pods that gave no usable sample."""
+    pods_not_ready: int = 0
+    """Pods that exist but are not ready (starting, failing probes)."""
+
+    @property
+    def ready(self) -> int:
+        return len(self.samples) + self.scrape_failures
+
+    @property
+    def pods_missing(self) -> int:
+        """Replicas with no pod yet (not created or not scheduled)."""
+        return max(0, self.current_replicas - self.ready - self.pods_not_ready)
+
+    @property
+    def complete(self) -> bool:
+        """Every replica has a ready pod that reported."""
+        return bool(self.samples) and not self.scrape_failures and not self.pods_not_ready and not self.pods_missing
+
+
+@dataclass(frozen=True)
+class History:
+    """Recommendations of the last ``scaleDownDelaySeconds``, kept as a sliding-window maximum:
+    an entry is dropped once a later entry is at least as high (it can never be the maximum
+    again), so the first entry is the window's maximum and the list stays short."""
+
+    entries: tuple[tuple[float, int], ...] = ()
+    """(time, recommended replicas), oldest first, recommendations strictly decreasing."""
+    since: float | None = None
+    """Start of the current unbroken run of observations."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: int
+    current: int
+    act: bool
+    """desired != current: write the scale subresource."""
+    reason: str
+    """Why, with the numbers (for the Event and the log)."""
+    history: History
+    direction: str | None = None
+    """"up", "down" or None."""
+    avg_kv: float | None = None
+    avg_waiting: float | None = None
+    kv_wants: int | None = None
+    queue_wants: int | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+def bounds(spec: AutoscalingSpec, policy_max: int | None) -> tuple[int, int]:
+    """[minReplicas, min(maxReplicas, policy cap)]; the policy cap wins over minReplicas."""
+    hi = spec.maxReplicas if policy_max is None else min(spec.maxReplicas, policy_max)
+    return min(spec.minReplicas, hi), hi
+
+
+def _record(history: History, now: float, rec: int, window: float) -> History:
+    since = history.since
+    if since is None or not history.entries or history.entries[-1][0] < now - window:
+        since = now  # first observation, or a gap longer than the window: the wait starts again
+    kept = [(t, r) for t, r in history.entries if t >= now - window and r > rec]
+    kept.append((now, rec))
+    return History(tuple(kept), since)
+
+
+def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, history: History, now: float,
+           tuning: Tuning = Tuning()) -> Decision:
+    """The desired replica count of one variant now, and why."""
+    lo, hi = bounds(spec, policy_max)
+    cur = obs.current_replicas
+    target = spec.targetKVCacheUsage
+    delay = float(spec.scaleDownDelaySeconds)
+    n = len(obs.samples)
+    ready = obs.ready
+    notes: list[str] = []
+
+    avg_kv = avg_wait = None
+    kv_wants = queue_wants = None
+    raw: int | None = None
+    if n:
+        avg_kv = sum(s.kv_cache_usage for s in obs.samples) / n
+        avg_wait = sum(s.waiting for s in obs.samples) / n
+        running = [s.running for s in obs.samples if s.running is not None]
+        avg_run = sum(running) / len(running) if running else 0.0
+        ratio = avg_kv / target
+        if abs(ratio - 1.0) <= tuning.tolerance + EPS:
+            kv_wants = cur
+            notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) is within {tuning.tolerance:.0%} of target {target:.2f}")
+        else:
+            kv_wants = math.ceil(ready * ratio - EPS)
+            notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) vs target {target:.2f} wants {kv_wants}")
+        if avg_wait > spec.maxWaitingRequests + EPS:
+            excess = (avg_wait - spec.maxWaitingRequests) * ready
+            per_pod = max(1.0, avg_run)
+            queue_wants = ready + math.ceil(excess / per_pod - EPS)
+            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests} (running {avg_run:.1f}/pod) "
+                         f"wants {queue_wants}")
+        else:
+            notes.append(f"{avg_wait:.1f} waiting/pod <= {spec.maxWaitingRequests}")
+        raw = max(kv_wants, queue_wants or 0)
+
+    missing = []
+    if not n:
+        missing.append("no pod reported metrics")
+    if obs.scrape_failures:
+        missing.append(f"{obs.scrape_failures} ready pod(s) not reporting")
+    if obs.pods_not_ready:
+        missing.append(f"{obs.pods_not_ready} pod(s) not ready")
+    if obs.pods_missing:
+        missing.append(f"{obs.pods_missing} pod(s) not created yet")
+    if n and obs.scrape_failures:
+        notes.append(f"{obs.scrape_failures} unreported pod(s) assumed at the average")
+
+    # What this instant asks for, as remembered for the scale-down window: never below the
+    # current count when data is missing (rule 6).
+    rec = cur if raw is None else (raw if obs.complete else max(raw, cur))
+    rec = min(max(rec, lo), hi)
+    new_history = _record(history, now, rec, delay)
+    figures = {"ready": float(ready), "reporting": float(n), "current": float(cur)}
+
+    def done(desired: int, direction: str | None, why: str) -> Decision:
+        text = why + ("; " + "; ".join(notes) if notes else "")
+        if missing:
+            text += " (missing data: " + ", ".join(missing) + ")"
+        return Decision(desired, cur, desired != cur, text, new_history, direction, avg_kv, avg_wait,
+                        kv_wants, queue_wants, figures)
+
+    if cur < lo:
+        return done(lo, "up", f"scale up {cur}->{lo}: below minReplicas {lo}")
+    if cur > hi:
+        cap = "policy rules.maxReplicas" if policy_max is not None and policy_max < spec.maxReplicas else "maxReplicas"
+        return done(hi, "down", f"scale down {cur}->{hi}: above {cap} {hi}")
+    if raw is not None and raw > cur:
+        limit = max(math.ceil(cur * tuning.max_scale_up_factor - EPS), cur + tuning.max_scale_up_add)
+        desired = min(raw, limit, hi)
+        if desired == cur:
+            return done(cur, None, f"hold {cur}: demand wants {raw} but maxReplicas is {hi}")
+        extra = f" (step limit {limit})" if raw > limit and limit < hi else (f" (capped at {hi})" if raw > hi else "")
+        return done(desired, "up", f"scale up {cur}->{desired}{extra}")
+    window_max = min(max(new_history.entries[0][1], lo), hi)
+    if window_max < cur:
+        waited = now - (new_history.since if new_history.since is not None else now)
+        if not obs.complete:
+            return done(cur, None, f"hold {cur}: demand is lower but scale-down waits for complete data")
+        if waited + EPS < delay:
+            return done(cur, None, f"hold {cur}: lower demand for {waited:.0f}s of scaleDownDelaySeconds {delay:.0f}")
+        return done(window_max, "down", f"scale down {cur}->{window_max}: highest recommendation in the last "
+                                          f"{delay:.0f}s is {window_max}")
+    return done(cur, None, f"hold {cur}")
