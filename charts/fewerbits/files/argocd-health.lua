@@ -1,0 +1,129 @@
+-- Argo CD health check for fewerbits.io/QuantizedModel
+-- (argocd-cm: resource.customizations.health.fewerbits.io_QuantizedModel; see docs/argocd/).
+--
+-- Reads only status conditions (metav1.Condition shape, each with observedGeneration) and the
+-- per-variant replica counts; condition types and reasons are fewerbits_api.conditions (Reason).
+-- Written for Lua 5.1 (Argo CD runs gopher-lua). Order of the checks:
+--   1. no status yet, or a status about an older generation      -> Progressing
+--   2. a condition that needs a person (bad spec, no GPU fits,
+--      Job failed, storage down, quality gate failed)            -> Degraded
+--   3. autoscaling to zero and every variant at 0 replicas         -> Suspended
+--   4. Ready=True for the current generation                       -> Healthy
+--   5. anything else (Job running, rolling out, ...)               -> Progressing
+
+-- Conditions that are Degraded when False, with the reasons that mean "a person must act" ("*": all).
+local DEGRADED = {
+  { type = "Accepted", reasons = "*" },
+  { type = "Planned", reasons = { NoPoolFits = true, NoGPUPools = true, ModelConfigUnavailable = true } },
+  { type = "Quantized", reasons = { JobFailed = true, StorageUnavailable = true } },
+  { type = "QualityGatePassed", reasons = { GateFailed = true } },
+}
+local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }
+
+local function find(conditions, type)
+  if conditions == nil then
+    return nil
+  end
+  for _, c in ipairs(conditions) do
+    if c.type == type then
+      return c
+    end
+  end
+  return nil
+end
+
+local function describe(c)
+  local text = c.message
+  if text == nil or text == "" then
+    text = c.reason or ""
+  end
+  return c.type .. "=" .. tostring(c.status) .. " (" .. tostring(c.reason) .. "): " .. text
+end
+
+hs = {}
+local generation = nil
+if obj.metadata ~= nil then
+  generation = obj.metadata.generation
+end
+local status = obj.status
+
+-- 1. The operator has not written a status, or not for this generation of the spec.
+if status == nil or status.conditions == nil or #status.conditions == 0 then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the fewerbits operator to report status"
+  return hs
+end
+if generation ~= nil and (status.observedGeneration == nil or status.observedGeneration < generation) then
+  hs.status = "Progressing"
+  hs.message = "Waiting for the fewerbits operator to observe generation " .. tostring(generation)
+  if status.observedGeneration ~= nil then
+    hs.message = hs.message .. " (status describes generation " .. tostring(status.observedGeneration) .. ")"
+  end
+  return hs
+end
+
+-- A condition computed from an older spec says nothing about this one.
+local function current(c)
+  return c.observedGeneration == nil or generation == nil or c.observedGeneration >= generation
+end
+
+-- 2. Failures that need a person.
+for _, rule in ipairs(DEGRADED) do
+  local c = find(status.conditions, rule.type)
+  if c ~= nil and c.status == "False" and current(c) and (rule.reasons == "*" or rule.reasons[c.reason]) then
+    hs.status = "Degraded"
+    hs.message = describe(c)
+    return hs
+  end
+end
+
+-- 3. Scaled to zero on purpose. Autoscaling is on unless the spec turns it off (the operator's
+-- default); minReplicas 0 must be in the spec itself (a policy default is not visible here).
+local spec = obj.spec or {}
+local autoscaling = spec.autoscaling
+if autoscaling ~= nil and autoscaling.enabled ~= false and autoscaling.minReplicas == 0
+    and status.serving ~= nil and #status.serving > 0 then
+  local all_zero = true
+  for _, v in ipairs(status.serving) do
+    if (v.replicas or 0) ~= 0 then
+      all_zero = false
+    end
+  end
+  if all_zero then
+    hs.status = "Suspended"
+    hs.message = "Scaled to zero: every variant has 0 replicas (autoscaling.minReplicas is 0)"
+    return hs
+  end
+end
+
+-- 4. Serving, for the spec as it is now.
+local ready = find(status.conditions, "Ready")
+if ready ~= nil and ready.status == "True" and current(ready) then
+  hs.status = "Healthy"
+  hs.message = ready.message or "Ready"
+  if status.endpoint ~= nil and (hs.message == nil or string.find(hs.message, status.endpoint, 1, true) == nil) then
+    hs.message = hs.message .. " (" .. status.endpoint .. ")"
+  end
+  return hs
+end
+
+-- 5. On its way: report the first step not done yet (skipping the "Blocked" echoes of an earlier step).
+hs.status = "Progressing"
+hs.message = "Waiting for Ready"
+local blocked = nil
+for _, type in ipairs(ORDER) do
+  local c = find(status.conditions, type)
+  if c ~= nil and c.status ~= "True" then
+    if c.reason ~= "Blocked" then
+      hs.message = describe(c)
+      return hs
+    end
+    if blocked == nil then
+      blocked = c
+    end
+  end
+end
+if blocked ~= nil then
+  hs.message = describe(blocked)
+end
+return hs

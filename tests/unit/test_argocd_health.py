@@ -1,0 +1,208 @@
+"""The Argo CD health check (charts/fewerbits/files/argocd-health.lua), run for real in Lua 5.1 (what
+Argo CD's gopher-lua implements) through lupa, against QuantizedModel objects.
+
+Every file in tests/fixtures/status/ is one case: ``{"expected": {"status": ..., "messageContains":
+...}, "object": {...}}``; objects captured from end-to-end runs go in the same folder. The ready-made
+argocd-cm patch (docs/argocd/argocd-cm-patch.yaml) is generated from the Lua file; refresh it with
+
+    .venv/bin/python tests/unit/test_argocd_health.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from lupa import lua51, lua54
+
+from fewerbits_api.conditions import Reason
+from fewerbits_api.quantizedmodel import QuantizedModel
+
+ROOT = Path(__file__).resolve().parents[2]
+LUA = ROOT / "charts" / "fewerbits" / "files" / "argocd-health.lua"
+PATCH = ROOT / "docs" / "argocd" / "argocd-cm-patch.yaml"
+FIXTURES = ROOT / "tests" / "fixtures" / "status"
+HEALTH_KEY = "resource.customizations.health.fewerbits.io_QuantizedModel"
+STATUSES = {"Healthy", "Progressing", "Degraded", "Suspended"}
+
+PATCH_HEADER = """\
+# Generated from charts/fewerbits/files/argocd-health.lua by
+# `.venv/bin/python tests/unit/test_argocd_health.py`; do not edit (a test keeps them equal).
+#
+# Merge into Argo CD's argocd-cm, e.g.
+#   kubectl -n argocd patch configmap argocd-cm --type merge --patch-file docs/argocd/argocd-cm-patch.yaml
+"""
+
+
+def render_patch() -> str:
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "argocd-cm", "namespace": "argocd",
+                     "labels": {"app.kubernetes.io/name": "argocd-cm", "app.kubernetes.io/part-of": "argocd"}},
+        "data": {HEALTH_KEY: LUA.read_text()},
+    }
+
+    class Literal(yaml.SafeDumper):
+        pass
+
+    def str_presenter(dumper: yaml.SafeDumper, s: str) -> yaml.Node:
+        style = "|" if "\n" in s else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+
+    Literal.add_representer(str, str_presenter)
+    return PATCH_HEADER + yaml.dump(cm, Dumper=Literal, sort_keys=False, allow_unicode=True, width=1000)
+
+
+def _to_lua(lua: Any, value: Any) -> Any:
+    """JSON → Lua the way Argo CD converts an object: objects and arrays become tables (arrays
+    1-based), null becomes nil (absent)."""
+    if isinstance(value, dict):
+        return lua.table_from({k: _to_lua(lua, v) for k, v in value.items() if v is not None})
+    if isinstance(value, list):
+        return lua.table_from([_to_lua(lua, v) for v in value])
+    return value
+
+
+def health(obj: dict[str, Any], runtime: type = lua51.LuaRuntime) -> tuple[str, str]:
+    lua = runtime()
+    lua.globals().obj = _to_lua(lua, obj)
+    hs = lua.execute(LUA.read_text())
+    assert hs is not None, "the script must return hs"
+    return hs["status"], hs["message"]
+
+
+def _fixtures() -> list[Path]:
+    return sorted(FIXTURES.glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.stem)
+@pytest.mark.parametrize("runtime", [lua51.LuaRuntime, lua54.LuaRuntime], ids=["lua5.1", "lua5.4"])
+def test_fixture_health(path: Path, runtime: type):
+    case = json.loads(path.read_text())
+    expected = case["expected"]
+    assert expected["status"] in STATUSES, f"{path.name}: expected.status must be one of {sorted(STATUSES)}"
+    status, message = health(case["object"], runtime)
+    assert status == expected["status"], f"{path.name}: {status}: {message}"
+    assert isinstance(message, str) and message
+    if expected.get("messageContains"):
+        assert expected["messageContains"] in message, f"{path.name}: {message!r}"
+
+
+@pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.stem)
+def test_fixture_is_a_valid_quantized_model(path: Path):
+    """Fixtures are realistic: each object is what the API models accept (captured ones too)."""
+    case = json.loads(path.read_text())
+    assert set(case) >= {"expected", "object"}
+    QuantizedModel.model_validate(case["object"])
+
+
+def test_fixtures_cover_every_health_status():
+    seen = {json.loads(p.read_text())["expected"]["status"] for p in _fixtures()}
+    assert seen == STATUSES
+
+
+# Each reason the operator writes, the condition it appears on, and the health it means when that
+# condition is False (None: the reason only comes with status True). A new Reason fails
+# test_every_reason_is_classified until it is placed here and, if it needs a person, in the Lua.
+REASONS: dict[str, tuple[str, str | None]] = {
+    Reason.VALID: ("Accepted", None),
+    Reason.INVALID_SPEC: ("Accepted", "Degraded"),
+    Reason.POLICY_VIOLATION: ("Accepted", "Degraded"),
+    Reason.MISSING_SECRET: ("Accepted", "Degraded"),
+    Reason.PLANNED: ("Planned", None),
+    Reason.NO_GPU_POOLS: ("Planned", "Degraded"),
+    Reason.NO_POOL_FITS: ("Planned", "Degraded"),
+    Reason.MODEL_CONFIG_UNAVAILABLE: ("Planned", "Degraded"),
+    Reason.CACHE_HIT: ("Quantized", None),
+    Reason.JOB_RUNNING: ("Quantized", "Progressing"),
+    Reason.JOB_PENDING: ("Quantized", "Progressing"),
+    Reason.JOB_SUCCEEDED: ("Quantized", None),
+    Reason.JOB_FAILED: ("Quantized", "Degraded"),
+    Reason.NOT_NEEDED: ("Quantized", None),
+    Reason.STORAGE_UNAVAILABLE: ("Quantized", "Degraded"),
+    Reason.GATE_PASSED: ("QualityGatePassed", None),
+    Reason.GATE_FAILED: ("QualityGatePassed", "Degraded"),
+    Reason.AWAITING_ARTIFACT: ("QualityGatePassed", "Progressing"),
+    Reason.DEPLOYMENTS_CREATED: ("Deployed", None),
+    Reason.ROLLING_OUT: ("Deployed", "Progressing"),
+    Reason.ALL_VARIANTS_READY: ("Ready", None),
+    Reason.SOME_VARIANTS_READY: ("Ready", "Progressing"),
+    Reason.NO_REPLICAS_READY: ("Ready", "Progressing"),
+    Reason.BLOCKED: ("Ready", "Progressing"),
+}
+ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
+
+
+def test_every_reason_is_classified():
+    reasons = {v for k, v in vars(Reason).items() if not k.startswith("_") and isinstance(v, str)}
+    assert reasons == set(REASONS)
+
+
+def _model(conditions: list[dict[str, Any]], generation: int = 1, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
+        "metadata": {"name": "m", "namespace": "ns", "generation": generation},
+        "spec": {"source": {"uri": "hf://org/model"}},
+        "status": {"observedGeneration": generation, "conditions": conditions, **status},
+    }
+
+
+def _cond(type_: str, status: str, reason: str, message: str = "", generation: int = 1) -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-11-21T10:00:00Z", "observedGeneration": generation}
+
+
+@pytest.mark.parametrize("reason", [r for r, (_, h) in REASONS.items() if h is not None])
+def test_each_reason_when_false(reason: str):
+    """Every earlier condition True, this one False with the reason, every later one Blocked."""
+    type_, expected = REASONS[reason]
+    i = ORDER.index(type_)
+    conditions = [_cond(t, "True", "Ok") for t in ORDER[:i]] + [_cond(type_, "False", reason, f"because {reason}")]
+    conditions += [_cond(t, "False", "Blocked", f"see {type_}") for t in ORDER[i + 1:]]
+    status, message = health(_model(conditions))
+    assert status == expected, message
+    assert reason in message
+
+
+def test_degraded_from_an_older_generation_is_not_current():
+    """A failure computed for generation 1 says nothing about generation 2's spec."""
+    conditions = [_cond("Accepted", "False", Reason.POLICY_VIOLATION, "old", generation=1)]
+    obj = _model(conditions, generation=2)
+    obj["status"]["observedGeneration"] = 2
+    assert health(obj)[0] == "Progressing"
+
+
+def test_ready_true_for_an_older_generation_is_not_healthy():
+    obj = _model([_cond(t, "True", "Ok", generation=1) for t in ORDER], generation=2)
+    assert health(obj)[0] == "Progressing"
+
+
+def test_autoscaling_minimum_zero_but_replicas_running_is_not_suspended():
+    obj = _model([_cond(t, "True", "Ok") for t in ORDER], serving=[{"variant": "a", "deployment": "d", "replicas": 1, "readyReplicas": 1}])
+    obj["spec"]["autoscaling"] = {"minReplicas": 0}
+    assert health(obj)[0] == "Healthy"
+
+
+def test_zero_replicas_without_autoscaling_is_not_suspended():
+    """serving.replicas 0 with autoscaling off is a mistake to see, not a scale-to-zero."""
+    conditions = [_cond(t, "True", "Ok") for t in ORDER[:-1]] + [_cond("Ready", "False", Reason.NO_REPLICAS_READY)]
+    obj = _model(conditions, serving=[{"variant": "a", "deployment": "d", "replicas": 0, "readyReplicas": 0}])
+    obj["spec"]["autoscaling"] = {"enabled": False, "minReplicas": 0}
+    assert health(obj)[0] == "Progressing"
+
+
+def test_argocd_cm_patch_is_generated_from_the_lua_file():
+    assert PATCH.read_text() == render_patch(), "run `.venv/bin/python tests/unit/test_argocd_health.py`"
+    cm = yaml.safe_load(PATCH.read_text())
+    assert cm["data"][HEALTH_KEY] == LUA.read_text()
+
+
+if __name__ == "__main__":
+    PATCH.parent.mkdir(parents=True, exist_ok=True)
+    PATCH.write_text(render_patch())
+    print(f"wrote {PATCH.relative_to(ROOT)}", file=sys.stderr)
