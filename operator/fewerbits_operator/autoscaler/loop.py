@@ -1,0 +1,355 @@
+"""The autoscaler loop: observe every autoscaled variant, decide (``algorithm.decide``), act.
+
+It writes exactly three things, like KubeAI's autoscaler and unlike KubeAI's model replicas or
+vLLM production-stack's chart values (which write replicas into the user's spec and so fight
+GitOps): the Deployment's **scale subresource**, the autoscaler-owned fields of the
+QuantizedModel's ``status.serving`` entries (``desiredReplicas``, ``kvCacheUsage``,
+``waitingRequests``, ``lastScaleTime``; reconcile keeps them as they are) and an **Event** per
+scaling decision. It never writes a spec. All API I/O goes through the ``AutoscalerIO`` protocol
+(``kubeio.KubernetesAutoscalerIO`` implements it over the official client).
+
+Recommendation history lives in memory, per variant. Losing it on a restart is safe: a
+scale-down waits the full ``scaleDownDelaySeconds`` again (``algorithm._record``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from fewerbits_api.policy import QuantizationPolicy
+from fewerbits_api.quantizedmodel import AutoscalingSpec
+
+from ..effective import deep_merge, effective_spec, select_policy
+from ..render import LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
+from .algorithm import Decision, History, Observation, Tuning, decide
+from .metrics import MetricsSource, PodSample, PodTarget
+
+log = logging.getLogger("fewerbits.autoscaler")
+
+AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime")
+"""The fields of a status.serving entry this loop owns (reconcile owns the rest)."""
+
+
+class AutoscalerIO(Protocol):
+    """The API verbs the autoscaler needs. The first three and ``list_deployments``/``post_event``
+    have the signatures of ``fewerbits_operator.kube.Kube``'s methods of the same names."""
+
+    def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        """QuantizedModels (raw objects, status included) in these namespaces; empty: all."""
+        ...
+
+    def list_policies(self) -> list[dict[str, Any]]:
+        """QuantizationPolicies (raw objects)."""
+        ...
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        """Labels of a namespace (to select the policy)."""
+        ...
+
+    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Deployments matching a label selector (raw objects)."""
+        ...
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching a label selector (raw objects)."""
+        ...
+
+    def read_scale(self, namespace: str, name: str) -> int | None:
+        """spec.replicas of the Deployment's scale subresource; None when the Deployment is gone."""
+        ...
+
+    def patch_scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Set spec.replicas through the Deployment's scale subresource (nothing else)."""
+        ...
+
+    def patch_serving_status(self, namespace: str, name: str, updates: dict[str, dict[str, Any]]) -> None:
+        """For each variant in ``updates``, set these autoscaler-owned fields of its
+        ``status.serving`` entry (a None value removes the field), leaving every other field and
+        entry as the server has them (``merge_serving``)."""
+        ...
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on ``obj`` (best effort)."""
+        ...
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def merge_serving(serving: list[dict[str, Any]], updates: dict[str, dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``status.serving`` with the autoscaler-owned fields of the named variants replaced; every
+    other field and entry kept. None when nothing would change. Entries are created by reconcile
+    only (it owns ``variant``/``deployment``/``replicas``), so an update for a variant that has no
+    entry yet waits for the next sync."""
+    out: list[dict[str, Any]] = []
+    changed = False
+    for entry in serving:
+        new = dict(entry)
+        for k, v in updates.get(entry.get("variant", ""), {}).items():
+            if k not in AUTOSCALER_FIELDS:
+                raise ValueError(f"the autoscaler does not own status.serving[].{k}")
+            if v is None:
+                new.pop(k, None)
+            else:
+                new[k] = v
+        changed |= new != entry
+        out.append(new)
+    return out if changed else None
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def http_port(pod: dict[str, Any]) -> int:
+    """The container port named ``http`` (render.py names vLLM's port so), else vLLM's 8000."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == "http" and p.get("containerPort"):
+                return int(p["containerPort"])
+    return VLLM_PORT
+
+
+def classify_pods(namespace: str, pods: list[dict[str, Any]]) -> tuple[list[PodTarget], int]:
+    """Ready pods to sample, and the count of pods that exist but are not ready. Terminating and
+    finished pods are neither: they are leaving and carry no capacity."""
+    targets: list[PodTarget] = []
+    not_ready = 0
+    for pod in pods:
+        md, st = pod.get("metadata") or {}, pod.get("status") or {}
+        if md.get("deletionTimestamp") or st.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if is_ready(pod) and st.get("podIP"):
+            targets.append(PodTarget(namespace, md["name"], st["podIP"], http_port(pod)))
+        else:
+            not_ready += 1
+    return targets, not_ready
+
+
+def effective_autoscaling(raw_spec: dict[str, Any], policy: QuantizationPolicy | None) -> AutoscalingSpec | None:
+    """The model's autoscaling under the policy's defaults; None when it is invalid (reconcile
+    reports that). A mistake elsewhere in the spec (a typo in the source URI while the user edits
+    it) does not stop the variants that already serve from scaling."""
+    eff = effective_spec(raw_spec, policy)
+    if eff.spec is not None:
+        return eff.spec.autoscaling
+    defaults = {}
+    if policy is not None:
+        defaults = policy.spec.defaults.model_dump(mode="json", by_alias=True, exclude_unset=True,
+                                                   exclude_none=True).get("autoscaling") or {}
+    try:
+        auto = AutoscalingSpec.model_validate(deep_merge(defaults, raw_spec.get("autoscaling") or {}))
+    except ValueError:
+        return None
+    return auto if auto.minReplicas <= auto.maxReplicas else None
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------ telemetry
+
+
+class AutoscalerMetrics:
+    """The loop's Prometheus metrics, on the operator's registry by default."""
+
+    _default: AutoscalerMetrics | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, registry: CollectorRegistry):
+        labels = ["namespace", "model", "variant"]
+        self.desired = Gauge("fewerbits_autoscaler_desired_replicas", "Replicas the autoscaler wants per variant",
+                             labels, registry=registry)
+        self.kv = Gauge("fewerbits_autoscaler_kv_cache_usage", "Average KV-cache usage (0-1) over ready replicas",
+                        labels, registry=registry)
+        self.waiting = Gauge("fewerbits_autoscaler_waiting_requests", "Average waiting requests per ready replica",
+                             labels, registry=registry)
+        self.scale_events = Counter("fewerbits_autoscaler_scale_events_total", "Scale subresource writes, by direction",
+                                    ["direction"], registry=registry)
+        self.scrape_failures = Counter("fewerbits_autoscaler_scrape_failures_total",
+                                       "Ready pods that gave no usable metrics sample", registry=registry)
+        self.errors = Counter("fewerbits_autoscaler_errors_total", "Models whose autoscaling pass raised an error",
+                              registry=registry)
+        for d in ("up", "down"):
+            self.scale_events.labels(d)
+
+    @classmethod
+    def for_registry(cls, registry: CollectorRegistry | None) -> AutoscalerMetrics:
+        if registry is not None and registry is not REGISTRY:
+            return cls(registry)
+        with cls._lock:
+            if cls._default is None:
+                cls._default = cls(REGISTRY)
+            return cls._default
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        for g in (self.desired, self.kv, self.waiting):
+            try:
+                g.remove(*key)
+            except KeyError:
+                pass
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@dataclass
+class VariantOutcome:
+    """What one pass did for one variant (returned by run_once, for tests and logs)."""
+
+    namespace: str
+    model: str
+    variant: str
+    deployment: str
+    decision: Decision
+    scaled: bool
+
+
+class Autoscaler:
+    """Scales each variant Deployment of every QuantizedModel with ``spec.autoscaling.enabled``."""
+
+    def __init__(self, io: AutoscalerIO, source: MetricsSource, namespaces: list[str] | None = None,
+                 tuning: Tuning = Tuning(), status_interval_seconds: float = 60.0,
+                 registry: CollectorRegistry | None = None):
+        """``source``: ``DirectScrapeSource()`` (scrape each pod) or ``PrometheusSource(url)``.
+        ``status_interval_seconds``: least time between status writes that only refresh the load
+        figures (a change of desiredReplicas or lastScaleTime is written at once)."""
+        self.io = io
+        self.source = source
+        self.namespaces = list(namespaces or [])
+        self.tuning = tuning
+        self.status_interval = status_interval_seconds
+        self.registry = registry if registry is not None else REGISTRY
+        self.metrics = AutoscalerMetrics.for_registry(registry)
+        self._history: dict[tuple[str, str, str], History] = {}
+        self._status_written: dict[tuple[str, str], float] = {}
+
+    # -------------------------------------------------------------- entry points
+
+    def run_once(self, now: float | None = None) -> list[VariantOutcome]:
+        """One pass over every model. A model that fails is logged and skipped."""
+        now = time.time() if now is None else now
+        outcomes: list[VariantOutcome] = []
+        seen: set[tuple[str, str, str]] = set()
+        policies: list[QuantizationPolicy] | None = None
+        ns_labels: dict[str, dict[str, str]] = {}
+        for model in self.io.list_models(self.namespaces):
+            md = model.get("metadata") or {}
+            ns, name = md.get("namespace", ""), md.get("name", "")
+            try:
+                if policies is None:
+                    policies = self._policies()
+                if ns not in ns_labels:
+                    ns_labels[ns] = self.io.namespace_labels(ns)
+                outcomes += self._model(model, ns, name, policies, ns_labels[ns], now, seen)
+            except Exception as e:  # one model never stops the rest; the next pass retries
+                self.metrics.errors.inc()
+                log.warning("autoscaling %s/%s failed: %s: %s", ns, name, type(e).__name__, e)
+                seen |= {k for k in self._history if k[:2] == (ns, name)}  # keep its history
+        for key in set(self._history) - seen:
+            del self._history[key]
+            self.metrics.forget(key)
+        live = {k[:2] for k in seen}
+        for key in set(self._status_written) - live:
+            del self._status_written[key]
+        return outcomes
+
+    def run_forever(self, stop: threading.Event, period: float = 15.0) -> None:
+        """Thread entry: a pass every ``period`` seconds until ``stop`` is set."""
+        log.info("autoscaler started (every %.0fs, metrics from %s)", period, type(self.source).__name__)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run_once(time.time())
+            except Exception as e:
+                log.warning("autoscaler pass failed: %s: %s", type(e).__name__, e)
+            stop.wait(max(0.0, period - (time.monotonic() - started)))
+
+    # -------------------------------------------------------------- one model
+
+    def _policies(self) -> list[QuantizationPolicy]:
+        out = []
+        for raw in self.io.list_policies():
+            try:
+                out.append(QuantizationPolicy.model_validate(raw))
+            except ValueError:
+                pass  # reconcile reports invalid policies; here they simply do not apply
+        return out
+
+    def _model(self, model: dict[str, Any], ns: str, name: str, policies: list[QuantizationPolicy],
+               labels: dict[str, str], now: float, seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
+        policy = select_policy(policies, labels)
+        auto = effective_autoscaling(model.get("spec") or {}, policy)
+        if auto is None or not auto.enabled:
+            return []
+        cap = policy.spec.rules.maxReplicas if policy is not None else None
+        status_serving = {s.get("variant"): s for s in ((model.get("status") or {}).get("serving") or [])}
+        outcomes: list[VariantOutcome] = []
+        updates: dict[str, dict[str, Any]] = {}
+        urgent = False
+        for dep in self.io.list_deployments(ns, f"{LABEL_MODEL}={name}"):
+            dname = dep["metadata"]["name"]
+            variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
+            if not variant:
+                continue
+            current = self.io.read_scale(ns, dname)
+            if current is None:
+                continue
+            key = (ns, name, variant)
+            seen.add(key)
+            pods = self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}")
+            targets, not_ready = classify_pods(ns, pods)
+            results = self.source.sample(targets) if targets else {}
+            samples = [r for t in targets if isinstance(r := results.get(t.name), PodSample)]
+            failures = len(targets) - len(samples)
+            for t in targets:
+                r = results.get(t.name)
+                if not isinstance(r, PodSample):
+                    log.info("no metrics from %s/%s: %s", ns, t.name, getattr(r, "reason", "no result"))
+            if failures:
+                self.metrics.scrape_failures.inc(failures)
+            d = decide(auto, cap, Observation(current, tuple(samples), failures, not_ready),
+                       self._history.get(key, History()), now, self.tuning)
+            self._history[key] = d.history
+            scaled = False
+            prev = status_serving.get(variant) or {}
+            last_scale = prev.get("lastScaleTime")
+            if d.act:
+                self.io.patch_scale(ns, dname, d.desired)
+                scaled = True
+                last_scale = rfc3339(now)
+                self.metrics.scale_events.labels(d.direction or ("up" if d.desired > current else "down")).inc()
+                log.info("%s/%s: %s", ns, dname, d.reason)
+                self.io.post_event(model, "Normal", "ScaledUp" if d.desired > current else "ScaledDown",
+                                   f"{dname}: {d.reason}")
+            self.metrics.desired.labels(*key).set(d.desired)
+            if d.avg_kv is not None:
+                self.metrics.kv.labels(*key).set(d.avg_kv)
+                self.metrics.waiting.labels(*key).set(d.avg_waiting or 0.0)
+            fields = {
+                "desiredReplicas": d.desired,
+                "kvCacheUsage": round(d.avg_kv, 3) if d.avg_kv is not None else None,
+                "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
+                "lastScaleTime": last_scale,
+            }
+            if prev and any(prev.get(k) != v for k, v in fields.items()):
+                updates[variant] = fields
+                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale
+            outcomes.append(VariantOutcome(ns, name, variant, dname, d, scaled))
+        if updates:
+            last = self._status_written.get((ns, name))
+            if urgent or last is None or now - last >= self.status_interval:
+                self.io.patch_serving_status(ns, name, updates)
+                self._status_written[(ns, name)] = now
+        return outcomes

@@ -1,0 +1,483 @@
+"""The autoscaler loop against an in-memory fake of its AutoscalerIO protocol, with each pod's
+/metrics served by a real HTTP server on 127.0.0.1; and the kubernetes-client wrapper's calls."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from unittest import mock
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
+
+from fewerbits_operator.autoscaler.kubeio import KubernetesAutoscalerIO
+from fewerbits_operator.autoscaler.loop import (
+    AUTOSCALER_FIELDS,
+    Autoscaler,
+    AutoscalerIO,
+    classify_pods,
+    http_port,
+    merge_serving,
+)
+from fewerbits_operator.autoscaler.metrics import DirectScrapeSource
+
+NS = "llm"
+T0 = 1_800_000_000.0
+
+
+# ------------------------------------------------------------------ fakes
+
+
+class MetricsServer:
+    """One pod's vLLM /metrics, on a real socket; `page` may be changed between passes."""
+
+    def __init__(self):
+        self.page = ""
+        self.status = 200
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                data = outer.page.encode()
+                self.send_response(outer.status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+
+    def set(self, kv: float, waiting: float = 0, running: float = 8, old_name: bool = False):
+        name = "vllm:gpu_cache_usage_perc" if old_name else "vllm:kv_cache_usage_perc"
+        self.page = (f'# TYPE {name} gauge\n{name}{{engine="0",model_name="m"}} {kv}\n'
+                     f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
+                     f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n')
+
+    def close(self):
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+class FakeIO:
+    """An in-memory API server for the verbs of AutoscalerIO, recording every write."""
+
+    def __init__(self):
+        self.models: dict[str, dict[str, Any]] = {}
+        self.policies: list[dict[str, Any]] = []
+        self.ns_labels: dict[str, dict[str, str]] = {NS: {}}
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.scale_writes: list[tuple[str, int]] = []
+        self.status_writes: list[tuple[str, dict]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail_pods_for: set[str] = set()
+
+    # reads
+    def list_models(self, namespaces):
+        return [copy.deepcopy(m) for m in self.models.values()
+                if not namespaces or m["metadata"]["namespace"] in namespaces]
+
+    def list_policies(self):
+        return copy.deepcopy(self.policies)
+
+    def namespace_labels(self, namespace):
+        return dict(self.ns_labels.get(namespace, {}))
+
+    @staticmethod
+    def _match(obj, selector):
+        labels = obj["metadata"].get("labels") or {}
+        return all(labels.get(k) == v for k, v in (kv.split("=") for kv in selector.split(",")))
+
+    def list_deployments(self, namespace, selector):
+        return [copy.deepcopy(d) for d in self.deployments.values() if self._match(d, selector)]
+
+    def list_pods(self, namespace, selector):
+        if any(f"fewerbits.io/model={m}" in selector for m in self.fail_pods_for):
+            raise RuntimeError("API server unavailable")
+        return [copy.deepcopy(p) for p in self.pods.values() if self._match(p, selector)]
+
+    def read_scale(self, namespace, name):
+        d = self.deployments.get(name)
+        return None if d is None else d["spec"]["replicas"]
+
+    # writes
+    def patch_scale(self, namespace, name, replicas):
+        self.scale_writes.append((name, replicas))
+        self.deployments[name]["spec"]["replicas"] = replicas
+
+    def patch_serving_status(self, namespace, name, updates):
+        m = self.models[name]
+        merged = merge_serving(m["status"]["serving"], updates)
+        self.status_writes.append((name, copy.deepcopy(updates)))
+        if merged is not None:
+            m["status"]["serving"] = merged
+
+    def post_event(self, obj, type_, reason, message):
+        self.events.append((obj["metadata"]["name"], reason, message))
+
+    # set-up helpers
+    def add_model(self, name, autoscaling=None, pools=("h100",)):
+        self.models[name] = {
+            "apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": {"source": {"uri": "hf://org/m", "revision": "abc"}, "storage": {"uri": "s3://bucket/p"},
+                     "autoscaling": autoscaling or {}},
+            "status": {"serving": [{"variant": p, "deployment": f"{name}-{p}", "replicas": 1, "readyReplicas": 1}
+                                   for p in pools]},
+        }
+
+    def add_deployment(self, model, pool, replicas):
+        name = f"{model}-{pool}"
+        self.deployments[name] = {"metadata": {"name": name, "namespace": NS, "labels": {
+            "fewerbits.io/model": model, "fewerbits.io/variant": pool}}, "spec": {"replicas": replicas}}
+
+    def add_pod(self, model, pool, name, port, ready=True, ip="127.0.0.1", terminating=False):
+        pod = {"metadata": {"name": name, "namespace": NS,
+                            "labels": {"fewerbits.io/model": model, "fewerbits.io/variant": pool}},
+               "spec": {"containers": [{"name": "vllm", "ports": [{"name": "http", "containerPort": port}]}]},
+               "status": {"phase": "Running", "podIP": ip,
+                          "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+        if terminating:
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        self.pods[name] = pod
+
+
+def test_fake_and_wrapper_implement_the_protocol():
+    wanted = {n: inspect.signature(getattr(AutoscalerIO, n)) for n in dir(AutoscalerIO)
+              if not n.startswith("_") and callable(getattr(AutoscalerIO, n))}
+    assert set(wanted) == {"list_models", "list_policies", "namespace_labels", "list_deployments", "list_pods",
+                           "read_scale", "patch_scale", "patch_serving_status", "post_event"}
+    for impl in (KubernetesAutoscalerIO, FakeIO):
+        for n, sig in wanted.items():
+            assert list(inspect.signature(getattr(impl, n)).parameters) == list(sig.parameters), (impl, n)
+
+
+@pytest.fixture
+def servers():
+    made: list[MetricsServer] = []
+
+    def make(n):
+        new = [MetricsServer() for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def setup(io: FakeIO, servers, n_pods: int, replicas: int | None = None, model="m1", pool="h100", **auto):
+    io.add_model(model, auto, pools=(pool,))
+    io.add_deployment(model, pool, replicas if replicas is not None else n_pods)
+    srvs = servers(n_pods)
+    for i, s in enumerate(srvs):
+        io.add_pod(model, pool, f"{model}-{pool}-{i}", s.port)
+    return srvs
+
+
+def scaler(io, **kw):
+    return Autoscaler(io, DirectScrapeSource(timeout=1.0), registry=CollectorRegistry(), **kw)
+
+
+def _sample(a: Autoscaler, name: str, labels: dict) -> float | None:
+    for metric in a.registry.collect():
+        for s in metric.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return None
+
+
+# ------------------------------------------------------------------ loop behaviour
+
+
+def test_scale_up_on_kv_writes_only_scale_status_and_event(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2)
+    for s in srvs:
+        s.set(kv=0.95)
+    spec_before = copy.deepcopy(io.models["m1"]["spec"])
+    a = scaler(io)
+    out = a.run_once(T0)
+    assert io.scale_writes == [("m1-h100", 3)]
+    assert out[0].scaled and out[0].decision.desired == 3
+    (model, reason, message), = io.events
+    assert reason == "ScaledUp" and "m1-h100: scale up 2->3" in message and "KV 0.95" in message
+    entry = io.models["m1"]["status"]["serving"][0]
+    assert entry["desiredReplicas"] == 3 and entry["kvCacheUsage"] == 0.95 and entry["waitingRequests"] == 0.0
+    assert entry["lastScaleTime"] == "2027-01-15T08:00:00Z"
+    assert entry["readyReplicas"] == 1 and entry["deployment"] == "m1-h100"  # reconcile's fields untouched
+    assert io.models["m1"]["spec"] == spec_before  # never the spec
+    assert _sample(a, "fewerbits_autoscaler_desired_replicas", {"model": "m1", "variant": "h100"}) == 3
+    assert _sample(a, "fewerbits_autoscaler_kv_cache_usage", {"namespace": NS}) == pytest.approx(0.95)
+    assert _sample(a, "fewerbits_autoscaler_scale_events_total", {"direction": "up"}) == 1
+
+
+def test_at_target_no_scale_writes_and_status_rate_limited(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 3)
+    for s in srvs:
+        s.set(kv=0.7, waiting=1)
+    a = scaler(io, status_interval_seconds=60)
+    a.run_once(T0)
+    assert io.scale_writes == [] and io.events == []
+    assert len(io.status_writes) == 1  # first figures
+    srvs[0].set(kv=0.72)
+    a.run_once(T0 + 15)
+    assert len(io.status_writes) == 1  # only figures moved, within the interval
+    a.run_once(T0 + 75)
+    assert len(io.status_writes) == 2
+    a.run_once(T0 + 200)
+    assert len(io.status_writes) == 2  # nothing changed: no write at rest
+
+
+def test_queue_bound_low_kv_scales_up(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2, maxReplicas=8)
+    for s in srvs:
+        s.set(kv=0.3, waiting=25, running=10)
+    scaler(io).run_once(T0)
+    # queue: (25-5) x 2 = 40 excess / 10 running per pod -> 2 + 4 = 6 (step limit 6)
+    assert io.scale_writes == [("m1-h100", 6)]
+    assert "25.0 waiting/pod > 5" in io.events[0][2]
+
+
+def test_old_metric_name_scales(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 1)
+    srvs[0].set(kv=0.99, old_name=True)
+    scaler(io).run_once(T0)
+    assert io.scale_writes == [("m1-h100", 2)]
+
+
+def test_scale_down_only_after_delay_then_to_min(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 4, minReplicas=1, scaleDownDelaySeconds=60)
+    for s in srvs:
+        s.set(kv=0.05)
+    a = scaler(io)
+    for k in range(4):  # 0, 15, 30, 45 s
+        a.run_once(T0 + 15 * k)
+        assert io.scale_writes == []
+    a.run_once(T0 + 60)
+    assert io.scale_writes == [("m1-h100", 1)]
+    assert io.events[-1][1] == "ScaledDown" and "highest recommendation in the last 60s is 1" in io.events[-1][2]
+
+
+def test_restart_loses_history_and_waits_the_full_delay_again(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 3, scaleDownDelaySeconds=60)
+    for s in srvs:
+        s.set(kv=0.05)
+    a = scaler(io)
+    for k in range(4):
+        a.run_once(T0 + 15 * k)
+    b = scaler(io)  # operator restarted
+    b.run_once(T0 + 60)
+    b.run_once(T0 + 105)
+    assert io.scale_writes == []
+    b.run_once(T0 + 120)
+    assert io.scale_writes == [("m1-h100", 1)]
+
+
+def test_unready_and_failing_pods_block_scale_down(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 3, scaleDownDelaySeconds=0)
+    for s in srvs:
+        s.set(kv=0.05)
+    srvs[2].status = 500
+    a = scaler(io)
+    a.run_once(T0)
+    assert io.scale_writes == []
+    srvs[2].status = 200
+    io.add_pod("m1", "h100", "m1-h100-starting", srvs[0].port, ready=False)
+    io.deployments["m1-h100"]["spec"]["replicas"] = 4
+    a.run_once(T0 + 15)
+    assert io.scale_writes == []
+    del io.pods["m1-h100-starting"]
+    io.deployments["m1-h100"]["spec"]["replicas"] = 3
+    a.run_once(T0 + 30)
+    assert io.scale_writes == [("m1-h100", 1)]
+    assert _sample(a, "fewerbits_autoscaler_scrape_failures_total", {}) == 1
+
+
+def test_policy_cap_clamps(servers):
+    io = FakeIO()
+    io.policies = [{"metadata": {"name": "p"}, "spec": {"rules": {"maxReplicas": 2}}}]
+    srvs = setup(io, servers, 4, maxReplicas=8)
+    for s in srvs:
+        s.set(kv=0.7)
+    scaler(io).run_once(T0)
+    assert io.scale_writes == [("m1-h100", 2)] and "policy rules.maxReplicas 2" in io.events[0][2]
+
+
+def test_disabled_or_invalid_autoscaling_is_left_alone(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 1, enabled=False)
+    srvs[0].set(kv=1.0, waiting=50)
+    bad = setup(io, servers, 1, model="bad", minReplicas=5, maxReplicas=2)
+    bad[0].set(kv=1.0)
+    a = scaler(io)
+    assert a.run_once(T0) == []
+    assert io.scale_writes == [] and io.status_writes == [] and io.events == []
+
+
+def test_an_error_elsewhere_in_the_spec_does_not_stop_scaling(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 1, maxReplicas=3)
+    srvs[0].set(kv=1.0)
+    io.models["m1"]["spec"]["source"] = {"uri": "ftp://typo"}
+    scaler(io).run_once(T0)
+    assert io.scale_writes == [("m1-h100", 2)]
+
+
+def test_policy_defaults_apply_to_autoscaling(servers):
+    io = FakeIO()
+    io.policies = [{"metadata": {"name": "p"}, "spec": {"defaults": {"autoscaling": {"targetKVCacheUsage": 0.5}}}}]
+    srvs = setup(io, servers, 2)
+    for s in srvs:
+        s.set(kv=0.6)  # within 10% of 0.7, but 1.2 x the policy's 0.5
+    scaler(io).run_once(T0)
+    assert io.scale_writes == [("m1-h100", 3)] and "target 0.50" in io.events[0][2]
+
+
+def test_one_failing_model_does_not_stop_the_rest(servers):
+    io = FakeIO()
+    a_srv = setup(io, servers, 1, model="a")
+    b_srv = setup(io, servers, 1, model="b")
+    a_srv[0].set(kv=1.0)
+    b_srv[0].set(kv=1.0)
+    io.fail_pods_for = {"a"}
+    a = scaler(io)
+    a.run_once(T0)
+    assert io.scale_writes == [("b-h100", 2)]
+    assert _sample(a, "fewerbits_autoscaler_errors_total", {}) == 1
+
+
+def test_in_flight_scale_up_is_not_repeated(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2)
+    for s in srvs:
+        s.set(kv=1.0)
+    a = scaler(io)
+    a.run_once(T0)
+    assert io.scale_writes == [("m1-h100", 3)]
+    io.add_pod("m1", "h100", "m1-h100-new", srvs[0].port, ready=False)  # the third pod is starting
+    for k in range(1, 8):
+        a.run_once(T0 + 15 * k)
+    assert io.scale_writes == [("m1-h100", 3)]
+
+
+def test_gone_variants_are_forgotten(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 1)
+    srvs[0].set(kv=0.7)
+    a = scaler(io)
+    a.run_once(T0)
+    assert _sample(a, "fewerbits_autoscaler_desired_replicas", {"model": "m1"}) == 1
+    del io.deployments["m1-h100"]
+    a.run_once(T0 + 15)
+    assert _sample(a, "fewerbits_autoscaler_desired_replicas", {"model": "m1"}) is None and a._history == {}
+
+
+def test_run_forever_stops():
+    io = FakeIO()
+    a = scaler(io)
+    stop = threading.Event()
+    t = threading.Thread(target=a.run_forever, args=(stop, 0.01), daemon=True)
+    t.start()
+    stop.set()
+    t.join(2)
+    assert not t.is_alive()
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def test_merge_serving_changes_only_autoscaler_fields():
+    serving = [{"variant": "a", "deployment": "m-a", "replicas": 2, "kvCacheUsage": 0.5},
+               {"variant": "b", "deployment": "m-b", "replicas": 1}]
+    out = merge_serving(serving, {"a": {"desiredReplicas": 3, "kvCacheUsage": None}, "zzz": {"desiredReplicas": 9}})
+    assert out == [{"variant": "a", "deployment": "m-a", "replicas": 2, "desiredReplicas": 3}, serving[1]]
+    assert serving[0]["kvCacheUsage"] == 0.5  # input untouched
+    assert merge_serving(serving, {"a": {"kvCacheUsage": 0.5}}) is None
+    with pytest.raises(ValueError, match="replicas"):
+        merge_serving(serving, {"a": {"replicas": 5}})
+    assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime"}
+
+
+def test_classify_pods():
+    io = FakeIO()
+    io.add_pod("m", "p", "ready", 9000)
+    io.add_pod("m", "p", "starting", 9000, ready=False)
+    io.add_pod("m", "p", "leaving", 9000, terminating=True)
+    io.add_pod("m", "p", "no-ip", 9000, ip="")
+    io.add_pod("m", "p", "done", 9000)
+    io.pods["done"]["status"]["phase"] = "Failed"
+    targets, not_ready = classify_pods(NS, list(io.pods.values()))
+    assert [t.name for t in targets] == ["ready"] and targets[0].port == 9000 and not_ready == 2
+    assert http_port({"spec": {"containers": [{"ports": [{"name": "grpc", "containerPort": 1}]}]}}) == 8000
+
+
+# ------------------------------------------------------------------ the kubernetes-client wrapper
+
+
+def wrapper() -> KubernetesAutoscalerIO:
+    w = KubernetesAutoscalerIO(api=mock.MagicMock())
+    w.apps, w.core, w.custom = mock.MagicMock(), mock.MagicMock(), mock.MagicMock()
+    return w
+
+
+def test_wrapper_patches_only_the_scale_subresource():
+    w = wrapper()
+    w.patch_scale(NS, "m-h100", 4)
+    w.apps.patch_namespaced_deployment_scale.assert_called_once_with(
+        "m-h100", NS, {"spec": {"replicas": 4}}, _content_type="application/merge-patch+json")
+    assert not w.apps.patch_namespaced_deployment.called and not w.custom.patch_namespaced_custom_object.called
+    w.apps.read_namespaced_deployment_scale.return_value = mock.NonCallableMock(**{'spec.replicas': 3})
+    assert w.read_scale(NS, "m-h100") == 3
+    w.apps.read_namespaced_deployment_scale.side_effect = ApiException(status=404)
+    assert w.read_scale(NS, "gone") is None
+
+
+def test_wrapper_status_patch_rewrites_serving_with_resource_version_and_retries_conflicts():
+    w = wrapper()
+    obj = {"metadata": {"resourceVersion": "7"},
+           "status": {"serving": [{"variant": "a", "deployment": "m-a", "replicas": 2}], "conditions": [{"x": 1}]}}
+    w.custom.get_namespaced_custom_object.return_value = obj
+    w.custom.patch_namespaced_custom_object_status.side_effect = [ApiException(status=409), None]
+    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
+    assert w.custom.get_namespaced_custom_object.call_count == 2
+    args = w.custom.patch_namespaced_custom_object_status.call_args.args
+    assert args[:5] == ("fewerbits.io", "v1alpha1", NS, "quantizedmodels", "m")
+    assert args[5] == {"metadata": {"resourceVersion": "7"},
+                       "status": {"serving": [{"variant": "a", "deployment": "m-a", "replicas": 2, "desiredReplicas": 3}]}}
+    assert not w.custom.patch_namespaced_custom_object.called  # never the spec
+    assert w.writes == 1
+
+
+def test_wrapper_status_patch_skips_when_unchanged_or_gone():
+    w = wrapper()
+    w.custom.get_namespaced_custom_object.return_value = {"metadata": {"resourceVersion": "1"},
+                                                          "status": {"serving": [{"variant": "a", "desiredReplicas": 3}]}}
+    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
+    w.custom.get_namespaced_custom_object.side_effect = ApiException(status=404)
+    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 4}})
+    assert not w.custom.patch_namespaced_custom_object_status.called
+
+
+def test_wrapper_event_is_best_effort():
+    w = wrapper()
+    w.core.create_namespaced_event.side_effect = ApiException(status=403, reason="Forbidden")
+    w.post_event({"apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
+                  "metadata": {"name": "m", "namespace": NS, "uid": "u"}}, "Normal", "ScaledUp", "x" * 5000)
+    body = w.core.create_namespaced_event.call_args.args[1]
+    assert body["involvedObject"]["kind"] == "QuantizedModel" and len(body["message"]) == 1024
