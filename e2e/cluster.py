@@ -143,11 +143,13 @@ class Cluster:
     """
 
     def __init__(self, state_dir: Path | None = None, *, with_s3: bool = True, detach: bool = False,
-                 images: list[workloads.ImageRule] | None = None):
+                 images: list[workloads.ImageRule] | None = None, sim_metrics: str | None = None):
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="fewerbits-e2e-"))
         self.with_s3 = with_s3
         self.detach = detach
         self.images = images if images is not None else workloads.default_rules()
+        # fake (default): simulators start at zero load and take POST /admin/config; real: their own counts.
+        self.sim_metrics = sim_metrics or os.environ.get("FEWERBITS_E2E_SIM_METRICS", "fake")
         self.components: list[Component] = []
         self._procs: dict[str, subprocess.Popen] = {}
         self.kubeconfig = self.state_dir / "kubeconfig"
@@ -271,7 +273,7 @@ class Cluster:
             sys.executable, "-m", "e2e.podrunner", "--kubeconfig", str(self.kubeconfig),
             "--state-dir", str(d / "pods"), "--images", str(d / "runner-images.json"),
             "--cidr", RUNNER_POD_CIDR,
-            "--sim", str(versions.binary("llm-d-inference-sim")),
+            "--sim", str(versions.binary("llm-d-inference-sim")), "--sim-metrics", self.sim_metrics,
         ], env={**os.environ, "PYTHONPATH": _pythonpath()}, cwd=E2E_DIR.parent)
 
         # MinIO --------------------------------------------------------------------------------------

@@ -363,7 +363,7 @@ class PodRun(threading.Thread):
         elif c.rule.kind == "vllm":
             c.vllm = workloads.parse_vllm_args(command + args)
             c.sim_port = procs.free_port()
-            argv = workloads.sim_argv(self.runner.sim, c.vllm, c.sim_port)
+            argv = workloads.sim_argv(self.runner.sim, c.vllm, c.sim_port, self.runner.sim_metrics)
             c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
             ports = {p["containerPort"] for p in c.spec.get("ports") or [] if p.get("protocol", "TCP") == "TCP"}
             ports.add(c.vllm.port)
@@ -580,7 +580,8 @@ def _expand(s: str, env: dict[str, str]) -> str:
 
 
 class Runner:
-    def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str):
+    def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str,
+                 sim_metrics: str = "fake"):
         from kubernetes import client, config
 
         cfg = client.Configuration()
@@ -589,6 +590,7 @@ class Runner:
         self.state_dir = state_dir
         self.rules = rules
         self.sim = sim
+        self.sim_metrics = sim_metrics
         self._hosts = ipaddress.ip_network(cidr).hosts()
         self.runs: dict[str, PodRun] = {}
         self.lock = threading.Lock()
@@ -680,11 +682,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=Path, required=True, help="JSON list of image rules")
     ap.add_argument("--cidr", required=True)
     ap.add_argument("--sim", required=True, help="llm-d-inference-sim binary")
+    ap.add_argument("--sim-metrics", choices=["fake", "real"], default="fake",
+                    help="fake: start sims with zero fake metrics so POST /admin/config can change them")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     a.state_dir.mkdir(parents=True, exist_ok=True)
     rules = [workloads.ImageRule.from_json(r) for r in json.loads(a.images.read_text())]
-    runner = Runner(a.kubeconfig, a.state_dir, rules, a.cidr, a.sim)
+    runner = Runner(a.kubeconfig, a.state_dir, rules, a.cidr, a.sim, a.sim_metrics)
 
     def stop(*_):
         runner.shutdown()

@@ -136,7 +136,14 @@ def parse_vllm_args(argv: list[str]) -> VLLMArgs:
     return VLLMArgs(served, port, max_num_seqs, max_model_len)
 
 
-def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int) -> list[str]:
+# llm-d-inference-sim v0.10.2 accepts `POST /admin/config {"fake-metrics": ...}` only when it was
+# started with --fake-metrics ("the simulator is reporting real metrics; fake metrics cannot be
+# updated" otherwise). Tests drive autoscaling through that call, so by default sims start at zero
+# load in fake-metrics mode; `real` keeps the simulator's own request accounting instead.
+ZERO_FAKE_METRICS = '{"kv-cache-usage":0,"running-requests":0,"waiting-requests":0}'
+
+
+def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int, metrics: str = "fake") -> list[str]:
     # The simulator's --model must not be a real hub model and needs the dummy tokenizer, or it
     # reaches for the internet (HARNESS.md). The served names are what clients see.
     argv = [sim_binary, "--port", str(listen_port), "--model", v.served_model_names[0],
@@ -145,4 +152,6 @@ def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int) -> list[str]:
         argv += ["--max-num-seqs", str(v.max_num_seqs)]
     if v.max_model_len:
         argv += ["--max-model-len", str(v.max_model_len)]
+    if metrics == "fake":
+        argv += ["--fake-metrics", ZERO_FAKE_METRICS]
     return argv

@@ -25,6 +25,7 @@ def test_vllm_arguments_become_simulator_arguments():
     assert (v.served_model_names, v.port, v.max_num_seqs) == (["a", "b"], 8001, 16)
     argv = workloads.sim_argv("/bin/sim", v, 4242)
     assert argv[:5] == ["/bin/sim", "--port", "4242", "--model", "a"]
+    assert "--fake-metrics" in argv  # so POST /admin/config can change them
     assert "--force-dummy-tokenizer" in argv and "--tensor-parallel-size" not in argv
     assert workloads.parse_vllm_args(["--model", "org/m"]).served_model_names == ["org/m"]
 
