@@ -382,6 +382,18 @@ class Cluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run the built Helm (built on first use) against this cluster, with its own cache/config dirs."""
+        versions.ensure_built("helm")
+        home = self.state_dir / "helm"
+        env = {**_base_env(), "KUBECONFIG": str(self.kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
+               "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data"), "HOME": str(home)}
+        proc = subprocess.run([str(versions.binary("helm")), *args], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise ClusterError(f"helm {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
     def apply(self, manifest: dict | list | str) -> None:
         """`kubectl apply -f -` with a dict, list of dicts or YAML text (server-side apply)."""
         import yaml

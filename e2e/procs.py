@@ -68,7 +68,8 @@ def stop_group(pgid: int, grace: float = 10.0, proc: subprocess.Popen | None = N
     while time.monotonic() < deadline:
         if proc is not None:
             proc.poll()
-        if not group_alive(pgid) or (proc is not None and proc.returncode is not None and not _group_has_others(pgid)):
+        # Zombies count as gone: after `up` exits, init adopts the components and may not reap them.
+        if not group_alive(pgid) or not _group_has_others(pgid):
             break
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):

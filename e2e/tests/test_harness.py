@@ -288,3 +288,15 @@ def test_vllm_pod_serves_simulator_at_pod_ip_with_runtime_metrics(cluster, gpu_p
     text = _get(f"http://{ip}:8000/metrics")
     assert metric(text, "vllm:num_requests_waiting") == 7
     assert metric(text, "vllm:num_requests_running") == 4
+
+
+def test_helm_installs_a_chart_that_checks_kube_version(cluster, namespace, tmp_path):
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    # kubeVersion fails to install when /version says v0.0.0 (no version ldflags in the build).
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\nkubeVersion: '>=1.36.0-0'\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: probe}\ndata: {kube: '{{ .Capabilities.KubeVersion.Version }}'}\n")
+    cluster.helm("install", "probe", str(chart), "--namespace", namespace, "--wait", "--timeout", "60s")
+    cm = client.CoreV1Api(cluster.api_client()).read_namespaced_config_map("probe", namespace)
+    assert cm.data["kube"].startswith("v1.36.")
