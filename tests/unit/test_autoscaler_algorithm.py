@@ -212,9 +212,38 @@ def test_starting_pods_count_as_capacity_no_double_scale():
     # Scaled 2 -> 3 because 2 ready pods ran at 1.0: the third starts; same load must not add more.
     d = decide(SPEC, None, obs(3, pods(1.0, 1.0), not_ready=1), History(), 0)
     assert not d.act, d.reason
-    # but a queue beyond what the starting pod absorbs (running 10/pod) does scale further
+    # a queue that built up while the pod starts is left to it: the queue rule waits
     d = decide(SPEC, None, obs(3, pods(1.0, 1.0, waiting=20, running=10), not_ready=1), History(), 0)
-    assert d.desired == 2 + math.ceil(2 * 15 / 10) and d.act
+    assert not d.act and "waits for 1 starting pod(s)" in d.reason
+
+
+def test_queue_rule_waits_one_sync_after_new_pods_become_ready():
+    h = decide(SPEC, None, obs(4, pods(1.0, 1.0, waiting=20), not_ready=2), History(), 0).history
+    d = decide(SPEC, None, obs(4, pods(1.0, 1.0, 1.0, 1.0, waiting=20)), h, 15)
+    assert d.queue_wants is None and "newly ready" in d.reason
+    d = decide(SPEC, None, obs(4, pods(1.0, 1.0, 1.0, 1.0, waiting=20)), d.history, 30)
+    assert d.queue_wants == 4 + math.ceil(4 * 15 / 10) and d.act
+
+
+def test_queue_rule_holds_while_the_queue_drains_fast():
+    h = decide(SPEC, None, obs(2, pods(0.5, 0.5, waiting=40)), History(), 0).history
+    d = decide(SPEC, None, obs(2, pods(0.5, 0.5, waiting=10)), h, 15)  # 80 -> 20 waiting in 15 s: gone in ~5 s
+    assert d.queue_wants is None and "drains in ~5s" in d.reason
+    h = decide(SPEC, None, obs(2, pods(0.5, 0.5, waiting=40)), History(), 0).history
+    d = decide(SPEC, None, obs(2, pods(0.5, 0.5, waiting=39)), h, 15)  # draining, but over ~20 minutes
+    assert d.queue_wants is not None and d.act
+
+
+def test_prefill_bound_capacity_guards_scale_down():
+    # Requests queued at 30 running/pod with KV 0.3; after scaling out, KV alone (0.2) would
+    # scale back in to the count that queued. The remembered saturation keeps enough pods.
+    spec = SPEC.model_copy(update={"scaleDownDelaySeconds": 0})
+    h = decide(spec, None, obs(3, pods(0.3, 0.3, 0.3, waiting=30, running=30)), History(), 0).history
+    d = decide(spec, None, obs(5, pods(0.2, 0.2, 0.2, 0.2, 0.2, running=18)), h, 400)
+    # 90 running over pods that saturate at 30: ceil(90 / (30 x 0.9)) = 4, not KV's ceil(5 x 0.2/0.7) = 2
+    assert d.desired == 4 and "requests queued at 30.0/pod" in d.reason
+    d = decide(spec, None, obs(5, pods(0.2, 0.2, 0.2, 0.2, 0.2, running=18)), h, 400 + 1800)
+    assert d.desired == 2  # forgotten after saturation_memory_seconds
 
 
 def test_starting_pods_block_scale_down():

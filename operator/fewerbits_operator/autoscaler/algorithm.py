@@ -12,6 +12,14 @@ Rules (each answers a known failure of an existing LLM autoscaler):
    replica absorbs about as many sequences as a saturated one runs now (vLLM queues a request
    only when it cannot schedule it, so a queueing pod's running count is its concurrency):
    ``queue_wants = ready + ceil(excess / max(1, avgRunning))``. The larger of the two rules wins.
+   A backlog is not demand that lasts, so the queue rule holds (a) while pods are starting,
+   (b) for one sync after new pods become ready, and (c) while the queue shrinks fast enough to
+   be gone within 120 s -- without these, the backlog that builds during a pod's start-up
+   doubled the variant again and again (seen in the bench: 3 -> 24 replicas for load needing 5).
+2b. **Saturation memory**: when the queue rule fires, the running requests per pod are
+   remembered (30 min) as what a pod can run under the present mix; a scale-down never goes
+   below ``ceil(running total / (that x 0.9))``. KV usage understates prefill-bound load, and
+   without this a KV-driven scale-down returned to the count that queued every ~7 minutes.
 3. **Pods still starting count as capacity**: the wants are compared with the Deployment's
    current replicas (the scale subresource's spec, starting pods included), not with ready pods,
    so a scale-up in flight is not repeated every sync while its pods start.
@@ -56,6 +64,13 @@ class Tuning:
     """A decision may at most multiply the replicas by this..."""
     max_scale_up_add: int = 4
     """...or add this many, whichever is more."""
+    saturation_memory_seconds: float = 1800.0
+    """How long the running-per-pod level at which the variant last queued is remembered as its
+    capacity (it guards scale-downs when KV usage understates load; the mix of requests changes,
+    so it expires)."""
+    queue_drain_horizon_seconds: float = 120.0
+    """The queue rule holds while the queue shrinks fast enough to be gone within this (a new pod
+    would start too late to help)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,16 @@ class History:
     """(time, recommended replicas), oldest first, recommendations strictly decreasing."""
     since: float | None = None
     """Start of the current unbroken run of observations."""
+    ready: int | None = None
+    """Ready pods at the previous observation (the queue rule waits one observation after
+    capacity grows: the backlog the new pods will absorb is still in the queue)."""
+    waiting: float | None = None
+    """Total waiting requests at the previous observation (to tell a draining queue)."""
+    at: float | None = None
+    """Time of the previous observation."""
+    saturated_running: tuple[float, float] | None = None
+    """(time, running requests per pod) when the queue rule last fired: what a pod runs at most
+    under the present mix of requests."""
 
 
 @dataclass(frozen=True)
@@ -122,13 +147,22 @@ def bounds(spec: AutoscalingSpec, policy_max: int | None) -> tuple[int, int]:
     return min(spec.minReplicas, hi), hi
 
 
-def _record(history: History, now: float, rec: int, window: float) -> History:
+def _record(history: History, now: float, rec: int, window: float, ready: int, waiting: float | None,
+            saturated: tuple[float, float] | None) -> History:
     since = history.since
     if since is None or not history.entries or history.entries[-1][0] < now - window:
         since = now  # first observation, or a gap longer than the window: the wait starts again
     kept = [(t, r) for t, r in history.entries if t >= now - window and r > rec]
     kept.append((now, rec))
-    return History(tuple(kept), since)
+    return History(tuple(kept), since, ready, waiting, now, saturated)
+
+
+def _drain_eta(history: History, waiting: float, now: float) -> float | None:
+    """Seconds until the queue is empty at the rate it shrank since the previous observation;
+    None when it did not shrink."""
+    if history.waiting is None or history.at is None or now <= history.at or waiting >= history.waiting:
+        return None
+    return waiting / ((history.waiting - waiting) / (now - history.at))
 
 
 def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, history: History, now: float,
@@ -145,6 +179,7 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
     avg_kv = avg_wait = None
     kv_wants = queue_wants = None
     raw: int | None = None
+    saturated = history.saturated_running
     if n:
         avg_kv = sum(s.kv_cache_usage for s in obs.samples) / n
         avg_wait = sum(s.waiting for s in obs.samples) / n
@@ -157,15 +192,37 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
         else:
             kv_wants = math.ceil(ready * ratio - EPS)
             notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) vs target {target:.2f} wants {kv_wants}")
-        if avg_wait > spec.maxWaitingRequests + EPS:
+        starting = obs.pods_not_ready + obs.pods_missing
+        grown = history.ready is not None and ready > history.ready
+        if avg_wait > spec.maxWaitingRequests + EPS and starting:
+            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue rule waits for "
+                         f"{starting} starting pod(s)")
+        elif avg_wait > spec.maxWaitingRequests + EPS and grown:
+            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue rule waits one "
+                         f"sync for {ready - history.ready} newly ready pod(s) to take their share")
+        elif avg_wait > spec.maxWaitingRequests + EPS and (eta := _drain_eta(history, avg_wait * ready, now)) \
+                is not None and eta <= tuning.queue_drain_horizon_seconds:
+            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue drains in ~{eta:.0f}s")
+        elif avg_wait > spec.maxWaitingRequests + EPS:
             excess = (avg_wait - spec.maxWaitingRequests) * ready
             per_pod = max(1.0, avg_run)
             queue_wants = ready + math.ceil(excess / per_pod - EPS)
+            if running:
+                saturated = (now, avg_run)
             notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests} (running {avg_run:.1f}/pod) "
                          f"wants {queue_wants}")
         else:
             notes.append(f"{avg_wait:.1f} waiting/pod <= {spec.maxWaitingRequests}")
         raw = max(kv_wants, queue_wants or 0)
+        if saturated is not None and now - saturated[0] <= tuning.saturation_memory_seconds and running \
+                and saturated[1] > EPS and raw < cur:
+            # KV usage understates prefill-bound load: do not go below the count at which the
+            # pods would run as many requests as they did when requests last queued.
+            conc_floor = math.ceil(avg_run * ready / (saturated[1] * (1 - tuning.tolerance)) - EPS)
+            if conc_floor > raw:
+                raw = min(cur, conc_floor)
+                notes.append(f"running {avg_run:.1f}/pod; requests queued at {saturated[1]:.1f}/pod "
+                             f"{now - saturated[0]:.0f}s ago: keeps at least {raw}")
 
     missing = []
     if not n:
@@ -183,7 +240,7 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
     # current count when data is missing (rule 6).
     rec = cur if raw is None else (raw if obs.complete else max(raw, cur))
     rec = min(max(rec, lo), hi)
-    new_history = _record(history, now, rec, delay)
+    new_history = _record(history, now, rec, delay, ready, None if avg_wait is None else avg_wait * ready, saturated)
     figures = {"ready": float(ready), "reporting": float(n), "current": float(cur)}
 
     def done(desired: int, direction: str | None, why: str) -> Decision:
