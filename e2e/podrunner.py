@@ -12,6 +12,8 @@ Pod IPs come from a loopback CIDR, so a process can bind its pod IP. The simulat
 
 Container output goes to <state-dir>/<ns>_<pod>_<uid8>/<container>.log (there is no `kubectl logs`).
 The termination-message file is given to the process as $FEWERBITS_TERMINATION_LOG.
+Processes of `module`/`command` rules get $KUBECONFIG pointing at a kubeconfig that holds a token of
+the pod's ServiceAccount (TokenRequest bound to the pod), so they run with that account's RBAC.
 """
 
 from __future__ import annotations
@@ -302,6 +304,8 @@ class PodRun(threading.Thread):
             else:
                 p = root / name
             p.mkdir(parents=True, exist_ok=True)
+            if "projected" in v:
+                self._project(v["projected"], p)
             for kind, key in (("Secret", "secret"), ("ConfigMap", "configMap")):
                 if key in v:
                     ref = v[key]
@@ -321,6 +325,59 @@ class PodRun(threading.Thread):
                         f.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
             vols[name] = p
         return vols
+
+    def _project(self, projected: dict, into: Path) -> None:
+        """Materialise a projected volume (what the ServiceAccount admission plugin adds as
+        kube-api-access-*): a bound service-account token, the root CA ConfigMap, downward API."""
+        for src in projected.get("sources") or []:
+            if "serviceAccountToken" in src:
+                t = src["serviceAccountToken"]
+                token = self._token(t.get("expirationSeconds", 3607), t.get("audience"))
+                (into / t["path"]).write_text(token)
+            elif "configMap" in src or "secret" in src:
+                kind, ref = ("ConfigMap", src["configMap"]) if "configMap" in src else ("Secret", src["secret"])
+                obj = self._get(kind, ref["name"])
+                if obj is None:
+                    if ref.get("optional"):
+                        continue
+                    raise ConfigError(f"{kind.lower()} {ref['name']} not found")
+                data = obj.get("data") or {}
+                for it in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    if it["key"] in data:
+                        raw = data[it["key"]]
+                        f = into / it["path"]
+                        f.parent.mkdir(parents=True, exist_ok=True)
+                        f.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
+            elif "downwardAPI" in src:
+                for it in src["downwardAPI"].get("items") or []:
+                    if "fieldRef" in it:
+                        (into / it["path"]).write_text(self._field(it["fieldRef"]["fieldPath"]))
+
+    def _token(self, seconds: int = 86400, audience: str | None = None) -> str:
+        """A token for the pod's ServiceAccount, bound to this pod (TokenRequest, as a kubelet does)."""
+        sa = self.pod["spec"].get("serviceAccountName") or "default"
+        spec = {"expirationSeconds": max(int(seconds), 86400),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}
+        if audience:
+            spec["audiences"] = [audience]
+        return self.api.create_namespaced_service_account_token(sa, self.ns, {"spec": spec}).status.token
+
+    def _service_account_kubeconfig(self) -> Path | None:
+        """A kubeconfig with the pod's ServiceAccount token, so a local process talks to the API server
+        as that ServiceAccount (its RBAC applies). In-cluster config reads fixed paths under
+        /var/run/secrets, which a local process cannot have; KUBECONFIG is the standard fallback."""
+        spec = self.pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        path = self.dir / "serviceaccount.kubeconfig"
+        if not path.exists():
+            r = self.runner
+            cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
+                   "clusters": [{"name": "e2e", "cluster": {"server": r.server, "certificate-authority": r.ca_file}}],
+                   "users": [{"name": "sa", "user": {"token": self._token()}}],
+                   "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": "sa", "namespace": self.ns}}]}
+            path.write_text(json.dumps(cfg, indent=1))
+        return path
 
     def _mounts(self, c: Container, vols: dict[str, Path]) -> list[tuple[str, Path]]:
         out = []
@@ -355,6 +412,10 @@ class PodRun(threading.Thread):
             term.unlink()
         env.update({TERMINATION_LOG_ENV: str(term), "POD_IP": self.ip, "POD_NAME": self.name,
                     "POD_NAMESPACE": self.ns, "HOSTNAME": self.name})
+        if "KUBECONFIG" not in env_pod and c.rule is not None and c.rule.kind in ("module", "command"):
+            kubeconfig = self._service_account_kubeconfig()
+            if kubeconfig:
+                env["KUBECONFIG"] = str(kubeconfig)
         command = [_expand(x, env_pod) for x in c.spec.get("command") or []]
         args = [_expand(x, env_pod) for x in c.spec.get("args") or []]
         logf = self.dir / f"{c.name}.log"
@@ -587,6 +648,8 @@ class Runner:
         cfg = client.Configuration()
         config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
         self.api = client.CoreV1Api(client.ApiClient(cfg))
+        self.server = cfg.host
+        self.ca_file = cfg.ssl_ca_cert
         self.state_dir = state_dir
         self.rules = rules
         self.sim = sim

@@ -38,6 +38,9 @@ class ImageRule:
 # The harness config. The `fewerbits-test/` entry is for tests of the harness itself (e.g. image
 # `fewerbits-test/python` with `command: [python, -c, ...]`); no operator code refers to it.
 DEFAULT_RULES = (
+    # The chart's operator Deployment (command: python -m fewerbits_operator); it gets a kubeconfig
+    # holding its ServiceAccount's token, so the chart's RBAC is what it runs with.
+    ImageRule("fewerbits-operator", "module", "fewerbits_operator"),
     ImageRule("fewerbits-quantjob", "module", "fewerbits_quantjob"),
     ImageRule("fewerbits-runtime", "module", "fewerbits_runtime"),
     ImageRule("vllm/vllm-openai", "vllm"),

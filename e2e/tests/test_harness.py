@@ -227,6 +227,37 @@ def test_unprivileged_service_account_is_denied_by_rbac(cluster, namespace):
     wait_for("RBAC grant visible", lambda: _can_list(as_sa, namespace), timeout=10)
 
 
+def test_pod_process_talks_to_the_api_as_its_service_account(cluster, gpu_pool, namespace):
+    gpu_pool("t4-sa", "t4")
+    api = client.CoreV1Api(cluster.api_client())
+    rbac = client.RbacAuthorizationV1Api(cluster.api_client())
+    api.create_namespaced_service_account(namespace, {"metadata": {"name": "cm-reader"}})
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "cm-read"}, "rules": [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "cm-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-read"},
+        "subjects": [{"kind": "ServiceAccount", "name": "cm-reader", "namespace": namespace}]})
+    script = (
+        "import os, json\n"
+        "from kubernetes import client, config\n"
+        "from kubernetes.client.exceptions import ApiException\n"
+        "config.load_kube_config()\n"
+        "api = client.CoreV1Api(); ns = os.environ['POD_NAMESPACE']; out = {}\n"
+        "out['configmaps'] = len(api.list_namespaced_config_map(ns).items) >= 0\n"
+        "try:\n    api.list_namespaced_secret(ns); out['secrets'] = 'allowed'\n"
+        "except ApiException as e:\n    out['secrets'] = e.status\n"
+        "open(os.environ['FEWERBITS_TERMINATION_LOG'], 'w').write(json.dumps(out))\n")
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "as-sa"}, "spec": {
+        "serviceAccountName": "cm-reader", "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": PY, "command": ["python", "-c", script]}]}})
+    done = wait_for("pod finished", lambda: (p := api.read_namespaced_pod("as-sa", namespace)).status.phase
+                    in ("Succeeded", "Failed") and p)
+    term = done.status.container_statuses[0].state.terminated
+    assert term.exit_code == 0, cluster.pod_logs(namespace, "as-sa")
+    assert json.loads(term.message) == {"configmaps": True, "secrets": 403}
+
+
 def _can_list(api, ns):
     try:
         api.list_namespaced_secret(ns)
