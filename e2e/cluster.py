@@ -108,6 +108,21 @@ def _http_ok(url: str, ctx: ssl.SSLContext | None = None, expect: str | None = N
 
 def start_s3(state_dir: Path, *, detach: bool = False, port: int | None = None) -> tuple[S3Server, subprocess.Popen]:
     """Start MinIO alone (builds it first if needed). Returns the server and its process."""
+    server, proc = spawn_s3(state_dir, detach=detach, port=port)
+    wait_s3(server, proc, state_dir)
+    return server, proc
+
+
+def wait_s3(server: S3Server, proc: subprocess.Popen, state_dir: Path) -> None:
+    try:
+        _wait("MinIO", lambda: _http_ok(f"{server.endpoint}/minio/health/ready"), 60, proc,
+              state_dir / "logs" / "minio.log")
+    except Exception:
+        procs.stop_group(proc.pid, 2, proc)
+        raise
+
+
+def spawn_s3(state_dir: Path, *, detach: bool = False, port: int | None = None) -> tuple[S3Server, subprocess.Popen]:
     versions.ensure_built("minio")
     port = port or procs.free_port()
     if procs.port_in_use(port):
@@ -121,13 +136,7 @@ def start_s3(state_dir: Path, *, detach: bool = False, port: int | None = None) 
     proc = procs.spawn([str(versions.binary("minio")), "server", str(data), "--quiet",
                         "--address", f"127.0.0.1:{port}", "--console-address", f"127.0.0.1:{console}"],
                        log, env=env, detach=detach)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        _wait("MinIO", lambda: _http_ok(f"{endpoint}/minio/health/ready"), 60, proc, log)
-    except Exception:
-        procs.stop_group(proc.pid, 2, proc)
-        raise
-    return S3Server(endpoint, S3_ACCESS_KEY, S3_SECRET_KEY, data_dir=str(data)), proc
+    return S3Server(f"http://127.0.0.1:{port}", S3_ACCESS_KEY, S3_SECRET_KEY, data_dir=str(data)), proc
 
 
 def _base_env() -> dict[str, str]:
@@ -189,6 +198,11 @@ class Cluster:
         (d / "logs").mkdir(parents=True, exist_ok=True)
         pki_dir = pki.generate(d / "pki")
         t = self._step("pki", t)
+        # MinIO needs nothing from the control plane: start it now, check it at the end.
+        if self.with_s3:
+            self.s3, proc = spawn_s3(d, detach=self.detach)
+            self._procs["minio"] = proc
+            self.components.append(Component("minio", proc.pid, str(d / "logs" / "minio.log")))
 
         # etcd ---------------------------------------------------------------------------------
         etcd_port, peer_port = procs.free_port(), procs.free_port()
@@ -277,11 +291,6 @@ class Cluster:
         ], env={**os.environ, "PYTHONPATH": _pythonpath()}, cwd=E2E_DIR.parent)
 
         # MinIO --------------------------------------------------------------------------------------
-        if self.with_s3:
-            self.s3, proc = start_s3(d, detach=self.detach)
-            self._procs["minio"] = proc
-            self.components.append(Component("minio", proc.pid, str(d / "logs" / "minio.log")))
-            t = self._step("minio", t)
         self._save_state()
 
         # Ready means: controllers made the default ServiceAccount (pods can be admitted), kwok and
@@ -295,7 +304,10 @@ class Cluster:
         for name in ("kube-scheduler", "kwok"):
             if self._procs[name].poll() is not None:
                 raise ClusterError(f"{name} exited: {procs.tail(d / 'logs' / f'{name}.log')}")
-        self._step("controllers", t)
+        t = self._step("controllers", t)
+        if self.s3:
+            wait_s3(self.s3, self._procs["minio"], d)
+            self._step("minio", t)
 
     def stop(self) -> None:
         """Stop every component (reverse order), then remove nothing but processes."""
