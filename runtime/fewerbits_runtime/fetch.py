@@ -23,6 +23,7 @@ Layout (DESIGN.md "Artifacts", ``fewerbits_api.artifact``): ``<uri>/<key>/files/
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import hashlib
 import json
@@ -234,15 +235,47 @@ class _FileJob:
 
 
 def _preallocate(fd: int, size: int, path: Path) -> None:
+    """Size the temporary file (sparse) so parts can be written anywhere with pwrite.
+
+    Deliberately not posix_fallocate: on ext4, buffered writes into fallocated (unwritten)
+    extents measured ~9x slower here (1 GiB from 16 threads: 6.1 s and 2.4 s of system time,
+    against 0.7 s and 0.4 s into a sparse file) because every page maps and converts an unwritten
+    extent under the inode's lock. Free space is checked for the whole artifact before the
+    download starts instead, and ENOSPC while writing is reported the same way."""
     try:
-        os.posix_fallocate(fd, 0, size)
+        os.ftruncate(fd, size)
     except OSError as e:
-        if e.errno == errno.ENOSPC:
+        if e.errno in (errno.ENOSPC, errno.EFBIG):
             raise _disk_full(path, size) from None
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            os.ftruncate(fd, size)  # filesystem without fallocate: sparse file, space not reserved
-        else:
-            raise
+        raise
+
+
+def _load_sync_file_range():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_sync_file_range = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+WRITEBACK_EVERY = 8 * MiB
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing this range to disk now (Linux sync_file_range, async).
+
+    Without it the pages stay dirty until the fsync before the rename (dirty_expire is 30 s and
+    the background threshold is a tenth of RAM), so the disk idles while the network works and
+    then the network idles while the disk catches up. Starting writeback as parts land overlaps
+    the two, keeps dirty memory (which counts against the init container's memory limit) small,
+    and blocks only when the disk queue is full: natural backpressure at the disk's speed."""
+    if _sync_file_range is not None and length > 0:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # best effort: errors surface at fsync
 
 
 def _free_bytes(path: Path) -> int:
@@ -551,7 +584,9 @@ class Fetcher:
         progress = threading.Thread(target=self._report_progress, args=(start,), daemon=True)
         pool = self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fetch")
         try:
-            for j in jobs:
+            # Largest files first: the small ones then fill the threads while the last large file's
+            # hash and fsync finish, instead of those running alone at the end.
+            for j in sorted(jobs, key=lambda j: -j.mf.sizeBytes):
                 missing = [i for i in range(j.nparts) if i not in j.done]
                 if not missing:  # every part was done before the interruption: just verify
                     pool.submit(self._guard, self._advance_hash, j)
@@ -641,6 +676,7 @@ class Fetcher:
                 actualBytes=int(total))
         body = resp["Body"]
         off = start
+        flushed = start
         try:
             while off <= end:
                 if self._stop.is_set():
@@ -656,6 +692,9 @@ class Fetcher:
                     off += n
                     view = view[n:]
                 self.stats.add(bytesDownloaded=len(chunk))
+                if off - flushed >= WRITEBACK_EVERY or off > end:
+                    _start_writeback(job.fd, flushed, off - flushed)
+                    flushed = off
         finally:
             body.close()
         return True

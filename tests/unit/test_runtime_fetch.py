@@ -357,15 +357,21 @@ def test_disk_full_before_download(s3, published, tmp_path, monkeypatch):
     assert s3.file_gets() == []
 
 
-def test_disk_full_during_preallocation(s3, published, tmp_path, monkeypatch):
+def test_disk_full_while_writing(s3, published, tmp_path, monkeypatch):
+    # The free-space check passed (another writer filled the volume meanwhile): ENOSPC from pwrite.
     manifest, _ = published
+    real_pwrite = fetch_mod.os.pwrite
 
-    def enospc(fd, off, size):
-        raise OSError(28, "No space left on device")
+    def enospc(fd, data, off):
+        if off > 0:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, off)
 
-    monkeypatch.setattr(fetch_mod.os, "posix_fallocate", enospc)
-    with pytest.raises(DiskFull, match="disk full writing"):
+    monkeypatch.setattr(fetch_mod.os, "pwrite", enospc)
+    with pytest.raises(DiskFull, match="disk full writing") as e:
         Fetcher(_opts(tmp_path / "d", manifest.key), client=s3).run()
+    assert e.value.details["freeBytes"] > 0 and e.value.details["neededBytes"] > 0
+    assert not (tmp_path / "d" / MARKER_NAME).exists()
 
 
 def test_offline_start_uses_the_verified_copy(s3, published, tmp_path):
