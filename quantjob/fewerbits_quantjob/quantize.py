@@ -1,0 +1,99 @@
+"""Run llm-compressor's ``oneshot`` on the base model and save a compressed-tensors checkpoint."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fewerbits_api.formats import QuantFormat
+
+from . import recipes
+from .report import Progress
+
+# Files save_pretrained writes itself, or that describe the base weights and must not be carried over.
+_NOT_CARRIED = {"config.json", "model.safetensors.index.json", "generation_config.json"}
+_CARRIED_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".py")
+
+
+def accelerator_available() -> bool:
+    import torch
+
+    return bool(torch.accelerator.is_available())
+
+
+@contextmanager
+def cpu_awq_pin_memory_guard(fmt: QuantFormat, progress: Progress | None = None) -> Iterator[bool]:
+    """Let AWQ run on a machine without an accelerator (llm-compressor 0.14.0.1).
+
+    ``AWQModifier._apply_smoothing`` calls ``IntermediatesCache.pin_memory`` for every batch, which
+    calls ``Tensor.pin_memory()`` unconditionally; with no accelerator torch raises ("Found no NVIDIA
+    driver on your system" with the CUDA wheel, "Cannot access accelerator device when none is
+    available" with others). Pinning only speeds host-to-device copies, so with no device there is
+    nothing to speed up and skipping it changes no result.
+
+    Scope, deliberately narrow: only for AWQ, only when ``torch.accelerator.is_available()`` is
+    False, only for the duration of the ``oneshot`` call, restored afterwards. On a GPU node nothing
+    is patched. Upstream fix worth proposing: pin only when an accelerator is available, as
+    ``llmcompressor/datasets/utils.py`` already does for the calibration DataLoader
+    (``pin_memory = torch.accelerator.is_available() and num_workers > 0``).
+    """
+    if fmt is not QuantFormat.W4A16_AWQ or accelerator_available():
+        yield False
+        return
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.__dict__["pin_memory"]
+
+    def pin_memory_without_accelerator(self, batch_index, input_names=None):  # noqa: ARG001 — same signature
+        return None
+
+    IntermediatesCache.pin_memory = pin_memory_without_accelerator
+    if progress:
+        progress.note("no accelerator: AWQ runs with IntermediatesCache.pin_memory disabled (llm-compressor 0.14 pins "
+                      "unconditionally; pinning only speeds host-to-device copies)")
+    try:
+        yield True
+    finally:
+        IntermediatesCache.pin_memory = original
+
+
+def load_for_quantization(source: Path, trust_remote_code: bool):
+    """The base model and its tokenizer, as llm-compressor wants them: dtype from the checkpoint, on
+    the CPU (oneshot's pipelines move one layer at a time to the accelerator)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype="auto", trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    return model, tokenizer
+
+
+def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.ModifierSpec], texts: list[str] | None,
+                max_seq_length: int, progress: Progress | None = None):
+    """Quantize ``model`` in place. ``texts``: calibration samples, or None for data-free formats."""
+    from llmcompressor import oneshot
+
+    kwargs: dict[str, object] = {}
+    if texts is not None:
+        from datasets import Dataset
+
+        kwargs.update(dataset=Dataset.from_dict({"text": list(texts)}), num_calibration_samples=len(texts),
+                      max_seq_length=max_seq_length,
+                      # The key promises the same bytes for the same inputs: no random sample order.
+                      shuffle_calibration_samples=False)
+    modifiers = recipes.instantiate(specs)
+    with cpu_awq_pin_memory_guard(fmt, progress):
+        return oneshot(model=model, processor=tokenizer, recipe=modifiers, **kwargs)
+
+
+def save_checkpoint(model, tokenizer, source: Path, out: Path) -> None:
+    """Save compressed-tensors weights, config (with quantization_config) and tokenizer, and carry
+    over the base model's other small files (chat template, tokenizer extras)."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, save_compressed=True)
+    tokenizer.save_pretrained(out)
+    for p in sorted(source.iterdir()):
+        if (p.is_file() and p.suffix in _CARRIED_SUFFIXES and p.name not in _NOT_CARRIED
+                and not p.name.startswith(".") and not (out / p.name).exists()):
+            shutil.copy2(p, out / p.name)

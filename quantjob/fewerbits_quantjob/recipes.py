@@ -1,0 +1,137 @@
+"""Format -> llm-compressor recipe: the only place that knows llm-compressor's modifiers.
+
+DESIGN.md "Planner facts", format -> recipe:
+
+| format      | modifiers                                               | calibration data |
+|-------------|---------------------------------------------------------|------------------|
+| fp8-dynamic | QuantizationModifier(scheme=FP8_DYNAMIC)                | no               |
+| fp8-block   | QuantizationModifier(scheme=FP8_BLOCK)                  | no               |
+| w4a16-awq   | AWQModifier, then QuantizationModifier(scheme=W4A16_ASYM) | yes            |
+| w4a16-gptq  | GPTQModifier(scheme=W4A16)                              | yes              |
+| w8a8-int8   | SmoothQuantModifier, then GPTQModifier(scheme=W8A8)     | yes              |
+| w4afp8      | QuantizationModifier(scheme=W4AFP8)                     | no               |
+| nvfp4       | QuantizationModifier(scheme=NVFP4)                      | yes              |
+| nvfp4a16    | QuantizationModifier(scheme=NVFP4A16)                   | no               |
+| none        | (no recipe: the base weights are published)             | no               |
+
+``ignore`` goes to every modifier that takes one. llm-compressor 0.14's AWQModifier takes none: it
+is a transform that only smooths mappings whose layers carry a quantization scheme, which the
+QuantizationModifier after it assigns, so its ``ignore`` governs AWQ too.
+
+Recipe parameters (``keyInputs.recipe``, part of the artifact key) are a small, validated set so
+that a typo is an error, not a silently different artifact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+
+from . import errors
+from .errors import JobError
+
+TARGETS = ["Linear"]
+
+
+@dataclass(frozen=True)
+class ModifierSpec:
+    """One modifier as data: its llm-compressor class name and keyword arguments."""
+
+    kind: str
+    """``QuantizationModifier``, ``GPTQModifier``, ``AWQModifier`` or ``SmoothQuantModifier``."""
+    kwargs: dict[str, Any]
+
+
+# Recipe parameters each format accepts: name -> (modifier kind, modifier argument, validator).
+def _fraction(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) <= 1:
+        raise ValueError("a number in (0, 1]")
+    return float(v)
+
+
+def _positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError("a positive integer")
+    return v
+
+
+def _duo(v: Any) -> bool | str:
+    if v not in (True, False, "both"):
+        raise ValueError('true, false or "both"')
+    return v
+
+
+def _actorder(v: Any) -> str | None:
+    if v not in ("static", "group", "weight", None):
+        raise ValueError('"static", "group", "weight" or null')
+    return v
+
+
+_GPTQ_PARAMS = {"dampeningFrac": ("GPTQModifier", "dampening_frac", _fraction),
+                "blockSize": ("GPTQModifier", "block_size", _positive_int),
+                "actorder": ("GPTQModifier", "actorder", _actorder)}
+RECIPE_PARAMS: dict[QuantFormat, dict[str, tuple[str, str, Any]]] = {
+    QuantFormat.W4A16_GPTQ: _GPTQ_PARAMS,
+    QuantFormat.W8A8_INT8: {**_GPTQ_PARAMS, "smoothingStrength": ("SmoothQuantModifier", "smoothing_strength", _fraction)},
+    QuantFormat.W4A16_AWQ: {"duoScaling": ("AWQModifier", "duo_scaling", _duo),
+                            "nGrid": ("AWQModifier", "n_grid", _positive_int)},
+}
+
+
+def build_recipe_spec(fmt: QuantFormat, ignore: list[str], params: dict[str, Any] | None = None) -> list[ModifierSpec]:
+    """The modifiers for ``fmt`` as data (pure: no llm-compressor import, unit-testable)."""
+    params = dict(params or {})
+    if fmt in (QuantFormat.AUTO,):
+        raise JobError(errors.RECIPE_INVALID, "format 'auto' is resolved by the operator, never by the Job", permanent=True)
+    if fmt is QuantFormat.NONE:
+        if params:
+            raise JobError(errors.RECIPE_INVALID, f"format 'none' takes no recipe parameters (got {sorted(params)})",
+                           permanent=True)
+        return []
+    scheme = FORMAT_FACTS[fmt].llmcompressor_scheme
+    ignore = list(ignore)
+    quant = {"targets": list(TARGETS), "scheme": scheme, "ignore": ignore}
+    if fmt is QuantFormat.W4A16_AWQ:
+        specs = [ModifierSpec("AWQModifier", {}), ModifierSpec("QuantizationModifier", quant)]
+    elif fmt is QuantFormat.W4A16_GPTQ:
+        specs = [ModifierSpec("GPTQModifier", quant)]
+    elif fmt is QuantFormat.W8A8_INT8:
+        specs = [ModifierSpec("SmoothQuantModifier", {"smoothing_strength": 0.8, "ignore": ignore}),
+                 ModifierSpec("GPTQModifier", quant)]
+    else:  # fp8-dynamic, fp8-block, w4afp8, nvfp4, nvfp4a16: one QuantizationModifier
+        specs = [ModifierSpec("QuantizationModifier", quant)]
+
+    allowed = RECIPE_PARAMS.get(fmt, {})
+    for name, value in sorted(params.items()):
+        if name not in allowed:
+            choices = ", ".join(sorted(allowed)) or "none"
+            raise JobError(errors.RECIPE_INVALID,
+                           f"recipe parameter {name!r} is not accepted for format {fmt.value} (accepted: {choices})",
+                           permanent=True)
+        kind, arg, check = allowed[name]
+        try:
+            checked = check(value)
+        except ValueError as e:
+            raise JobError(errors.RECIPE_INVALID, f"recipe parameter {name!r}: expected {e}, got {value!r}",
+                           permanent=True) from e
+        for spec in specs:
+            if spec.kind == kind:
+                spec.kwargs[arg] = checked
+    return specs
+
+
+def instantiate(specs: list[ModifierSpec]) -> list[Any]:
+    """The llm-compressor modifier objects for ``specs`` (imports llm-compressor)."""
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+
+    classes = {"QuantizationModifier": QuantizationModifier, "GPTQModifier": GPTQModifier,
+               "AWQModifier": AWQModifier, "SmoothQuantModifier": SmoothQuantModifier}
+    return [classes[s.kind](**s.kwargs) for s in specs]
+
+
+def needs_calibration_data(fmt: QuantFormat) -> bool:
+    return FORMAT_FACTS[fmt].needs_calibration_data
