@@ -8,6 +8,7 @@
 """
 
 from .algorithm import Decision, History, Observation, Tuning, bounds, decide
+from .loop import AUTOSCALER_FIELDS, Autoscaler, AutoscalerIO, merge_serving
 from .metrics import (
     DirectScrapeSource,
     MetricsSource,
@@ -20,6 +21,7 @@ from .metrics import (
 )
 
 __all__ = [
+    "AUTOSCALER_FIELDS", "Autoscaler", "AutoscalerIO", "merge_serving",
     "Decision", "History", "Observation", "Tuning", "bounds", "decide",
     "DirectScrapeSource", "MetricsSource", "PodSample", "PodTarget", "PrometheusSource", "ScrapeFailure",
     "parse_vllm_metrics", "scrape_pod",
