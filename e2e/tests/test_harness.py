@@ -331,3 +331,24 @@ def test_helm_installs_a_chart_that_checks_kube_version(cluster, namespace, tmp_
     cluster.helm("install", "probe", str(chart), "--namespace", namespace, "--wait", "--timeout", "60s")
     cm = client.CoreV1Api(cluster.api_client()).read_namespaced_config_map("probe", namespace)
     assert cm.data["kube"].startswith("v1.36.")
+
+
+def test_quantjob_image_runs_the_real_quantjob_module(cluster, gpu_pool, namespace):
+    """The image map sends fewerbits-quantjob pods to `python -m fewerbits_quantjob`; with no contract
+    it must fail and say why in its termination message (the Job's summary)."""
+    gpu_pool("h100-qj", "h100")
+    batch = client.BatchV1Api(cluster.api_client())
+    api = client.CoreV1Api(cluster.api_client())
+    batch.create_namespaced_job(namespace, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "qj"},
+        "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [{
+            "name": "quantize", "image": "ghcr.io/fewerbits/fewerbits-quantjob:0.1.0",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    wait_for("quantjob pod finished", lambda: [p for p in pods(api, namespace, "job-name=qj")
+                                               if p.status.phase in ("Succeeded", "Failed")], timeout=120)
+    [pod] = pods(api, namespace, "job-name=qj")
+    term = pod.status.container_statuses[0].state.terminated
+    assert pod.status.phase == "Failed" and term.exit_code != 0
+    summary = json.loads(term.message)
+    assert summary["result"] == "failed" and "contract" in summary["message"]
+    assert "fewerbits-quantjob" in cluster.pod_logs(namespace, pod.metadata.name, "quantize")
