@@ -35,8 +35,10 @@ E2E_DIR = Path(__file__).resolve().parent
 SERVICE_CIDR = "10.96.0.0/16"
 # Pod IPs are loopback addresses so a local process can bind them (Linux routes all of 127/8 to lo).
 # kwok allocates from KWOK_POD_CIDR for pods it simulates; the pod runner from RUNNER_POD_CIDR.
-KWOK_POD_CIDR = "127.100.0.0/16"
-RUNNER_POD_CIDR = "127.101.0.0/16"
+# Both can be moved (env) to a range made local with `ip route add local <cidr> dev lo` (root), which
+# EndpointSlices accept; loopback pod IPs are refused there (see README, "Known limits").
+KWOK_POD_CIDR = os.environ.get("FEWERBITS_E2E_KWOK_CIDR", "127.100.0.0/16")
+RUNNER_POD_CIDR = os.environ.get("FEWERBITS_E2E_POD_CIDR", "127.101.0.0/16")
 S3_ACCESS_KEY = "fewerbits"
 S3_SECRET_KEY = "fewerbits-e2e-secret"
 
