@@ -24,9 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import gpu, pki, procs, versions, workloads
