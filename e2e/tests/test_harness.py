@@ -352,3 +352,39 @@ def test_quantjob_image_runs_the_real_quantjob_module(cluster, gpu_pool, namespa
     summary = json.loads(term.message)
     assert summary["result"] == "failed" and "contract" in summary["message"]
     assert "fewerbits-quantjob" in cluster.pod_logs(namespace, pod.metadata.name, "quantize")
+
+
+def test_missing_secret_holds_the_container_until_it_exists(cluster, gpu_pool, namespace):
+    gpu_pool("l4-cfg", "l4")
+    api = client.CoreV1Api(cluster.api_client())
+    script = "import os; open(os.environ['FEWERBITS_TERMINATION_LOG'], 'w').write(os.environ['KEY'])"
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "waits"}, "spec": {
+        "restartPolicy": "Never", "containers": [{
+            "name": "main", "image": PY, "command": ["python", "-c", script],
+            "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "later", "key": "k"}}}]}]}})
+
+    def waiting_reason():
+        st = api.read_namespaced_pod("waits", namespace).status.container_statuses or []
+        return st and st[0].state.waiting and st[0].state.waiting.reason
+
+    assert wait_for("CreateContainerConfigError", lambda: waiting_reason() == "CreateContainerConfigError")
+    api.create_namespaced_secret(namespace, {"metadata": {"name": "later"}, "stringData": {"k": "v1"}})
+    done = wait_for("pod Succeeded", lambda: (p := api.read_namespaced_pod("waits", namespace)).status.phase
+                    == "Succeeded" and p)
+    assert done.status.container_statuses[0].state.terminated.message == "v1"
+
+
+def test_on_failure_restarts_the_container_in_place(cluster, gpu_pool, namespace):
+    gpu_pool("t4-restart", "t4")
+    api = client.CoreV1Api(cluster.api_client())
+    # Fails on the first run, succeeds on the second: the emptyDir outlives container restarts.
+    script = ("import os, sys; f = '/scratch/ran'\n"
+              "if not os.path.exists(f):\n    open(f, 'w').close(); sys.exit(1)\n")
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "flaky"}, "spec": {
+        "restartPolicy": "OnFailure", "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "containers": [{"name": "main", "image": PY, "command": ["python", "-c", script],
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}]}})
+    done = wait_for("pod Succeeded after a restart", lambda: (p := api.read_namespaced_pod("flaky", namespace))
+                    .status.phase == "Succeeded" and p, timeout=30)
+    st = done.status.container_statuses[0]
+    assert st.restart_count == 1 and st.last_state.terminated.exit_code == 1
