@@ -23,6 +23,7 @@ from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
 log = logging.getLogger("fewerbits.kube")
 COMPONENT = "fewerbits-operator"
+CONFLICT_RETRIES = 3
 
 
 def load_config() -> client.ApiClient:
@@ -73,15 +74,39 @@ class Kube:
             items += self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, QM_PLURAL).get("items", [])
         return items
 
-    def patch_model_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> None:
-        """JSON merge patch of the status subresource (lists are replaced whole)."""
+    def patch_model_status(self, namespace: str, name: str, status_patch: dict[str, Any],
+                           resource_version: str | None = None) -> bool:
+        """JSON merge patch of the status subresource (lists are replaced whole). With a
+        resourceVersion the write is conditional: it returns False on a conflict (someone wrote in
+        between, e.g. the autoscaler), and the caller recomputes from a fresh read."""
+        body: dict[str, Any] = {"status": status_patch}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, QM_PLURAL, name, {"status": status_patch})
+            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, QM_PLURAL, name, body)
             self._wrote()
         except ApiException as e:
+            if e.status == 409:
+                return False
             if not _missing(e):
                 raise
+        return True
+
+    def patch_serving_status(self, namespace: str, name: str, updates: dict[str, dict[str, Any]]) -> None:
+        """The autoscaler's status write: only its fields of ``status.serving`` entries, merged
+        into a fresh read and written conditionally on its resourceVersion (re-read on conflict)."""
+        from .autoscaler.loop import merge_serving
+
+        for attempt in range(CONFLICT_RETRIES):
+            obj = self.get_model(namespace, name)
+            if obj is None:
+                return
+            serving = merge_serving((obj.get("status") or {}).get("serving") or [], updates)
+            if serving is None:
+                return
+            if self.patch_model_status(namespace, name, {"serving": serving}, obj["metadata"]["resourceVersion"]):
+                return
+        raise ApiException(status=409, reason=f"status of {namespace}/{name} kept changing; retry next pass")
 
     def list_policies(self) -> list[dict[str, Any]]:
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL).get("items", [])
@@ -146,7 +171,10 @@ class Kube:
         self._wrote()
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        pods = self.core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}")
+        return self.list_pods(namespace, f"job-name={job_name}")
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
     # ------------------------------------------------------------ Deployments and Services
@@ -158,6 +186,22 @@ class Kube:
     def replace_deployment(self, body: dict[str, Any]) -> None:
         md = body["metadata"]
         self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
+        self._wrote()
+
+    def read_scale(self, namespace: str, name: str) -> int | None:
+        """A Deployment's replicas from its scale subresource; None when it is gone."""
+        try:
+            scale = self.apps.read_namespaced_deployment_scale(name, namespace)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+        return int((scale.spec.replicas if scale.spec else 0) or 0)
+
+    def patch_scale(self, namespace: str, name: str, replicas: int) -> None:
+        """The autoscaler's only Deployment write: the scale subresource, never the spec."""
+        self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": int(replicas)}},
+                                                    _content_type="application/merge-patch+json")
         self._wrote()
 
     def delete_deployment(self, namespace: str, name: str) -> None:

@@ -110,6 +110,10 @@ class StatusBuilder:
             self.set(t, False, reason, message)
 
 
+class StatusConflict(RuntimeError):
+    """The object changed between our read and our status write."""
+
+
 class Reconciler:
     """Holds the collaborators; ``reconcile(namespace, name)`` is safe to call from any thread."""
 
@@ -128,11 +132,17 @@ class Reconciler:
         started = time.monotonic()
         with self._lock(namespace, name):
             try:
-                body = self.kube.get_model(namespace, name)
-                if body is None or body["metadata"].get("deletionTimestamp"):
-                    metrics.forget_model(namespace, name)
-                    return
-                self._reconcile(body)
+                for attempt in range(3):
+                    body = self.kube.get_model(namespace, name)
+                    if body is None or body["metadata"].get("deletionTimestamp"):
+                        metrics.forget_model(namespace, name)
+                        return
+                    try:
+                        self._reconcile(body)
+                        break
+                    except StatusConflict:
+                        if attempt == 2:
+                            raise
             except Exception:
                 metrics.RECONCILE_ERRORS.inc()
                 metrics.RECONCILES.labels(result="error").inc()
@@ -540,7 +550,9 @@ class Reconciler:
         for k in old_raw:
             if k not in new_raw:
                 patch[k] = None  # merge patch: null removes the field
-        self.kube.patch_model_status(md["namespace"], md["name"], patch)
+        if not self.kube.patch_model_status(md["namespace"], md["name"], patch, md.get("resourceVersion")):
+            # Written meanwhile (the autoscaler's fields, a spec change): recompute from a fresh read.
+            raise StatusConflict(f"{md['namespace']}/{md['name']} changed while reconciling; retrying")
         for type_, reason, message in events:
             self.kube.post_event(body, type_, reason, message)
         log.info("%s/%s: %s", md["namespace"], md["name"], ", ".join(

@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
+from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from .kube import Kube
 from .reconcile import Reconciler
 from .settings import OperatorSettings, get_settings
@@ -36,12 +37,21 @@ class Operator:
         kopf_settings.posting.enabled = False
         kopf_settings.watching.server_timeout = 300
         kopf_settings.execution.max_workers = 8
-        self.reconciler = Reconciler(Kube(), ObjectStore(timeout=s.storage_timeout_seconds), s)
+        kube = Kube()
+        self.reconciler = Reconciler(kube, ObjectStore(timeout=s.storage_timeout_seconds), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
         self._stop.clear()
         self._thread = threading.Thread(target=self._resync_loop, name="fewerbits-resync", daemon=True)
         self._thread.start()
+        if s.autoscaler_enabled:
+            source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
+                      if s.autoscaler_metrics_source == "prometheus"
+                      else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
+            scaler = Autoscaler(kube, source, namespaces=s.namespaces,
+                                status_interval_seconds=s.autoscaler_status_interval_seconds)
+            threading.Thread(target=scaler.run_forever, args=(self._stop, s.autoscaler_period_seconds),
+                             name="fewerbits-autoscaler", daemon=True).start()
         log.info("fewerbits operator started (namespaces: %s, resync every %ss)",
                  ", ".join(s.namespaces) or "all", s.resync_seconds)
 

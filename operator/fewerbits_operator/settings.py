@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from . import __version__
@@ -49,10 +50,29 @@ class OperatorSettings(BaseSettings):
     """Port of the Prometheus metrics endpoint (0: off)."""
     health_port: int = 8081
     """Port of the liveness endpoint (/healthz)."""
+    autoscaler_enabled: bool = True
+    """Run the autoscaler loop (models opt in with `spec.autoscaling.enabled`)."""
+    autoscaler_period_seconds: float = 15.0
+    """How often each variant's load is read and its replicas decided."""
+    autoscaler_metrics_source: Literal["pods", "prometheus"] = "pods"
+    """`pods`: scrape each ready vLLM pod's /metrics directly; `prometheus`: query a Prometheus."""
+    autoscaler_prometheus_url: str | None = None
+    """Prometheus HTTP API base URL, for `autoscaler_metrics_source: prometheus`."""
+    autoscaler_scrape_timeout_seconds: float = 2.0
+    """Timeout of one pod scrape or Prometheus query."""
+    autoscaler_status_interval_seconds: float = 60.0
+    """Least time between status writes that only refresh load figures (decisions are written at once)."""
     model_config_timeout_seconds: float = 20.0
     """Timeout for reading a model's config.json from its source."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage."""
+
+    @model_validator(mode="after")
+    def _prometheus_needs_url(self) -> "OperatorSettings":
+        if self.autoscaler_metrics_source == "prometheus" and not self.autoscaler_prometheus_url:
+            raise ValueError("FEWERBITS_AUTOSCALER_PROMETHEUS_URL is required when "
+                             "FEWERBITS_AUTOSCALER_METRICS_SOURCE=prometheus")
+        return self
 
 
 @lru_cache(maxsize=1)

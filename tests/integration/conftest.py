@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,14 @@ TEST_MODEL_PREFIX = "fewerbits-test/tiny-llama"
 @pytest.fixture(scope="session")
 def crds_installed(cluster):
     cluster.kubectl("apply", "-f", str(REPO / "crds" / "bases"))
+    ext = client.ApiextensionsV1Api(cluster.api_client())
+    deadline = time.monotonic() + 60
     for crd in ("quantizedmodels.fewerbits.io", "quantizationpolicies.fewerbits.io"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{crd}", "--timeout=60s")
+        # `kubectl wait` errors while the CRD has no conditions yet; poll the API instead.
+        while not any(c.type == "Established" and c.status == "True"
+                      for c in ext.read_custom_resource_definition(crd).status.conditions or []):
+            assert time.monotonic() < deadline, f"CRD {crd} not established after 60s"
+            time.sleep(0.2)
     return True
 
 

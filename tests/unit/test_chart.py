@@ -43,7 +43,9 @@ MODES: dict[str, list[str]] = {
                    "metrics.serviceMonitor.enabled=true", "dashboards.enabled=true", f"image.digest={DIGEST}",
                    "config.defaultStorage.uri=s3://ml-artifacts/quantized",
                    "config.defaultStorage.endpoint=https://minio.example:9000",
-                   "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store"],
+                   "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store",
+                   "config.autoscaler.metricsSource=prometheus",
+                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090"],
 }
 
 
@@ -315,6 +317,7 @@ def test_env_names_are_the_operator_settings(helm: list[str], monkeypatch: pytes
     assert s.default_storage_uri == "s3://ml-artifacts/quantized"
     assert s.default_storage_credentials_secret == "artifact-store"
     assert (s.resync_seconds, s.job_ttl_seconds, s.metrics_port, s.health_port) == (30, 86400, 8080, 8081)
+    assert (s.autoscaler_metrics_source, s.autoscaler_prometheus_url) == ("prometheus", "http://prometheus.monitoring:9090")
 
 
 def test_defaults_match_the_operator_defaults(helm: list[str]):

@@ -4,7 +4,7 @@
 - ``algorithm``: the decision, a pure function.
 - ``loop``: the ``Autoscaler`` that observes, decides and writes only the Deployment's scale
   subresource, the autoscaler-owned fields of ``status.serving`` and Events.
-- ``kubeio``: the ``AutoscalerIO`` implementation over the official ``kubernetes`` client.
+- I/O goes through ``fewerbits_operator.kube.Kube``, which implements ``AutoscalerIO`` (one module talks to the API server).
 """
 
 from .algorithm import Decision, History, Observation, Tuning, bounds, decide

@@ -6,7 +6,7 @@ GitOps): the Deployment's **scale subresource**, the autoscaler-owned fields of 
 QuantizedModel's ``status.serving`` entries (``desiredReplicas``, ``kvCacheUsage``,
 ``waitingRequests``, ``lastScaleTime``; reconcile keeps them as they are) and an **Event** per
 scaling decision. It never writes a spec. All API I/O goes through the ``AutoscalerIO`` protocol
-(``kubeio.KubernetesAutoscalerIO`` implements it over the official client).
+(``fewerbits_operator.kube.Kube`` implements it).
 
 Recommendation history lives in memory, per variant. Losing it on a restart is safe: a
 scale-down waits the full ``scaleDownDelaySeconds`` again (``algorithm._record``).
