@@ -1,0 +1,347 @@
+"""The quantization Job: one contract in, one artifact (or one failure) out.
+
+    python -m fewerbits_quantjob            # contract from FEWERBITS_JOB_CONTRACT / _FILE
+
+Stages, each logged with a start and an end line (stage, overall percent, elapsed seconds):
+contract -> cache-check -> fetch -> calibration-data -> quantize -> save -> evaluate -> upload ->
+manifest. A valid manifest already at ``<storage>/<key>/`` ends the Job at cache-check, before
+anything is fetched.
+
+Exit codes: 0 published or cache hit (including a failed quality gate: the artifact is published
+with ``quality.passed=false`` and the OPERATOR refuses to roll it out); 1 failed, may succeed on
+retry; 2 failed for a reason a retry cannot fix (bad contract, missing model, bad dataset).
+The termination message (``FEWERBITS_TERMINATION_LOG``, default /dev/termination-log) holds a
+JSON summary under 4 KiB either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from fewerbits_api.artifact import Manifest, QualityReport, artifact_prefix
+from fewerbits_api.formats import QuantFormat
+from fewerbits_api.jobcontract import (
+    CONTRACT_ENV,
+    CONTRACT_FILE_ENV,
+    TERMINATION_LOG_DEFAULT,
+    TERMINATION_LOG_ENV,
+    QuantJobContract,
+)
+
+from . import errors, recipes, storage
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_PERMANENT, JobError
+from .report import Progress, configure_logging, log, one_line, redact, secret_values, termination_message
+
+WORK_DIR_ENV = "FEWERBITS_WORK_DIR"
+"""Scratch space for the downloaded model and the checkpoint (an emptyDir in the pod). Default: a
+fresh temporary directory, removed at the end."""
+
+KEYED_TOOLS = ("llmcompressor", "compressed-tensors", "transformers")
+
+
+# --------------------------------------------------------------------------------------- contract
+def load_contract(env: Mapping[str, str]) -> QuantJobContract:
+    """The contract from ``FEWERBITS_JOB_CONTRACT`` (JSON) or the file ``FEWERBITS_JOB_CONTRACT_FILE``."""
+    raw = env.get(CONTRACT_ENV)
+    if not raw and env.get(CONTRACT_FILE_ENV):
+        try:
+            raw = Path(env[CONTRACT_FILE_ENV]).read_text()
+        except OSError as e:
+            raise JobError(errors.CONTRACT_INVALID, f"{CONTRACT_FILE_ENV}: cannot read {env[CONTRACT_FILE_ENV]} "
+                           f"({e.strerror})", permanent=True) from e
+    if not raw:
+        raise JobError(errors.CONTRACT_INVALID, f"no contract: set {CONTRACT_ENV} or {CONTRACT_FILE_ENV}", permanent=True)
+    return parse_contract(raw)
+
+
+def parse_contract(raw: str | bytes | dict) -> QuantJobContract:
+    try:
+        if isinstance(raw, dict):
+            return QuantJobContract.model_validate(raw)
+        return QuantJobContract.model_validate_json(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "contract"
+        reason = errors.KEY_MISMATCH if "sha256 of keyInputs" in str(first.get("msg")) else errors.CONTRACT_INVALID
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise JobError(reason, f"{where}: {first.get('msg')}{more}", permanent=True) from e
+
+
+def installed_tool_versions() -> dict[str, str]:
+    versions: dict[str, str] = {}
+    for dist in (*KEYED_TOOLS, "torch", "datasets", "huggingface-hub", "boto3", "fewerbits", "accelerate"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    versions["python"] = ".".join(map(str, sys.version_info[:3]))
+    return versions
+
+
+def verify_contract(contract: QuantJobContract, installed: Mapping[str, str]) -> None:
+    """The key must describe what this Job will produce: recomputed key, the contract's own fields,
+    and the tool versions baked into this image."""
+    ki = contract.keyInputs
+    if ki.key() != contract.key:
+        raise JobError(errors.KEY_MISMATCH, "key does not equal the sha256 of keyInputs' canonical JSON", permanent=True)
+    mismatches = []
+    if ki.sourceUri != contract.source.uri:
+        mismatches.append(f"keyInputs.sourceUri={ki.sourceUri!r} but source.uri={contract.source.uri!r}")
+    if ki.sourceRevision != contract.source.revision:
+        mismatches.append(f"keyInputs.sourceRevision={ki.sourceRevision!r} but source.revision={contract.source.revision!r}")
+    if list(ki.ignore) != list(contract.ignore):
+        mismatches.append(f"keyInputs.ignore={ki.ignore} but ignore={contract.ignore}")
+    if recipes.needs_calibration_data(contract.format):
+        cal = contract.calibration
+        for name, key_value, actual in (("calibrationDataset", ki.calibrationDataset, cal.dataset),
+                                        ("calibrationSamples", ki.calibrationSamples, cal.samples),
+                                        ("calibrationMaxSeqLength", ki.calibrationMaxSeqLength, cal.maxSeqLength)):
+            if key_value is not None and key_value != actual:
+                mismatches.append(f"keyInputs.{name}={key_value!r} but calibration says {actual!r}")
+    if mismatches:
+        raise JobError(errors.KEY_MISMATCH, "the key does not describe this Job: " + "; ".join(mismatches), permanent=True)
+    wrong = {t: (ki.tools.get(t), installed.get(t)) for t in KEYED_TOOLS if ki.tools.get(t) != installed.get(t)}
+    if wrong:
+        detail = ", ".join(f"{t} key={k} image={i}" for t, (k, i) in sorted(wrong.items()))
+        raise JobError(errors.TOOL_VERSION_MISMATCH,
+                       f"the key names tool versions this image does not have ({detail}); use the matching quantjob image",
+                       permanent=True)
+
+
+def verify_dataset_hash(expected: str | None, loaded, uri: str) -> None:
+    """``keyInputs.calibrationDatasetHash``, when set, must match what was read: the file's
+    sha256 (built-in, S3), the S3 ETag, or the hash of the samples used."""
+    if not expected:
+        return
+    accepted = {loaded.sha256, *loaded.details.values()}
+    if expected.strip('"') not in accepted:
+        raise JobError(errors.DATASET_CHANGED,
+                       f"{uri}: content differs from calibrationDatasetHash in the key (the data changed since the key "
+                       "was computed)", permanent=True)
+
+
+# -------------------------------------------------------------------------------------------- run
+def run(contract: QuantJobContract | str | dict, env: Mapping[str, str] | None = None) -> int:
+    """Run the Job; write the termination message; return the exit code (never raises)."""
+    env = dict(os.environ) if env is None else dict(env)
+    progress = Progress(secrets=secret_values(env))
+    term_path = env.get(TERMINATION_LOG_ENV) or TERMINATION_LOG_DEFAULT
+    key: str | None = None
+    try:
+        with progress.stage("contract"):
+            if not isinstance(contract, QuantJobContract):
+                contract = parse_contract(contract)
+            key = contract.key
+            installed = installed_tool_versions()
+            verify_contract(contract, installed)
+            specs = recipes.build_recipe_spec(contract.format, contract.ignore, contract.keyInputs.recipe)
+            progress.note(f"key={contract.key} format={contract.format.value} source={redact(contract.source.uri)} "
+                          f"storage={contract.storage.uri}")
+        summary = _run(contract, env, progress, installed, specs)
+        code = EXIT_OK
+    except JobError as e:
+        summary = _failure(progress, e.stage or progress.current, e.reason, e.message, key)
+        code = EXIT_PERMANENT if e.permanent else EXIT_FAILED
+    except MemoryError as e:
+        summary = _failure(progress, progress.current, errors.OUT_OF_MEMORY, f"host memory exhausted: {e}", key)
+        code = EXIT_FAILED
+    except Exception as e:  # noqa: BLE001 — every failure ends as a one-line reason, never a bare traceback
+        reason = errors.OUT_OF_MEMORY if type(e).__name__ == "OutOfMemoryError" else \
+            errors.STAGE_FAILED_REASON.get(progress.current, "Failed")
+        log.exception(redact(f"stage={progress.current} unexpected error", progress.secrets))
+        summary = _failure(progress, progress.current, reason, f"{type(e).__name__}: {e}", key)
+        code = EXIT_FAILED
+    write_termination_message(term_path, summary, progress)
+    log.info(redact(f"result={summary['result']} exit={code} elapsed={progress.elapsed():.1f}s", progress.secrets))
+    return code
+
+
+def _failure(progress: Progress, stage: str, reason: str, message: str, key: str | None) -> dict:
+    message = one_line(redact(message, progress.secrets), 1000)
+    log.error(f"stage={stage} failed reason={reason} message={message}")
+    summary: dict[str, object] = {"result": "failed", "stage": stage, "reason": reason, "message": message}
+    if key:
+        summary["key"] = key
+    return summary
+
+
+def write_termination_message(path: str, summary: Mapping[str, object], progress: Progress) -> None:
+    text = termination_message(summary)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:  # outside a kubelet /dev/termination-log may not exist: say so, don't fail
+        log.warning(f"cannot write the termination message to {path}: {e.strerror}")
+    log.info(redact(f"summary {text}", progress.secrets))
+
+
+def _quality_summary(q: QualityReport | None) -> dict | None:
+    if q is None:
+        return None
+    return {"baselinePerplexity": round(q.baselinePerplexity, 4), "perplexity": round(q.perplexity, 4),
+            "increasePercent": round(q.increasePercent, 3), "maxIncreasePercent": q.maxIncreasePercent,
+            "passed": q.passed}
+
+
+def _success(result: str, manifest: Manifest, storage_uri: str) -> dict:
+    bucket, prefix = artifact_prefix(storage_uri, manifest.key)
+    summary: dict[str, object] = {"result": result, "key": manifest.key, "format": manifest.format.value,
+                                  "uri": f"s3://{bucket}/{prefix}", "sizeBytes": manifest.totalBytes}
+    quality = _quality_summary(manifest.quality)
+    if quality is not None:
+        summary["quality"] = quality
+        if not quality["passed"]:
+            summary["note"] = ("quality gate FAILED: the artifact is published with quality.passed=false and the "
+                               "operator will not roll it out")
+    return summary
+
+
+def _run(contract: QuantJobContract, env: Mapping[str, str], progress: Progress, installed: Mapping[str, str],
+         specs: list[recipes.ModifierSpec]) -> dict:
+    with progress.stage("cache-check") as st:
+        client = storage.storage_client(contract.storage, env)
+        manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
+        st.summary["found"] = why.replace(" ", "-").split(";")[0]
+        if manifest is not None:
+            progress.note(f"cache hit: a valid manifest for key {contract.key} exists; nothing to do")
+            return _success("cache-hit", manifest, contract.storage.uri)
+        progress.note(why)
+        storage.check_bucket(client, contract.storage.uri)
+
+    own_workdir = not env.get(WORK_DIR_ENV)
+    workdir = Path(env.get(WORK_DIR_ENV) or tempfile.mkdtemp(prefix="fewerbits-quantjob-"))
+    try:
+        return _produce_and_publish(contract, env, progress, installed, specs, client, workdir)
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _produce_and_publish(contract, env, progress: Progress, installed, specs, client, workdir: Path) -> dict:
+    from .fetch import fetch_source
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    if contract.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise JobError(errors.NO_GPU, "device 'cuda' requested but no GPU is visible to the Job", stage="quantize")
+
+    with progress.stage("fetch") as st:
+        fetched = fetch_source(contract, env, workdir, st)
+
+    quality: QualityReport | None = None
+    if contract.format is QuantFormat.NONE:
+        out = fetched.path  # the base weights are the artifact
+        progress.note("format none: publishing the base weights unchanged (no quantization, no evaluation)")
+    else:
+        out = workdir / "quantized"
+        out, quality = _quantize_and_evaluate(contract, env, progress, specs, fetched.path, out)
+
+    with progress.stage("upload") as st:
+        uploaded = storage.upload_directory(client, out, contract.storage.uri, contract.key, st, env)
+
+    with progress.stage("manifest"):
+        tools = dict(installed)
+        tools.update(_runtime_facts())
+        manifest = Manifest(
+            key=contract.key, keyInputs=contract.keyInputs, format=contract.format,
+            resolvedRevision=fetched.resolved_revision, files=uploaded.files, totalBytes=uploaded.total_bytes,
+            quality=quality, tools=tools, timings=dict(progress.timings),
+            createdAt=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        manifest.timings["upload"] = round(uploaded.seconds, 3)
+        storage.write_manifest(client, contract.storage.uri, manifest)
+    return _success("published", manifest, contract.storage.uri)
+
+
+def _runtime_facts() -> dict[str, str]:
+    import torch
+
+    facts = {"torch.cuda": str(torch.version.cuda or "none")}
+    if torch.cuda.is_available():
+        facts["device"] = torch.cuda.get_device_name(0)
+        facts["deviceCount"] = str(torch.cuda.device_count())
+    else:
+        facts["device"] = "cpu"
+    return facts
+
+
+def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, specs, source: Path, out: Path):
+    from . import evaluate, quantize, textdata
+
+    cal = contract.calibration
+    s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731 — datasets live in the store
+    texts = None
+    if recipes.needs_calibration_data(contract.format):
+        with progress.stage("calibration-data") as st:
+            loaded = textdata.load_texts(cal.dataset, env, s3_factory, limit=cal.samples)
+            verify_dataset_hash(contract.keyInputs.calibrationDatasetHash, loaded, cal.dataset)
+            texts = loaded.texts
+            st.summary.update(samples=len(texts), requested=cal.samples, sha256=loaded.sha256[:16])
+            if len(texts) < cal.samples:
+                progress.note(f"{cal.dataset} has {len(texts)} samples, fewer than the {cal.samples} requested; using all")
+
+    with progress.stage("quantize") as st:
+        model, tokenizer = quantize.load_for_quantization(source, contract.source.trustRemoteCode)
+        st.report(0.1, loaded=type(model).__name__)
+        model = quantize.run_oneshot(model, tokenizer, contract.format, specs, texts, cal.maxSeqLength, progress) or model
+
+    with progress.stage("save") as st:
+        quantize.save_checkpoint(model, tokenizer, source, out)
+        st.summary["files"] = len(storage.list_artifact_files(out))
+        del model
+
+    with progress.stage("evaluate") as st:
+        gate = contract.qualityGate
+        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory)
+        ppl = evaluate.evaluate_pair(source, out, tokenizer, eval_set.texts, cal.maxSeqLength, gate.evalSamples,
+                                     contract.source.trustRemoteCode, on_progress=lambda f: st.report(f))
+        import math
+
+        if not (math.isfinite(ppl.baseline) and math.isfinite(ppl.quantized)):
+            raise JobError(errors.PERPLEXITY_NOT_FINITE,
+                           f"perplexity is not finite (base {ppl.baseline}, quantized {ppl.quantized}): the checkpoint "
+                           "is broken or the evaluation text is unusable")
+        increase = ppl.increase_percent
+        quality = QualityReport(
+            baselinePerplexity=ppl.baseline, perplexity=ppl.quantized, increasePercent=increase,
+            maxIncreasePercent=gate.maxPerplexityIncreasePercent, passed=increase <= gate.maxPerplexityIncreasePercent,
+            evalDataset=gate.evalDataset, evalWindows=ppl.windows, evalTokens=ppl.tokens,
+        )
+        st.summary.update(baseline=f"{ppl.baseline:.4f}", quantized=f"{ppl.quantized:.4f}",
+                          increase=f"{increase:+.3f}%", gate=f"<={gate.maxPerplexityIncreasePercent}%",
+                          passed=str(quality.passed).lower(), windows=ppl.windows, window=ppl.window_length)
+    return out, quality
+
+
+# ------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    env = dict(os.environ)
+    progress = Progress(secrets=secret_values(env))
+    try:
+        contract = load_contract(env)
+    except JobError as e:
+        summary = _failure(progress, "contract", e.reason, e.message, None)
+        write_termination_message(env.get(TERMINATION_LOG_ENV) or TERMINATION_LOG_DEFAULT, summary, progress)
+        return EXIT_PERMANENT
+    if contract.device == "cpu":
+        # Before torch is imported: a GPU node asked to run on the CPU must not touch its GPUs.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return run(contract, env)
+
+
+def contract_json_for_logs(contract: QuantJobContract) -> str:
+    """The contract holds no secret (jobcontract.py); still redact URLs before showing it."""
+    return redact(json.dumps(contract.to_wire(), sort_keys=True))
