@@ -146,6 +146,9 @@ def configure_logging(stream=None) -> None:
     log.propagate = False
 
 
+_PROTECTED = frozenset({"result", "stage", "reason", "key", "format"})
+
+
 def termination_message(summary: Mapping[str, object], limit: int = TERMINATION_MESSAGE_MAX_BYTES) -> str:
     """Compact JSON of ``summary`` that fits in ``limit`` bytes (the kubelet keeps at most 4 KiB).
 
@@ -161,21 +164,20 @@ def termination_message(summary: Mapping[str, object], limit: int = TERMINATION_
     text = encoded(data)
     if len(text.encode()) <= limit:
         return text
-    # Shorten the longest string values, one at a time, until it fits.
+    # Shorten the longest free-text values (never the fields the operator matches on), one at a
+    # time, cutting on a UTF-8 boundary, until it fits.
     for _ in range(64):
-        strings = [(k, v) for k, v in data.items() if isinstance(v, str)]
+        strings = [(k, v) for k, v in data.items() if isinstance(v, str) and k not in _PROTECTED and v]
         if not strings:
             break
         key, value = max(strings, key=lambda kv: len(kv[1].encode()))
         excess = len(text.encode()) - limit
-        keep = max(0, len(value) - excess - 8)
-        data[key] = value[:keep] + "…" if keep < len(value) else value
+        keep_bytes = max(0, len(value.encode()) - excess - 8)
+        data[key] = value.encode()[:keep_bytes].decode("utf-8", errors="ignore") + "…" if keep_bytes else ""
         text = encoded(data)
         if len(text.encode()) <= limit:
             return text
-        if keep == 0:
-            data.pop(key)
-    essential = {k: data[k] for k in ("result", "stage", "reason", "key", "format", "sizeBytes") if k in data}
+    essential = {k: data[k] for k in (*sorted(_PROTECTED), "sizeBytes") if k in data}
     if isinstance(data.get("quality"), dict) and "passed" in data["quality"]:
         essential["quality"] = {"passed": data["quality"]["passed"]}
     essential["truncated"] = True

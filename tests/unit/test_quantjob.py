@@ -1,0 +1,291 @@
+"""Pure tests of the quantization Job: recipes, key verification, the termination message,
+redaction and the dataset loaders. No S3 server, no model (those are in
+tests/integration/test_quantjob.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS, ArtifactKeyInputs
+from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, QuantFormat
+from fewerbits_api.jobcontract import TERMINATION_MESSAGE_MAX_BYTES, QuantJobContract
+from fewerbits_quantjob import errors, job, recipes, report, textdata
+from fewerbits_quantjob.errors import JobError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------------------- recipes
+EXPECTED_KINDS = {
+    QuantFormat.FP8_DYNAMIC: ["QuantizationModifier"],
+    QuantFormat.FP8_BLOCK: ["QuantizationModifier"],
+    QuantFormat.W4A16_AWQ: ["AWQModifier", "QuantizationModifier"],
+    QuantFormat.W4A16_GPTQ: ["GPTQModifier"],
+    QuantFormat.W8A8_INT8: ["SmoothQuantModifier", "GPTQModifier"],
+    QuantFormat.W4AFP8: ["QuantizationModifier"],
+    QuantFormat.NVFP4: ["QuantizationModifier"],
+    QuantFormat.NVFP4A16: ["QuantizationModifier"],
+}
+
+
+@pytest.mark.parametrize("fmt", QUANTIZED_FORMATS, ids=lambda f: f.value)
+def test_recipe_per_format_follows_the_design_table(fmt):
+    specs = recipes.build_recipe_spec(fmt, ["lm_head", "re:.*gate$"])
+    assert [s.kind for s in specs] == EXPECTED_KINDS[fmt]
+    quantizer = specs[-1]
+    assert quantizer.kwargs["scheme"] == FORMAT_FACTS[fmt].llmcompressor_scheme
+    assert quantizer.kwargs["targets"] == ["Linear"]
+    # ignore reaches every modifier that takes one (AWQModifier takes none in 0.14: it follows the
+    # quantizer's schemes, see recipes.py).
+    for spec in specs:
+        if spec.kind != "AWQModifier":
+            assert spec.kwargs["ignore"] == ["lm_head", "re:.*gate$"], spec
+
+
+def test_design_table_schemes():
+    schemes = {f: recipes.build_recipe_spec(f, [])[-1].kwargs["scheme"] for f in QUANTIZED_FORMATS}
+    assert schemes == {QuantFormat.FP8_DYNAMIC: "FP8_DYNAMIC", QuantFormat.FP8_BLOCK: "FP8_BLOCK",
+                       QuantFormat.W4A16_AWQ: "W4A16_ASYM", QuantFormat.W4A16_GPTQ: "W4A16",
+                       QuantFormat.W8A8_INT8: "W8A8", QuantFormat.W4AFP8: "W4AFP8", QuantFormat.NVFP4: "NVFP4",
+                       QuantFormat.NVFP4A16: "NVFP4A16"}
+
+
+def test_none_and_auto():
+    assert recipes.build_recipe_spec(QuantFormat.NONE, ["lm_head"]) == []
+    with pytest.raises(JobError) as e:
+        recipes.build_recipe_spec(QuantFormat.AUTO, [])
+    assert e.value.reason == errors.RECIPE_INVALID and e.value.permanent
+
+
+def test_recipe_parameters_are_validated_and_routed():
+    specs = recipes.build_recipe_spec(QuantFormat.W8A8_INT8, ["lm_head"], {"smoothingStrength": 0.5, "dampeningFrac": 0.05})
+    assert specs[0].kwargs["smoothing_strength"] == 0.5 and specs[1].kwargs["dampening_frac"] == 0.05
+    awq = recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, [], {"duoScaling": "both", "nGrid": 5})
+    assert awq[0].kwargs == {"duo_scaling": "both", "n_grid": 5}
+    with pytest.raises(JobError, match="not accepted for format fp8-dynamic"):
+        recipes.build_recipe_spec(QuantFormat.FP8_DYNAMIC, [], {"dampeningFrac": 0.1})
+    with pytest.raises(JobError, match="expected a number in"):
+        recipes.build_recipe_spec(QuantFormat.W4A16_GPTQ, [], {"dampeningFrac": 2})
+    with pytest.raises(JobError, match="takes no recipe parameters"):
+        recipes.build_recipe_spec(QuantFormat.NONE, [], {"x": 1})
+
+
+@pytest.mark.quantize
+def test_recipes_instantiate_real_llmcompressor_modifiers():
+    pytest.importorskip("llmcompressor")
+    for fmt in QUANTIZED_FORMATS:
+        mods = recipes.instantiate(recipes.build_recipe_spec(fmt, ["lm_head"]))
+        assert [type(m).__name__ for m in mods] == EXPECTED_KINDS[fmt]
+
+
+@pytest.mark.quantize
+def test_awq_cpu_guard_is_narrow(monkeypatch):
+    pytest.importorskip("llmcompressor")
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    from fewerbits_quantjob import quantize
+
+    original = IntermediatesCache.pin_memory
+    monkeypatch.setattr(quantize, "accelerator_available", lambda: False)
+    with quantize.cpu_awq_pin_memory_guard(QuantFormat.W4A16_GPTQ) as active:
+        assert not active and IntermediatesCache.pin_memory is original  # not AWQ: untouched
+    with quantize.cpu_awq_pin_memory_guard(QuantFormat.W4A16_AWQ) as active:
+        assert active and IntermediatesCache.pin_memory is not original
+    assert IntermediatesCache.pin_memory is original  # restored
+    monkeypatch.setattr(quantize, "accelerator_available", lambda: True)
+    with quantize.cpu_awq_pin_memory_guard(QuantFormat.W4A16_AWQ) as active:
+        assert not active and IntermediatesCache.pin_memory is original  # a GPU node: untouched
+
+
+# ------------------------------------------------------------------------------- key verification
+def _contract(fmt=QuantFormat.W4A16_GPTQ, **ki_overrides) -> QuantJobContract:
+    ki = ArtifactKeyInputs(**{"sourceUri": "hf://org/model", "sourceRevision": "abc", "format": fmt,
+                              "ignore": ["lm_head"], "calibrationDataset": "general-en", "calibrationSamples": 512,
+                              "calibrationMaxSeqLength": 2048, **ki_overrides})
+    return QuantJobContract(key=ki.key(), keyInputs=ki, source={"uri": "hf://org/model", "revision": "abc"},
+                            format=fmt, storage={"uri": "s3://bucket/p"})
+
+
+def test_verify_contract_accepts_a_consistent_contract():
+    job.verify_contract(_contract(), dict(QUANTJOB_TOOL_VERSIONS))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ({"sourceUri": "hf://org/other"}, "sourceUri"),
+    ({"sourceRevision": "def"}, "sourceRevision"),
+    ({"ignore": []}, "ignore"),
+    ({"calibrationSamples": 16}, "calibrationSamples"),
+])
+def test_verify_contract_refuses_a_key_that_describes_another_job(override, needle):
+    with pytest.raises(JobError) as e:
+        job.verify_contract(_contract(**override), dict(QUANTJOB_TOOL_VERSIONS))
+    assert e.value.reason == errors.KEY_MISMATCH and needle in e.value.message and e.value.permanent
+
+
+def test_verify_contract_refuses_other_tool_versions():
+    with pytest.raises(JobError) as e:
+        job.verify_contract(_contract(), {**QUANTJOB_TOOL_VERSIONS, "transformers": "9.9.9"})
+    assert e.value.reason == errors.TOOL_VERSION_MISMATCH and "transformers key=5.17.0 image=9.9.9" in e.value.message
+
+
+def test_a_tampered_key_is_a_key_mismatch():
+    wire = json.loads(_contract().to_json())
+    wire["keyInputs"]["calibrationSamples"] = 1
+    with pytest.raises(JobError) as e:
+        job.parse_contract(json.dumps(wire))
+    assert e.value.reason == errors.KEY_MISMATCH
+
+
+def test_run_reports_a_bad_contract_in_the_termination_message(tmp_path):
+    term = tmp_path / "term"
+    assert job.run('{"kind": "QuantJob"}', {"FEWERBITS_TERMINATION_LOG": str(term)}) == errors.EXIT_PERMANENT
+    summary = json.loads(term.read_text())
+    assert summary["result"] == "failed" and summary["stage"] == "contract" and summary["reason"] == "ContractInvalid"
+
+
+def test_keyed_tool_versions_equal_the_quantjob_pins():
+    pins = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["quantjob"]
+    pinned = dict(p.split("==") for p in pins)
+    for tool, version in QUANTJOB_TOOL_VERSIONS.items():
+        assert pinned[tool] == version
+    assert all("==" in p for p in pins), f"unpinned [quantjob] requirement: {pins}"
+
+
+# --------------------------------------------------------------------------- termination message
+def test_termination_message_fits_and_parses():
+    big = {"result": "failed", "stage": "quantize", "reason": "QuantizationFailed", "message": "é" * 10000, "key": "a" * 64}
+    text = report.termination_message(big)
+    assert len(text.encode()) <= TERMINATION_MESSAGE_MAX_BYTES
+    parsed = json.loads(text)
+    assert parsed["reason"] == "QuantizationFailed" and parsed["key"] == "a" * 64
+    assert parsed["message"].startswith("éé") and parsed["message"].endswith("…")
+
+
+def test_termination_message_small_is_unchanged():
+    s = {"result": "published", "key": "k", "quality": {"passed": True}}
+    assert json.loads(report.termination_message(s)) == s
+
+
+def test_termination_message_falls_back_to_essentials():
+    s = {"result": "published", "key": "k", "quality": {"passed": False, "x": ["y" * 100] * 100}}
+    parsed = json.loads(report.termination_message(s, limit=300))
+    assert parsed == {"result": "published", "key": "k", "quality": {"passed": False}, "truncated": True}
+
+
+# ------------------------------------------------------------------------------------- redaction
+def test_redact_urls_tokens_and_secret_values():
+    secrets = report.secret_values({"AWS_SECRET_ACCESS_KEY": "s3cr3tvalue", "HF_TOKEN": "", "OTHER": "x"})
+    assert secrets == {"AWS_SECRET_ACCESS_KEY": "s3cr3tvalue"}
+    text = ("fetch https://user:pa55@host.example/path s3://AKIA:xyz@bucket/k token hf_abcdefghijklmnopqrstuvwx "
+            "https://b.s3/obj?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA%2F then s3cr3tvalue leaked")
+    out = report.redact(text, secrets)
+    for leak in ("pa55", "user:", "AKIA:xyz", "hf_abcdefghijklmnopqrstuvwx", "deadbeef", "s3cr3tvalue"):
+        assert leak not in out, leak
+    assert "https://***@host.example/path" in out and "X-Amz-Signature=***" in out
+
+
+def test_progress_lines_have_stage_percent_elapsed_and_no_secret():
+    stream = io.StringIO()
+    report.configure_logging(stream)
+    try:
+        progress = report.Progress(secrets={"AWS_SECRET_ACCESS_KEY": "topsecretvalue"})
+        with progress.stage("upload") as st:
+            st.report(0.5, rate="1.0MiB/s")
+            progress.note("uploading with topsecretvalue")
+    finally:
+        logging.getLogger("fewerbits-quantjob").handlers.clear()
+    lines = stream.getvalue().splitlines()
+    assert "stage=upload event=start progress=85% elapsed=" in lines[0]
+    assert "event=progress progress=92% " in lines[1] and "rate=1.0MiB/s" in lines[1]
+    assert "topsecretvalue" not in stream.getvalue()
+    assert "stage=upload event=end progress=99%" in lines[-1] and "took=" in lines[-1]
+    assert "upload" in progress.timings
+
+
+# -------------------------------------------------------------------------------------- datasets
+def test_builtin_datasets_are_english_paragraphs_that_do_not_overlap():
+    cal = textdata.load_texts("general-en", {})
+    held = textdata.load_texts("general-en-heldout", {})
+    assert len(cal.texts) >= 40 and len(held.texts) >= 12
+    assert all(len(t) > 100 for t in cal.texts + held.texts)
+    assert not set(cal.texts) & set(held.texts)
+    assert cal.details["fileSha256"] == textdata.builtin_dataset_sha256("general-en")
+    assert cal.details["fileSha256"] == hashlib.sha256(
+        (REPO / "quantjob/fewerbits_quantjob/data/general-en.txt").read_bytes()).hexdigest()
+    limited = textdata.load_texts("general-en", {}, limit=5)
+    assert limited.texts == cal.texts[:5] and limited.sha256 != cal.sha256
+
+
+def test_unknown_builtin_dataset():
+    with pytest.raises(JobError) as e:
+        textdata.load_texts("general-fr", {})
+    assert e.value.reason == errors.DATASET_NOT_FOUND and "general-en" in e.value.message
+
+
+def test_parse_jsonl():
+    assert textdata.parse_jsonl(b'{"text": "a"}\n\n{"text": "b", "id": 2}\n{"text": "  "}\n', "x") == ["a", "b"]
+    with pytest.raises(JobError, match="line 2: not JSON"):
+        textdata.parse_jsonl(b'{"text": "a"}\nnope\n', "x")
+    with pytest.raises(JobError, match='line 1: expected an object with a "text" string'):
+        textdata.parse_jsonl(b'{"content": "a"}\n', "x")
+    with pytest.raises(JobError, match="no text records"):
+        textdata.parse_jsonl(b"\n", "x")
+
+
+class _FakeS3:
+    """Just enough of a boto3 client for the JSONL loader (the real server is in integration)."""
+
+    def __init__(self, objects):
+        self.objects = objects
+        self.calls = []
+
+    def get_object(self, Bucket, Key):  # noqa: N803 — boto3's names
+        self.calls.append((Bucket, Key))
+        if (Bucket, Key) not in self.objects:
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")
+        return {"Body": io.BytesIO(self.objects[(Bucket, Key)]), "ETag": '"etag-1"'}
+
+
+def test_s3_jsonl_loader():
+    body = b'{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n'
+    fake = _FakeS3({("data", "sets/cal.jsonl"): body})
+    loaded = textdata.load_texts("s3://data/sets/cal.jsonl", {}, lambda: fake, limit=2)
+    assert loaded.texts == ["one", "two"] and fake.calls == [("data", "sets/cal.jsonl")]
+    assert loaded.details == {"etag": "etag-1", "sha256": hashlib.sha256(body).hexdigest()}
+    with pytest.raises(JobError) as e:
+        textdata.load_texts("s3://data/missing.jsonl", {}, lambda: fake)
+    assert e.value.reason == errors.DATASET_NOT_FOUND
+
+
+def test_dataset_hash_verification_accepts_file_hash_or_etag():
+    loaded = textdata.TextSet(["a"], "s3://b/x.jsonl", "samplehash", {"etag": "etag-1", "sha256": "filehash"})
+    for ok in (None, "filehash", "etag-1", '"etag-1"', "samplehash"):
+        job.verify_dataset_hash(ok, loaded, "s3://b/x.jsonl")
+    with pytest.raises(JobError) as e:
+        job.verify_dataset_hash("other", loaded, "s3://b/x.jsonl")
+    assert e.value.reason == errors.DATASET_CHANGED
+
+
+def test_hf_dataset_uri_and_loader(monkeypatch):
+    assert textdata.parse_hf_dataset_uri("hf://datasets/org/name@v1.0") == ("org/name", "v1.0")
+    assert textdata.parse_hf_dataset_uri("hf://datasets/org/name") == ("org/name", None)
+    datasets = pytest.importorskip("datasets")
+    seen = {}
+
+    def fake_load_dataset(repo, revision=None, token=None, streaming=False):
+        seen.update(repo=repo, revision=revision, token=token, streaming=streaming)
+        return {"validation": [{"text": "x"}], "train": [{"text": "first"}, {"text": ""}, {"text": "second"}, {"text": "third"}]}
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    loaded = textdata.load_texts("hf://datasets/org/name@abc", {"HF_TOKEN": "hf_tok"}, limit=2)
+    assert loaded.texts == ["first", "second"] and loaded.details == {"split": "train", "revision": "abc"}
+    assert seen == {"repo": "org/name", "revision": "abc", "token": "hf_tok", "streaming": True}
