@@ -64,7 +64,9 @@ DEFAULT_CONCURRENCY = 16
 DEFAULT_PART_SIZE = 32 * MiB
 MIN_PART_SIZE = 256 * 1024
 CHUNK = 1 * MiB
-HASH_READ = 8 * MiB
+HASH_READ = 1 * MiB
+"""Read-back size for hashing: measured ~1.0 GB/s of CPU at 1 MiB against ~0.7 GB/s at 8 MiB
+(the block stays in the CPU cache between the copy and the hash)."""
 PART_ATTEMPTS = 5
 STATE_VERSION = 1
 
@@ -168,7 +170,8 @@ class _FileJob:
         self.lock = threading.Lock()
         self.hash_lock = threading.Lock()
         self.hasher = hashlib.sha256()
-        self.next_hash = 0
+        self.hashed_off = 0
+        """Bytes hashed so far (in order)."""
         self.finished = False
 
     def part_range(self, i: int) -> tuple[int, int]:
@@ -214,10 +217,12 @@ class _FileJob:
             os.write(self.state_fd, self.header())
 
     def mark_done(self, i: int) -> None:
+        # Record first, then publish: the file is finalized (its fds closed) only once every part
+        # is in `done`, so the state fd is still open here. O_APPEND: one short write per part; a
+        # kill leaves at worst a torn last line.
+        os.write(self.state_fd, f"{i}\n".encode())
         with self.lock:
             self.done.add(i)
-        # O_APPEND: one short write per part; a kill leaves at worst a torn last line.
-        os.write(self.state_fd, f"{i}\n".encode())
 
     def close(self) -> None:
         for fd in (self.fd, self.state_fd):
@@ -621,11 +626,15 @@ class Fetcher:
         start, end = job.part_range(i)
         obj = self._object_key(job.mf)
         where = f"s3://{self.bucket}/{obj}"
+        # A retry continues where the failed attempt stopped: bytes already written (and perhaps
+        # already hashed from memory) are never written a second time, so what was hashed is
+        # exactly what is on disk even if the object changed between attempts.
+        progress = [start]
         for attempt in range(1, PART_ATTEMPTS + 1):
             if self._stop.is_set():
                 return
             try:
-                if not self._get_range(job, obj, start, end):
+                if not self._get_range(job, obj, start, end, progress):
                     return  # stopping: the part is not done
                 break
             except RuntimeFailure:
@@ -663,9 +672,10 @@ class Fetcher:
                     type(e).__name__, attempt + 1, PART_ATTEMPTS)
         time.sleep(min(8.0, 0.5 * 2 ** (attempt - 1)))
 
-    def _get_range(self, job: _FileJob, obj: str, start: int, end: int) -> bool:
-        """Stream one part into place; False when the fetch is stopping (part incomplete)."""
-        resp = self.client.get_object(Bucket=self.bucket, Key=obj, Range=f"bytes={start}-{end}")
+    def _get_range(self, job: _FileJob, obj: str, start: int, end: int, progress: list[int]) -> bool:
+        """Stream the rest of one part (from progress[0]) into place, keeping progress[0] at the
+        first byte not yet written; False when the fetch is stopping (part incomplete)."""
+        resp = self.client.get_object(Bucket=self.bucket, Key=obj, Range=f"bytes={progress[0]}-{end}")
         self.stats.add(fileGets=1)
         total = str(resp.get("ContentRange", "")).rpartition("/")[2]
         if total.isdigit() and int(total) != job.mf.sizeBytes:
@@ -675,8 +685,8 @@ class Fetcher:
                 f"s3://{self.bucket}/{obj} has {total}", file=job.mf.path, expectedBytes=job.mf.sizeBytes,
                 actualBytes=int(total))
         body = resp["Body"]
-        off = start
-        flushed = start
+        off = progress[0]
+        flushed = off
         try:
             while off <= end:
                 if self._stop.is_set():
@@ -691,7 +701,9 @@ class Fetcher:
                     n = os.pwrite(job.fd, view, off)
                     off += n
                     view = view[n:]
+                progress[0] = off
                 self.stats.add(bytesDownloaded=len(chunk))
+                self._hash_inline(job, start, off - len(chunk), chunk)
                 if off - flushed >= WRITEBACK_EVERY or off > end:
                     _start_writeback(job.fd, flushed, off - flushed)
                     flushed = off
@@ -699,39 +711,70 @@ class Fetcher:
             body.close()
         return True
 
+    def _hash_range(self, job: _FileJob, start: int, end: int) -> None:
+        """Hash bytes [start, end) read back from the temporary file (page cache); hash_lock held."""
+        off = start
+        while off < end:
+            b = os.pread(job.fd, min(HASH_READ, end - off), off)
+            if not b:
+                raise IntegrityError(f"{job.part_path} is shorter than expected")
+            job.hasher.update(b)
+            off += len(b)
+        job.hashed_off = end
+
+    def _complete(self, job: _FileJob) -> bool:
+        """Every byte hashed and every part recorded: ready to verify (inline hashing can reach the
+        end before the last part's thread has recorded it)."""
+        if job.finished or job.hashed_off < job.mf.sizeBytes:
+            return False
+        with job.lock:
+            return len(job.done) == job.nparts
+
+    def _next_ready(self, job: _FileJob) -> bool:
+        """Whether the byte at the hash frontier lies in a completed part."""
+        if job.hashed_off >= job.mf.sizeBytes:
+            return False
+        with job.lock:
+            return job.hashed_off // job.part_size in job.done
+
+    def _hash_inline(self, job: _FileJob, part_start: int, chunk_start: int, chunk: bytes) -> None:
+        """Hash a chunk straight from memory while it is still in the CPU cache, when the hash
+        frontier has reached this part (so everything before it is hashed): the frontier part's
+        thread keeps the file's hash current and most bytes are never read back. Best effort:
+        whatever is skipped is read back when the part completes."""
+        if not job.hash_lock.acquire(blocking=False):
+            return
+        try:
+            if job.finished or not part_start <= job.hashed_off <= chunk_start:
+                return
+            if job.hashed_off < chunk_start:  # catch up on this part's earlier chunks (just written)
+                self._hash_range(job, job.hashed_off, chunk_start)
+            job.hasher.update(chunk)
+            job.hashed_off = chunk_start + len(chunk)
+        finally:
+            job.hash_lock.release()
+
     def _advance_hash(self, job: _FileJob) -> None:
-        """Hash the contiguous run of completed parts; the thread that completes the last one
-        verifies, fsyncs and renames. Only one thread hashes a file at a time; a thread that
-        finds it busy leaves, and the holder re-checks after releasing so no part is missed."""
+        """Hash forward through completed parts; the thread that hashes the last byte verifies,
+        fsyncs and renames. Only one thread hashes a file at a time; a thread that finds it busy
+        leaves, and the holder re-checks after releasing so no completed part is missed."""
         while True:
             if not job.hash_lock.acquire(blocking=False):
                 return
             try:
                 if job.finished:
                     return
-                while True:
-                    with job.lock:
-                        ready = job.next_hash < job.nparts and job.next_hash in job.done
-                    if not ready:
-                        break
-                    s, e = job.part_range(job.next_hash)
-                    off = s
-                    while off <= e:
-                        b = os.pread(job.fd, min(HASH_READ, e + 1 - off), off)
-                        if not b:
-                            raise IntegrityError(f"{job.part_path} is shorter than expected")
-                        job.hasher.update(b)
-                        off += len(b)
-                    job.next_hash += 1
-                if job.next_hash == job.nparts:
+                while self._next_ready(job):
+                    _, e = job.part_range(job.hashed_off // job.part_size)
+                    self._hash_range(job, job.hashed_off, e + 1)
+                if self._complete(job):
                     job.finished = True
                     self._finalize(job)
                     return
             finally:
                 job.hash_lock.release()
-            with job.lock:
-                if not (job.next_hash < job.nparts and job.next_hash in job.done):
-                    return
+            if not (self._next_ready(job) or self._complete(job)):
+                return
 
     def _finalize(self, job: _FileJob) -> None:
         actual = job.hasher.hexdigest()
@@ -767,7 +810,7 @@ class Fetcher:
 
     def _restart(self, job: _FileJob) -> None:
         job.hasher = hashlib.sha256()
-        job.next_hash = 0
+        job.hashed_off = 0
         job.finished = False
         job.open(fresh=True)
         if job.nparts == 0:
