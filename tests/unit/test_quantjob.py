@@ -289,3 +289,47 @@ def test_hf_dataset_uri_and_loader(monkeypatch):
     loaded = textdata.load_texts("hf://datasets/org/name@abc", {"HF_TOKEN": "hf_tok"}, limit=2)
     assert loaded.texts == ["first", "second"] and loaded.details == {"split": "train", "revision": "abc"}
     assert seen == {"repo": "org/name", "revision": "abc", "token": "hf_tok", "streaming": True}
+
+
+# ------------------------------------------------------------------------------------------ fetch
+def test_hf_fetch_resolves_the_revision_and_maps_errors(monkeypatch, tmp_path):
+    hub = pytest.importorskip("huggingface_hub")
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from fewerbits_quantjob import fetch
+
+    calls = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls["token"] = token
+
+        def model_info(self, repo, revision=None):
+            calls["info"] = (repo, revision)
+            if repo == "org/missing":
+                import httpx
+
+                request = httpx.Request("GET", "https://hub.invalid/api/models/org/missing")
+                raise RepositoryNotFoundError("404 Repository Not Found",
+                                              response=httpx.Response(404, request=request))
+            return type("Info", (), {"sha": "c0ffee" * 6 + "abcd"})()
+
+    def fake_snapshot(repo, revision=None, token=None, local_dir=None, allow_patterns=None):
+        calls["snapshot"] = (repo, revision, token, allow_patterns)
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        (Path(local_dir) / "config.json").write_text("{}")
+        return local_dir
+
+    monkeypatch.setattr(hub, "HfApi", FakeApi)
+    monkeypatch.setattr(hub, "snapshot_download", fake_snapshot)
+    got = fetch._fetch_hf("org/model", "main", False, {"HF_TOKEN": "hf_secret"}, tmp_path / "src")
+    assert got.resolved_revision == "c0ffee" * 6 + "abcd" and (got.path / "config.json").exists()
+    assert calls["info"] == ("org/model", "main") and calls["token"] == "hf_secret"
+    repo, revision, token, patterns = calls["snapshot"]
+    assert revision == got.resolved_revision, "the snapshot must be of the resolved commit, not the moving branch"
+    assert "*.safetensors" in patterns and "*.py" not in patterns  # no remote code unless trusted
+    fetch._fetch_hf("org/model", None, True, {}, tmp_path / "src2")
+    assert "*.py" in calls["snapshot"][3]  # trustRemoteCode: the model's code comes along
+    with pytest.raises(JobError) as e:
+        fetch._fetch_hf("org/missing", None, False, {}, tmp_path / "src3")
+    assert e.value.reason == errors.SOURCE_NOT_FOUND and e.value.permanent
