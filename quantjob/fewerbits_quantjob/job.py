@@ -300,6 +300,7 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
     with progress.stage("save") as st:
         quantize.save_checkpoint(model, tokenizer, source, out)
         st.summary["files"] = len(storage.list_artifact_files(out))
+        quantize.release(model)
         del model
 
     with progress.stage("evaluate") as st:

@@ -87,6 +87,21 @@ def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.Modifier
         return oneshot(model=model, processor=tokenizer, recipe=modifiers, **kwargs)
 
 
+def release(model) -> None:
+    """Drop every reference llm-compressor keeps to the quantized model, so evaluation can load
+    the base and the saved checkpoint into the memory it occupied (a 70B model is 140 GB)."""
+    import gc
+
+    import torch
+    from llmcompressor.core import reset_session
+
+    reset_session()
+    del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def save_checkpoint(model, tokenizer, source: Path, out: Path) -> None:
     """Save compressed-tensors weights, config (with quantization_config) and tokenizer, and carry
     over the base model's other small files (chat template, tokenizer extras)."""
