@@ -11,7 +11,7 @@ import hashlib
 import json
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .base import ApiModel
 from .formats import QuantFormat
@@ -65,7 +65,13 @@ class ArtifactKeyInputs(ApiModel):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
-class ManifestFile(ApiModel):
+class ManifestModel(ApiModel):
+    """Manifests are read by images older than the writer: unknown fields are ignored, not errors."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}
+
+
+class ManifestFile(ManifestModel):
     """One file of the artifact."""
 
     path: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9._-][A-Za-z0-9._/-]*$")]
@@ -75,8 +81,16 @@ class ManifestFile(ApiModel):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     """SHA-256 of the content, hex."""
 
+    @field_validator("path")
+    @classmethod
+    def _inside_the_artifact(cls, v: str) -> str:
+        parts = v.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"path {v!r} must be relative, without '.', '..' or empty segments")
+        return v
 
-class QualityReport(ApiModel):
+
+class QualityReport(ManifestModel):
     """Perplexity of the base and quantized model on the same held-out windows."""
 
     baselinePerplexity: float
@@ -97,7 +111,7 @@ class QualityReport(ApiModel):
     """Tokens scored."""
 
 
-class Manifest(ApiModel):
+class Manifest(ManifestModel):
     """``<key>/manifest.json``: the artifact exists when, and only when, this is present."""
 
     schemaVersion: int = MANIFEST_SCHEMA_VERSION

@@ -306,6 +306,7 @@ def render_deployment(
                 "command": command,
                 "env": [
                     {"name": "PYTHONPATH", "value": LAUNCHER_DIR},
+                    {"name": "FEWERBITS_NODE_GPU_PRODUCT", "value": variant.gpuProduct},
                     {"name": "HOME", "value": "/tmp"},
                     {"name": "HF_HOME", "value": "/tmp/hf"},
                     {"name": "HF_HUB_OFFLINE", "value": "1"},

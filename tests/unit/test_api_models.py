@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS, ArtifactKeyInputs, Manifest, artifact_prefix
+from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS, ArtifactKeyInputs, Manifest, ManifestFile, artifact_prefix
 from fewerbits_api.conditions import Condition, set_condition
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
@@ -210,3 +210,17 @@ def test_set_condition_keeps_transition_time_when_status_unchanged():
     assert [c.type for c in conds] == ["Accepted", "Ready"]
     with pytest.raises(ValidationError):
         Condition(type="Ready", status="Maybe", reason="X", lastTransitionTime="t")
+
+
+@pytest.mark.parametrize("path", ["../x", "a/../../b", "/etc/passwd", "a//b", "./a"])
+def test_manifest_paths_stay_inside_the_artifact(path):
+    with pytest.raises(ValidationError):
+        ManifestFile(path=path, sizeBytes=1, sha256="0" * 64)
+
+
+def test_manifest_from_a_newer_writer_still_parses():
+    inputs = ArtifactKeyInputs(sourceUri="hf://a/b", format="fp8-dynamic")
+    raw = Manifest(key=inputs.key(), keyInputs=inputs, format="fp8-dynamic", files=[], totalBytes=0,
+                   createdAt="2026-11-21T00:00:00Z").to_wire()
+    raw["signature"] = "future-field"
+    assert Manifest.model_validate(raw).key == inputs.key()

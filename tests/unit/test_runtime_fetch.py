@@ -345,7 +345,9 @@ def test_manifest_for_another_key_is_refused(s3, published, tmp_path):
 
 @pytest.mark.parametrize("bad", ["../escape", "a/../../b", "a//b", ".fewerbits-verified", "./x"])
 def test_unsafe_paths_are_refused(s3, tmp_path, bad):
-    manifest = build_manifest([(bad, 1, "0" * 64)])
+    # A hostile manifest in storage: built around the model's own path check, as an attacker would.
+    manifest = build_manifest([("placeholder", 1, "0" * 64)])
+    manifest.files[0].__dict__["path"] = bad
     bucket, prefix = artifact_prefix(URI, manifest.key)
     s3.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest_json(manifest))
     with pytest.raises(ManifestInvalid):
