@@ -7,12 +7,12 @@ count, sequence length, and the tool versions.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 from fewerbits_api.artifact import ArtifactKeyInputs
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelSpec
+from fewerbits_quantjob.textdata import BUILTIN_DATASETS, builtin_dataset_sha256
 
 # Jobs are named by key, so two models asking for the same bytes share one Job.
 JOB_PREFIX = "fewerbits-quantize-"
@@ -40,9 +40,9 @@ def job_name(key: str) -> str:
 
 
 def builtin_dataset_hash(name: str) -> str:
-    """Built-in datasets ship inside the quantjob image, whose tool versions are already in the
-    key; their identity is their name and the image's package version."""
-    return hashlib.sha256(f"fewerbits-builtin:{name}".encode()).hexdigest()
+    """The sha256 of a built-in dataset's text, as shipped in the quantjob image (the Job checks
+    it: a key always names the bytes it was computed from)."""
+    return builtin_dataset_sha256(name)
 
 
 def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:

@@ -17,6 +17,8 @@ from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec, StorageSpec
 
+from fewerbits_quantjob.textdata import BUILTIN_DATASETS
+
 from .planner import check_vllm_args
 
 DEFAULT_GATE_PERCENT = 3.0
@@ -94,6 +96,12 @@ def effective_spec(
                       "or the operator's FEWERBITS_DEFAULT_STORAGE_URI")
     if spec.source.scheme != "s3" and (spec.source.endpoint or spec.source.region):
         errors.append("spec.source.endpoint: only s3:// sources take an endpoint or region")
+    for field_name, dataset in (("spec.quantization.calibration.dataset", spec.quantization.calibration.dataset),
+                                ("spec.quantization.qualityGate.evalDataset",
+                                 spec.quantization.qualityGate.evalDataset if spec.quantization.qualityGate else None)):
+        if dataset and "://" not in dataset and dataset not in BUILTIN_DATASETS:
+            errors.append(f"{field_name}: {dataset!r} is not a built-in dataset (built-in: "
+                          f"{', '.join(BUILTIN_DATASETS)}); use s3://bucket/path.jsonl or hf://datasets/org/name")
     # vLLM's own argument rules (its parser's flags, types and choices, pinned release).
     errors += [f"spec.serving.extraArgs: {e}" for e in check_vllm_args(spec.serving.extraArgs)]
     return Effective(spec, policy, errors=errors, violations=check_rules(spec, raw_spec or {}, policy))

@@ -147,8 +147,9 @@ def render_job(
     ]
     mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.source.scheme == "pvc":
-        claim, _, sub = spec.source.uri.removeprefix("pvc://").partition("/")
-        source_mount = f"/source/{sub}".rstrip("/")
+        # The claim's root is mounted; the Job reads <sourceMountPath>/<path> (fewerbits_quantjob.fetch).
+        claim = spec.source.uri.removeprefix("pvc://").partition("/")[0]
+        source_mount = "/source"
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
     contract = QuantJobContract(

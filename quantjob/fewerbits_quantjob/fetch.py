@@ -4,8 +4,8 @@
   files at the requested revision, resolved to a commit first so the manifest records exactly what
   was quantized. ``HF_TOKEN`` for gated or private repositories.
 - ``s3://bucket/prefix``: every object under the prefix, in parallel, with the source credentials
-  (``FEWERBITS_SOURCE_AWS_*``; SourceSpec has no endpoint, so the storage endpoint is used unless
-  ``FEWERBITS_SOURCE_S3_ENDPOINT`` is set).
+  (``FEWERBITS_SOURCE_AWS_*``) at ``source.endpoint``/``source.region``, else the storage's
+  (``FEWERBITS_SOURCE_S3_ENDPOINT`` overrides the storage fallback).
 - ``pvc://claim/path``: the operator mounts the claim's root read-only at ``sourceMountPath``; the
   model is ``<sourceMountPath>/<path>``, read in place (no copy).
 """
@@ -76,7 +76,7 @@ def _fetch_s3(contract: QuantJobContract, env: Mapping[str, str], dest: Path, st
     from .storage import classify_client_error, download_prefix, source_client, split_s3_uri
 
     bucket, prefix = split_s3_uri(contract.source.uri)
-    client = source_client(contract.storage, env)
+    client = source_client(contract.source, contract.storage, env)
     dest.mkdir(parents=True, exist_ok=True)
 
     def progress(done: int, total: int) -> None:

@@ -28,7 +28,7 @@ from fewerbits_api.jobcontract import (
     ENV_STORAGE_ACCESS_KEY,
     ENV_STORAGE_SECRET_KEY,
 )
-from fewerbits_api.quantizedmodel import StorageSpec
+from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
 
 from . import errors
 from .errors import JobError
@@ -81,12 +81,13 @@ def storage_client(storage: StorageSpec, env: Mapping[str, str]):
                      env.get(ENV_STORAGE_SECRET_KEY), max_pool=max(32, FILE_CONCURRENCY * PART_CONCURRENCY + 4))
 
 
-def source_client(storage: StorageSpec, env: Mapping[str, str]):
-    """Client for an ``s3://`` source. SourceSpec has no endpoint of its own, so the storage
-    endpoint is used (bases and artifacts in the same store); the source's own credentials when
+def source_client(source: SourceSpec, storage: StorageSpec, env: Mapping[str, str]):
+    """Client for an ``s3://`` source: the source's own endpoint and region when it names them,
+    else the storage's (bases and artifacts in the same store); the source's own credentials when
     its Secret provided them, else the default chain."""
-    endpoint = env.get("FEWERBITS_SOURCE_S3_ENDPOINT") or storage.endpoint
-    return s3_client(endpoint, storage.region, env.get(ENV_SOURCE_ACCESS_KEY), env.get(ENV_SOURCE_SECRET_KEY))
+    endpoint = source.endpoint or env.get("FEWERBITS_SOURCE_S3_ENDPOINT") or storage.endpoint
+    region = source.region or storage.region
+    return s3_client(endpoint, region, env.get(ENV_SOURCE_ACCESS_KEY), env.get(ENV_SOURCE_SECRET_KEY))
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -112,3 +112,8 @@ def test_extra_args_are_checked_against_vllm_rules():
     assert not eff.accepted
     assert "spec.serving.extraArgs: --max-num-seqs 'many': must be an integer" in eff.errors
     assert any(e.startswith("spec.serving.extraArgs: --no-such-flag: not an option of vLLM") for e in eff.errors)
+
+
+def test_unknown_builtin_dataset_is_named():
+    eff = effective_spec(deep_merge(SPEC, {"quantization": {"calibration": {"dataset": "wikitext"}}}), None)
+    assert eff.errors[0].startswith("spec.quantization.calibration.dataset: 'wikitext' is not a built-in dataset")

@@ -333,3 +333,15 @@ def test_hf_fetch_resolves_the_revision_and_maps_errors(monkeypatch, tmp_path):
     with pytest.raises(JobError) as e:
         fetch._fetch_hf("org/missing", None, False, {}, tmp_path / "src3")
     assert e.value.reason == errors.SOURCE_NOT_FOUND and e.value.permanent
+
+
+def test_s3_source_uses_its_own_endpoint_and_region():
+    from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+    from fewerbits_quantjob.storage import source_client
+
+    storage = StorageSpec(uri="s3://artifacts/q", endpoint="http://artifacts.example:9000", region="eu-west-1")
+    own = source_client(SourceSpec(uri="s3://models/m", endpoint="http://models.example:9000", region="us-west-2"),
+                        storage, {})
+    assert own.meta.endpoint_url == "http://models.example:9000" and own.meta.region_name == "us-west-2"
+    fallback = source_client(SourceSpec(uri="s3://models/m"), storage, {})
+    assert fallback.meta.endpoint_url == "http://artifacts.example:9000" and fallback.meta.region_name == "eu-west-1"

@@ -128,3 +128,20 @@ def test_service_golden():
 @pytest.mark.parametrize("weights, minimum", [(1, 180), (140, 460)])
 def test_startup_budget_grows_with_weights(weights, minimum):
     assert startup_budget_seconds(weights) >= minimum
+
+
+def test_builtin_calibration_hash_is_the_shipped_text():
+    from fewerbits_quantjob.textdata import builtin_dataset_sha256
+
+    assert key_inputs(SPEC, "w4a16-gptq").calibrationDatasetHash == builtin_dataset_sha256("general-en")
+
+
+def test_pvc_source_mounts_the_claim_root():
+    spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": "pvc://models/llama/8b",
+                                                                          "credentialsSecret": None})})
+    art = planned_artifacts(spec, type("P", (), {"variants": [VARIANT]})())[0]
+    j = render_job(OWNER, spec, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
+    pod = j["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"]).sourceMountPath == "/source"
+    assert {"name": "source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
