@@ -255,9 +255,9 @@ class Cluster:
         self._spawn("kube-controller-manager", [
             str(versions.binary("kube-controller-manager")),
             f"--kubeconfig={d / 'controller-manager.kubeconfig'}",
-            f"--authentication-kubeconfig={d / 'controller-manager.kubeconfig'}",
-            f"--authorization-kubeconfig={d / 'controller-manager.kubeconfig'}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={procs.free_port()}",
+            # No serving port: nothing scrapes it here, and its delegated authentication would wait
+            # for kube-system/extension-apiserver-authentication before controllers start.
+            "--leader-elect=false", "--secure-port=0",
             f"--root-ca-file={p / 'ca.crt'}", f"--service-account-private-key-file={p / 'sa.key'}",
             f"--cluster-signing-cert-file={p / 'ca.crt'}", f"--cluster-signing-key-file={p / 'ca.key'}",
             "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -266,9 +266,7 @@ class Cluster:
         self._spawn("kube-scheduler", [
             str(versions.binary("kube-scheduler")),
             f"--kubeconfig={d / 'scheduler.kubeconfig'}",
-            f"--authentication-kubeconfig={d / 'scheduler.kubeconfig'}",
-            f"--authorization-kubeconfig={d / 'scheduler.kubeconfig'}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={procs.free_port()}",
+            "--leader-elect=false", "--secure-port=0",
             f"--cert-dir={d / 'scheduler-certs'}", "--v=1",
         ])
 
