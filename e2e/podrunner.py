@@ -431,7 +431,11 @@ class PodRun(threading.Thread):
             for port in sorted(ports):
                 c.forwarders.append(Forwarder(self.ip, port, c.sim_port))
         else:
-            argv = [self._rewrite(a, mounts) for a in workloads.local_argv(c.rule, command, args)]
+            # Mount paths are rewritten in what the container supplies, never in the local
+            # interpreter path the rule adds: a volume mounted at /work or /tmp must not redirect
+            # a checkout that lives there.
+            argv = workloads.local_argv(c.rule, [self._rewrite(a, mounts) for a in command],
+                                        [self._rewrite(a, mounts) for a in args])
             c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
         c.term_file = term
         c.state = {"running": {"startedAt": now()}}

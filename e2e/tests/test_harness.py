@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -135,6 +137,26 @@ def test_job_runs_a_real_process_with_env_from_secret(cluster, gpu_pool, namespa
     assert got["TOKEN"] == "s3cr3t" and got["MODE"] == "fast" and got["ME"] == pod.metadata.name
     assert got["POD_IP"] == pod.status.pod_ip and pod.status.pod_ip.startswith("127.")
     assert "working" in cluster.pod_logs(namespace, pod.metadata.name, "main")
+
+
+def test_volume_over_the_checkouts_own_path_leaves_the_interpreter_alone(cluster, gpu_pool, namespace):
+    """A pod mounting a volume at the top folder of this interpreter's path (/work, /tmp, /root...)
+    still runs: mount paths are rewritten in what the container supplies, not in the local
+    interpreter the runner adds."""
+    gpu_pool("t4-mount", "t4")
+    top = "/" + Path(sys.executable).parts[1]
+    body = job("mounted", ["python", "-c", f"open('{top}/proof.txt', 'w').write('ok'); print(open('{top}/proof.txt').read())"])
+    spec = body["spec"]["template"]["spec"]
+    spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": top}]
+    batch = client.BatchV1Api(cluster.api_client())
+    batch.create_namespaced_job(namespace, body)
+
+    def complete():
+        j = batch.read_namespaced_job("mounted", namespace)
+        return j if any(c.type == "Complete" and c.status == "True" for c in j.status.conditions or []) else None
+
+    wait_for("Job Complete", complete)
 
 
 def test_failing_job_reports_exit_code_and_message(cluster, gpu_pool, namespace):
