@@ -57,7 +57,8 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
         sourceUri=spec.source.uri,
         sourceRevision=spec.source.revision,
         format=fmt,
-        recipe={"scheme": facts.llmcompressor_scheme} if facts.llmcompressor_scheme else {},
+        # The format names the recipe; parameters beyond it (none yet from the spec) would go here.
+        recipe={},
         ignore=list(spec.quantization.ignore) if fmt is not QuantFormat.NONE else [],
         calibrationDataset=dataset,
         calibrationDatasetHash=dataset_hash,

@@ -157,7 +157,7 @@ def render_job(
         keyInputs=artifact.inputs,
         source=spec.source,
         format=artifact.format,
-        ignore=list(spec.quantization.ignore),
+        ignore=list(artifact.inputs.ignore),
         calibration=spec.quantization.calibration,
         qualityGate=gate,
         storage=spec.storage,

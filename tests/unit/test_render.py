@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import CONTRACT_ENV, QuantJobContract
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec
@@ -145,3 +146,19 @@ def test_pvc_source_mounts_the_claim_root():
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"]).sourceMountPath == "/source"
     assert {"name": "source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+
+
+@pytest.mark.parametrize("fmt", [f.value for f in __import__("fewerbits_api.formats", fromlist=["x"]).CONCRETE_FORMATS])
+def test_every_rendered_contract_passes_the_jobs_own_checks(fmt):
+    """The operator's contract for each format is one the quantjob accepts (no cluster, no torch):
+    its recomputed key, fields, tool versions and recipe parameters."""
+    from fewerbits_quantjob import recipes
+    from fewerbits_quantjob.job import installed_tool_versions, verify_contract
+
+    variant = VARIANT.model_copy(update={"format": QuantFormat(fmt)})
+    art = planned_artifacts(SPEC, type("P", (), {"variants": [variant]})())[0]
+    j = render_job(OWNER, SPEC, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
+    env = {e["name"]: e for e in j["spec"]["template"]["spec"]["containers"][0]["env"]}
+    contract = QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"])
+    verify_contract(contract, installed_tool_versions())
+    recipes.build_recipe_spec(contract.format, contract.ignore, contract.keyInputs.recipe)
