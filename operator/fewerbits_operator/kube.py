@@ -9,6 +9,7 @@ never leave this process (not logged, not in status, not in events).
 from __future__ import annotations
 
 import base64
+import fnmatch
 import logging
 import threading
 from datetime import datetime, timezone
@@ -33,6 +34,14 @@ def load_config() -> client.ApiClient:
     except config.ConfigException:
         config.load_kube_config()
     return client.ApiClient()
+
+
+def namespace_watched(namespace: str, patterns: list[str]) -> bool:
+    """kopf's rule: included by any positive pattern (or all when there is none), excluded by any `!pattern`."""
+    positive = [p for p in patterns if not p.startswith("!")]
+    negative = [p[1:] for p in patterns if p.startswith("!")]
+    included = not positive or any(fnmatch.fnmatchcase(namespace, p) for p in positive)
+    return included and not any(fnmatch.fnmatchcase(namespace, p) for p in negative)
 
 
 def _missing(e: ApiException) -> bool:
@@ -67,8 +76,11 @@ class Kube:
             raise
 
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        if not namespaces:
-            return self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL).get("items", [])
+        """Models in the watched namespaces: all when empty; names or glob patterns (as kopf takes
+        them: `team-*`, `!team-test`)."""
+        if not namespaces or any(set(ns) & set("*?[!") for ns in namespaces):
+            items = self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL).get("items", [])
+            return [o for o in items if namespace_watched(o["metadata"]["namespace"], namespaces)]
         items: list[dict[str, Any]] = []
         for ns in namespaces:
             items += self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, QM_PLURAL).get("items", [])

@@ -74,14 +74,15 @@ def s3_secret(cluster, namespace) -> str:
 
 
 @pytest.fixture
-def model_spec(cluster, test_model_uri, s3_secret):
-    """A spec factory: the test model from S3, artifacts to S3, both with the test Secret."""
+def model_spec(cluster, test_model_uri, s3_secret, namespace):
+    """A spec factory: the test model from S3, artifacts to S3 under a prefix of this test's own (so
+    one test's artifacts are never another's cache hits), both with the test Secret."""
     def make(**overrides) -> dict:
         spec = {
             "source": {"uri": test_model_uri, "endpoint": cluster.s3.endpoint, "credentialsSecret": s3_secret},
             "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
                              "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
-            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/quantized", "endpoint": cluster.s3.endpoint,
+            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/{namespace}", "endpoint": cluster.s3.endpoint,
                         "credentialsSecret": s3_secret},
             "serving": {"maxModelLen": 256},
             "autoscaling": {"enabled": False},

@@ -43,6 +43,9 @@ class OperatorProcess:
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("FEWERBITS_")},
             "KUBECONFIG": str(self.kubeconfig),
+            # Only the test namespaces (the `namespace` fixture's t-*): a chart-installed operator
+            # may be tested beside this one in its own namespaces.
+            "FEWERBITS_NAMESPACES": '["t-*"]',
             "FEWERBITS_RESYNC_SECONDS": "3",
             "FEWERBITS_METRICS_PORT": str(self.metrics_port),
             "FEWERBITS_HEALTH_PORT": str(free_port()),

@@ -117,3 +117,12 @@ def test_extra_args_are_checked_against_vllm_rules():
 def test_unknown_builtin_dataset_is_named():
     eff = effective_spec(deep_merge(SPEC, {"quantization": {"calibration": {"dataset": "wikitext"}}}), None)
     assert eff.errors[0].startswith("spec.quantization.calibration.dataset: 'wikitext' is not a built-in dataset")
+
+
+def test_namespace_patterns_follow_kopf():
+    from fewerbits_operator.kube import namespace_watched
+
+    assert namespace_watched("t-abc", ["t-*"]) and not namespace_watched("demo", ["t-*"])
+    assert namespace_watched("anything", [])
+    assert not namespace_watched("team-test", ["team-*", "!team-test"]) and namespace_watched("team-a", ["team-*", "!team-test"])
+    assert namespace_watched("prod", ["!dev"])

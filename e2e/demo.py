@@ -1,0 +1,207 @@
+"""The local demo: fewerbits end to end on a real control plane built from Go modules.
+
+    python -m e2e.demo [--keep] [--timeout 1200]
+
+1. starts the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok, the pod
+   runner, MinIO) with two GPU pools (H100 ×8 and L4 ×1) and a CPU node;
+2. installs fewerbits with the real Helm from `charts/fewerbits`; the operator's pod is run by the
+   pod runner as `python -m fewerbits_operator` under its own ServiceAccount token, so the chart's
+   RBAC is what it has;
+3. uploads the small test model (trained briefly on a fixed text) to MinIO and applies a
+   QuantizedModel for it;
+4. shows each condition as it changes until `Ready` (the quantization Job is the real
+   llm-compressor run, on this CPU; vLLM is played by llm-d-inference-sim);
+5. prints `kubectl get qm`, the endpoint and a completion request sent to a serving pod;
+6. tears everything down (unless --keep: then `python -m e2e.cluster down` stops it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from e2e import cluster as cluster_mod
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
+MODEL_BUCKET, ARTIFACT_BUCKET = "base-models", "artifacts"
+MODEL_PREFIX = "fewerbits-test/tiny-llama"
+
+
+def say(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def upload_test_model(c: cluster_mod.Cluster) -> str:
+    """Build (cached) the tiny test model and put it in MinIO; returns its s3:// URI."""
+    from tests.testmodel import build_test_model
+
+    local = Path(build_test_model())
+    s3 = c.s3.client()
+    for bucket in (MODEL_BUCKET, ARTIFACT_BUCKET):
+        try:
+            s3.create_bucket(Bucket=bucket)
+        except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+            pass
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        s3.upload_file(str(path), MODEL_BUCKET, f"{MODEL_PREFIX}/{path.relative_to(local)}")
+    return f"s3://{MODEL_BUCKET}/{MODEL_PREFIX}"
+
+
+def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: list[str],
+                  extra: list[str] | None = None) -> None:
+    """`helm install` of the chart, namespaced RBAC for the given namespaces, restricted PSS enforced
+    on the operator's namespace."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(c.api_client())
+    core.create_namespace({"metadata": {"name": release_ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    # CRDs applied earlier by other means (a test session's kubectl apply) are not Helm's to adopt.
+    crds = {x.metadata.name for x in client.ApiextensionsV1Api(c.api_client()).list_custom_resource_definition().items}
+    crds_enabled = "quantizedmodels.fewerbits.io" not in crds
+    sets = ["--set", f"crds.enabled={str(crds_enabled).lower()}", "--set", "rbac.scope=namespaced",
+            "--set-json", f"watchNamespaces={json.dumps(watch_namespaces)}",
+            "--set", "config.resyncSeconds=3",
+            "--set", "config.quantizationJob.cpuRequest=1", "--set", "config.quantizationJob.memoryRequest=1Gi",
+            "--set", "config.vllm.cpuRequest=1", "--set", "config.vllm.memoryRequest=1Gi",
+            # The operator process shares this host's network: take free ports.
+            "--set", f"metrics.port={cluster_mod.procs.free_port()}",
+            "--set", f"health.port={cluster_mod.procs.free_port()}",
+            *(extra or [])]
+    c.helm("install", "fewerbits", str(REPO / "charts" / "fewerbits"), "-n", release_ns, "--wait",
+           "--timeout", "180s", *sets)
+
+
+def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "source": {"uri": source_uri, "endpoint": c.s3.endpoint, "credentialsSecret": secret},
+            "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
+                             "qualityGate": {"maxPerplexityIncreasePercent": 5, "evalSamples": 8}},
+            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/quantized", "endpoint": c.s3.endpoint,
+                        "credentialsSecret": secret},
+            "serving": {"maxModelLen": 256},
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
+        },
+    }
+
+
+def create_namespace_with_secret(c: cluster_mod.Cluster, namespace: str, secret: str) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(c.api_client())
+    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespaced_secret(namespace, {
+        "metadata": {"name": secret},
+        "data": {"AWS_ACCESS_KEY_ID": base64.b64encode(c.s3.access_key.encode()).decode(),
+                 "AWS_SECRET_ACCESS_KEY": base64.b64encode(c.s3.secret_key.encode()).decode()},
+    })
+
+
+@dataclass
+class Progress:
+    """Prints each condition when its status or reason changes."""
+
+    seen: dict[str, tuple[str, str]]
+    out: Callable[[str], None] = say
+
+    def show(self, obj: dict[str, Any]) -> None:
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            key = (cond["status"], cond["reason"])
+            if self.seen.get(cond["type"]) != key:
+                self.seen[cond["type"]] = key
+                self.out(f"  {cond['type']:<18} {cond['status']:<6} {cond['reason']:<18} {cond.get('message', '')[:110]}")
+
+
+def wait_ready(c: cluster_mod.Cluster, namespace: str, name: str, timeout: float,
+               out: Callable[[str], None] = say) -> dict[str, Any]:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(c.api_client())
+    progress = Progress({}, out)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        progress.show(obj)
+        if any(x["type"] == "Ready" and x["status"] == "True" for x in (obj.get("status") or {}).get("conditions") or []):
+            return obj
+        time.sleep(1)
+    raise TimeoutError(f"{namespace}/{name} not Ready after {timeout:.0f}s")
+
+
+def completion(c: cluster_mod.Cluster, namespace: str, model: str) -> tuple[str, dict[str, Any]]:
+    """Send a completion to one serving pod (no kube-proxy here: pods are reached at their IPs)."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(c.api_client()).list_namespaced_pod(
+        namespace, label_selector=f"fewerbits.io/model={model},app.kubernetes.io/component=server").items
+    pod = next(p for p in pods if p.status.pod_ip and any(
+        x.type == "Ready" and x.status == "True" for x in p.status.conditions or []))
+    url = f"http://{pod.status.pod_ip}:8000/v1/completions"
+    req = urllib.request.Request(url, data=json.dumps({"model": model, "prompt": "The river ran", "max_tokens": 8})
+                                 .encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return url, json.load(r)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.splitlines()[0])
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running (stop: python -m e2e.cluster down)")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds to wait for Ready")
+    a = ap.parse_args(argv)
+
+    state = cluster_mod.default_state_dir() if a.keep else Path(tempfile.mkdtemp(prefix="fewerbits-demo-"))
+    say(f"starting the control plane (state {state})")
+    c = cluster_mod.Cluster(state, with_s3=True, detach=a.keep)
+    c.start()
+    ok = False
+    try:
+        say(f"control plane up in {c.timings['total']:.1f}s; adding GPU pools H100x8 and L4x1 and a CPU node")
+        c.add_gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
+        c.add_gpu_pool("l4", "NVIDIA-L4")
+        c.add_cpu_node("cpu-0")
+        say("installing fewerbits with Helm (operator runs under its own ServiceAccount)")
+        install_chart(c, "fewerbits-system", ["demo"])
+        say("uploading the test model to the S3 server")
+        source = upload_test_model(c)
+        create_namespace_with_secret(c, "demo", "s3-credentials")
+        manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials")
+        c.apply(manifest)
+        say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")
+        wait_ready(c, "demo", "tiny-llama", a.timeout)
+        print()
+        print(c.kubectl("get", "qm", "-n", "demo", "-o", "wide").stdout)
+        obj = json.loads(c.kubectl("get", "qm", "tiny-llama", "-n", "demo", "-o", "json").stdout)
+        for v in obj["status"]["plan"]["variants"]:
+            print(f"  {v['pool']:<22} {v['format']:<12} dtype={v['dtype']} kv={v['kvCacheDtype']} "
+                  f"tp={v['tensorParallelSize']} ~{v['decodeTokensPerSecond']:.0f} tok/s (batch-1 estimate)")
+        q = obj["status"]["artifacts"][0]["quality"]
+        print(f"  quality: perplexity {q['baselinePerplexity']:.2f} -> {q['perplexity']:.2f} "
+              f"({q['increasePercent']:+.3f}%, gate {q['maxIncreasePercent']:g}%)")
+        print(f"  endpoint (in-cluster): {obj['status']['endpoint']}")
+        url, answer = completion(c, "demo", "tiny-llama")
+        print(f"  POST {url} ->\n  {json.dumps(answer)[:300]}")
+        print()
+        if a.keep:
+            print(f"left running: export KUBECONFIG={c.kubeconfig}; stop with: python -m e2e.cluster down")
+        ok = True
+        return 0
+    finally:
+        if not (a.keep and ok):
+            say("tearing down")
+            c.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
