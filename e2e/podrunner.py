@@ -442,7 +442,7 @@ class PodRun(threading.Thread):
         c.started = True
         c.ready = False
 
-    def _stop(self, c: Container, grace: float) -> None:
+    def _stop_container(self, c: Container, grace: float) -> None:
         for f in c.forwarders:
             f.close()
         c.forwarders.clear()
@@ -607,7 +607,7 @@ class PodRun(threading.Thread):
     def _finish_delete(self) -> None:
         grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
         for c in self.mains + self.inits:
-            self._stop(c, min(grace, 10.0))
+            self._stop_container(c, min(grace, 10.0))
         self.runner.force_delete(self.ns, self.name, self.uid)
 
     def request_delete(self) -> None:
@@ -739,7 +739,7 @@ class Runner:
             runs = list(self.runs.values())
         for r in runs:
             for c in r.mains + r.inits:
-                r._stop(c, 2)
+                r._stop_container(c, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# The local demo. The full demo (control plane, operator, a model to Ready) arrives with the
-# operator; until then this sets up the environment and runs what exists: it validates the
-# sample resources with the API models and prints the CRDs generated from them.
+# The local demo: fewerbits end to end on a real control plane built from Go modules.
+# Sets up .venv and the control-plane binaries (cached), then runs `python -m e2e.demo`
+# (see its docstring): a QuantizedModel from apply to Ready, with a real quantization Job.
+#   scripts/demo.sh            # tears down at the end
+#   scripts/demo.sh --keep     # leaves it running; stop with: .venv/bin/python -m e2e.cluster down
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FEWERBITS_VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e .
-echo "==> validating the sample resources"
-"$VENV/bin/fewerbits" validate crds/samples/*.yaml
-echo "==> the QuantizedModel CRD (first 40 lines)"
-"$VENV/bin/fewerbits" crds | head -40
+echo "==> installing fewerbits with [dev,quantjob] extras"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
+echo "==> building the control plane from Go modules (cached; the first time takes a while)"
+e2e/build.sh
+exec "$VENV/bin/python" -m e2e.demo "$@"

@@ -410,3 +410,4 @@ def test_on_failure_restarts_the_container_in_place(cluster, gpu_pool, namespace
                     .status.phase == "Succeeded" and p, timeout=30)
     st = done.status.container_statuses[0]
     assert st.restart_count == 1 and st.last_state.terminated.exit_code == 1
+

@@ -34,3 +34,14 @@ def test_kwok_exclusion_selects_only_unowned_pods():
     expr = workloads.kwok_exclusion(workloads.default_rules())
     assert expr["operator"] == "In" and expr["values"] == ["false"]
     assert "fewerbits-quantjob" in expr["key"] and "vllm/vllm-openai" in expr["key"]
+
+
+def test_pod_runs_do_not_shadow_thread_internals():
+    """PodRun is a threading.Thread; a method named like one of Thread's private ones (it once had
+    `_stop(c, grace)`) breaks is_alive() on a finished run, and with it the runner's watch loop."""
+    import threading
+
+    from e2e.podrunner import PodRun
+
+    shadowed = {n for n in vars(PodRun) if n.startswith("_") and not n.startswith("__") and hasattr(threading.Thread, n)}
+    assert not shadowed

@@ -320,8 +320,11 @@ class Reconciler:
         s.job = self.kube.get_job(owner.namespace, planned.job_name)
         previous = next((a for a in old.artifacts if a.key == planned.key), None)
         if s.manifest is not None:
-            # A cache hit: published before this model asked for it, by no Job of ours.
-            s.cache_hit = s.job is None and (previous is None or previous.job is None)
+            # A cache hit: published before this model asked for it, by no Job it owns (another
+            # model's Job for the same key may still be there until its TTL).
+            owns_job = s.job is not None and any(
+                r.get("uid") == owner.uid for r in s.job["metadata"].get("ownerReferences") or [])
+            s.cache_hit = not owns_job and (previous is None or previous.job is None)
             if s.cache_hit and (previous is None or not previous.cacheHit):
                 metrics.CACHE_HITS.inc()
                 st.events.append(("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) "
