@@ -71,8 +71,8 @@ def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: lis
     sets = ["--set", f"crds.enabled={str(crds_enabled).lower()}", "--set", "rbac.scope=namespaced",
             "--set-json", f"watchNamespaces={json.dumps(watch_namespaces)}",
             "--set", "config.resyncSeconds=3",
-            "--set", "config.quantizationJob.cpuRequest=1", "--set", "config.quantizationJob.memoryRequest=1Gi",
-            "--set", "config.vllm.cpuRequest=1", "--set", "config.vllm.memoryRequest=1Gi",
+            "--set-string", "config.quantizationJob.cpuRequest=1", "--set", "config.quantizationJob.memoryRequest=1Gi",
+            "--set-string", "config.vllm.cpuRequest=1", "--set", "config.vllm.memoryRequest=1Gi",
             # The operator process shares this host's network: take free ports.
             "--set", f"metrics.port={cluster_mod.procs.free_port()}",
             "--set", f"health.port={cluster_mod.procs.free_port()}",
@@ -171,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         c.add_gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
         c.add_gpu_pool("l4", "NVIDIA-L4")
         c.add_cpu_node("cpu-0")
+        create_namespace_with_secret(c, "demo", "s3-credentials")
         say("installing fewerbits with Helm (operator runs under its own ServiceAccount)")
         install_chart(c, "fewerbits-system", ["demo"])
         say("uploading the test model to the S3 server")
         source = upload_test_model(c)
-        create_namespace_with_secret(c, "demo", "s3-credentials")
         manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials")
         c.apply(manifest)
         say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")

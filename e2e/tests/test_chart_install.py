@@ -33,6 +33,7 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
     cluster.add_cpu_node("cpu-chart")
     suffix = uuid.uuid4().hex[:6]
     release_ns, model_ns = f"fb-system-{suffix}", f"fb-demo-{suffix}"
+    demo.create_namespace_with_secret(cluster, model_ns, "s3-credentials")  # its Role lands there
     demo.install_chart(cluster, release_ns, [model_ns])
     api = cluster.api_client()
     core = client.CoreV1Api(api)
@@ -56,7 +57,6 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
         assert not allowed("delete", "nodes", ns=None) and not allowed("update", "quantizedmodels", "fewerbits.io")
 
         source = demo.upload_test_model(cluster)
-        demo.create_namespace_with_secret(cluster, model_ns, "s3-credentials")
         cluster.apply(demo.model_manifest(cluster, model_ns, "chart-sample", source, "s3-credentials"))
         seen: list[dict] = []
 
