@@ -100,9 +100,15 @@ def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri
 def create_namespace_with_secret(c: cluster_mod.Cluster, namespace: str, secret: str) -> None:
     from kubernetes import client
 
-    core = client.CoreV1Api(c.api_client())
-    core.create_namespace({"metadata": {"name": namespace}})
-    core.create_namespaced_secret(namespace, {
+    client.CoreV1Api(c.api_client()).create_namespace({"metadata": {"name": namespace}})
+    create_s3_secret(c, namespace, secret)
+
+
+def create_s3_secret(c: cluster_mod.Cluster, namespace: str, secret: str) -> None:
+    """A Secret with the S3 server's credentials, in the keys QuantizedModel Secrets use."""
+    from kubernetes import client
+
+    client.CoreV1Api(c.api_client()).create_namespaced_secret(namespace, {
         "metadata": {"name": secret},
         "data": {"AWS_ACCESS_KEY_ID": base64.b64encode(c.s3.access_key.encode()).decode(),
                  "AWS_SECRET_ACCESS_KEY": base64.b64encode(c.s3.secret_key.encode()).decode()},

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import time
-from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+from e2e import demo
 from tests.integration.operator_harness import REPO, Models, OperatorProcess
 
-MODEL_BUCKET = "base-models"
-ARTIFACT_BUCKET = "artifacts"
-TEST_MODEL_PREFIX = "fewerbits-test/tiny-llama"
+ARTIFACT_BUCKET = demo.ARTIFACT_BUCKET
 
 
 @pytest.fixture(scope="session")
@@ -33,18 +30,7 @@ def crds_installed(cluster):
 @pytest.fixture(scope="session")
 def test_model_uri(cluster) -> str:
     """The tiny trained test model, uploaded to the cluster's S3 server as an s3:// source."""
-    from tests.testmodel import build_test_model
-
-    local = Path(build_test_model())
-    s3 = cluster.s3.client()
-    for bucket in (MODEL_BUCKET, ARTIFACT_BUCKET):
-        try:
-            s3.create_bucket(Bucket=bucket)
-        except s3.exceptions.BucketAlreadyOwnedByYou:
-            pass
-    for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        s3.upload_file(str(path), MODEL_BUCKET, f"{TEST_MODEL_PREFIX}/{path.relative_to(local)}")
-    return f"s3://{MODEL_BUCKET}/{TEST_MODEL_PREFIX}"
+    return demo.upload_test_model(cluster)
 
 
 @pytest.fixture(scope="session")
@@ -64,13 +50,8 @@ def models(cluster, operator) -> Models:
 @pytest.fixture
 def s3_secret(cluster, namespace) -> str:
     """A Secret with the S3 server's credentials in the test namespace."""
-    name = "s3-credentials"
-    client.CoreV1Api(cluster.api_client()).create_namespaced_secret(namespace, {
-        "metadata": {"name": name},
-        "data": {"AWS_ACCESS_KEY_ID": base64.b64encode(cluster.s3.access_key.encode()).decode(),
-                 "AWS_SECRET_ACCESS_KEY": base64.b64encode(cluster.s3.secret_key.encode()).decode()},
-    })
-    return name
+    demo.create_s3_secret(cluster, namespace, "s3-credentials")
+    return "s3-credentials"
 
 
 @pytest.fixture
