@@ -47,6 +47,8 @@ class OperatorProcess:
             # may be tested beside this one in its own namespaces.
             "FEWERBITS_NAMESPACES": '["t-*"]',
             "FEWERBITS_RESYNC_SECONDS": "3",
+            "FEWERBITS_AUTOSCALER_PERIOD_SECONDS": "2",
+            "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "2",
             "FEWERBITS_METRICS_PORT": str(self.metrics_port),
             "FEWERBITS_HEALTH_PORT": str(free_port()),
             "FEWERBITS_JOB_CPU_REQUEST": "1",
