@@ -57,6 +57,9 @@ class ObjectStore:
         self._clients: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._config_cache: dict[tuple, dict[str, Any]] = {}
+        # Published manifests never change (content-addressed, written last): once found, one is
+        # not fetched again. Misses are not cached: the Job may publish at any moment.
+        self._manifests: dict[tuple[str, str | None, str], Manifest] = {}
 
     def _client(self, endpoint: str | None, region: str | None, creds: S3Credentials):
         key = (endpoint, region, creds.access_key, creds.secret_key)
@@ -82,6 +85,9 @@ class ObjectStore:
 
     def get_manifest(self, storage: StorageSpec, key: str, creds: S3Credentials) -> Manifest | None:
         """The artifact's manifest, or None when it has not been published (no manifest, no artifact)."""
+        cache_key = (storage.uri, storage.endpoint, key)
+        if cache_key in self._manifests:
+            return self._manifests[cache_key]
         bucket, prefix = artifact_prefix(storage.uri, key)
         s3 = self._client(storage.endpoint, storage.region, creds)
         try:
@@ -106,6 +112,10 @@ class ObjectStore:
                                f"{str(e).splitlines()[0]}") from None
         if manifest.key != key:
             raise StorageError(f"s3://{bucket}/{prefix}{MANIFEST_NAME} belongs to artifact {manifest.key}, not {key}")
+        with self._lock:
+            if len(self._manifests) >= 4096:  # bounded: drop the oldest
+                self._manifests.pop(next(iter(self._manifests)))
+            self._manifests[cache_key] = manifest
         return manifest
 
     # ------------------------------------------------------------ base model config
