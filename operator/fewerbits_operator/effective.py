@@ -19,7 +19,7 @@ from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec, St
 
 from fewerbits_quantjob.textdata import BUILTIN_DATASETS
 
-from .planner import check_vllm_args
+from .planner import check_vllm_args, vllm_arg_spec
 
 DEFAULT_GATE_PERCENT = 3.0
 
@@ -53,8 +53,30 @@ class Effective:
         return self.spec is not None and not self.errors and not self.violations
 
     def gate(self) -> QualityGateSpec:
+        """The model's gate; without one, the default 3% lowered to the policy's ceiling."""
         assert self.spec is not None
-        return self.spec.quantization.qualityGate or QualityGateSpec()
+        if self.spec.quantization.qualityGate is not None:
+            return self.spec.quantization.qualityGate
+        ceiling = self.policy.spec.rules.maxPerplexityIncreasePercent if self.policy else None
+        default = QualityGateSpec()
+        if ceiling is not None and ceiling < default.maxPerplexityIncreasePercent:
+            return QualityGateSpec(maxPerplexityIncreasePercent=ceiling)
+        return default
+
+
+def flag_dest(arg: str) -> str:
+    """What a vLLM flag sets, as vLLM's own parser names it (pinned release), else a name derived
+    the way vLLM derives it."""
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = "--" + flag[2:].partition(".")[0].replace("_", "-")
+    options = vllm_arg_spec()["options"]
+    opt = options.get(flag)
+    if opt is None and flag.startswith("--no-"):
+        opt = options.get("--" + flag[5:])
+    if opt is not None:
+        return opt["dest"]
+    return flag.lstrip("-").removeprefix("no-").replace("-", "_")
 
 
 def select_policy(policies: list[QuantizationPolicy], namespace_labels: dict[str, str]) -> QuantizationPolicy | None:
@@ -116,12 +138,19 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Quan
     def broke(rule: str, what: str) -> None:
         out.append(f"policy {pname} rule {rule}: {what}")
 
-    # extraArgs are checked with or without a policy: no policy means no flag is allowed.
-    allowed_flags = set(rules.allowedExtraArgs) if rules else set()
+    # extraArgs are checked with or without a policy: no policy means no such flag is allowed.
+    # Flags are compared by what they set in vLLM's parser (its `dest`), so `--trust_remote_code`,
+    # `-tp` or `--no-...` spellings name the same setting as the canonical flag.
+    allowed = {flag_dest(f) for f in (rules.allowedExtraArgs if rules else [])}
+    plan_owned = {flag_dest(f) for f in PLAN_OWNED_FLAGS}
+    trust = {flag_dest(f) for f in TRUST_FLAGS}
     for i, arg in enumerate(spec.serving.extraArgs):
-        flag = arg.split("=", 1)[0]
-        if flag in (PLAN_OWNED_FLAGS | TRUST_FLAGS) and flag not in allowed_flags:
-            kind = "overrides the plan" if flag in PLAN_OWNED_FLAGS else "changes what the server trusts"
+        if not arg.startswith("-") or arg.lstrip("-")[:1].isdigit():
+            continue  # a value
+        dest = flag_dest(arg)
+        if dest in (plan_owned | trust) and dest not in allowed:
+            flag = arg.split("=", 1)[0]
+            kind = "overrides the plan" if dest in plan_owned else "changes what the server trusts"
             msg = (f"spec.serving.extraArgs[{i}]: {flag} {kind}; a policy must list it in "
                    f"rules.allowedExtraArgs")
             out.append(f"policy {pname} rule allowedExtraArgs: {msg}" if policy else msg)

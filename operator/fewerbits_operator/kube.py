@@ -178,8 +178,13 @@ class Kube:
 
     def add_owner(self, kind: str, namespace: str, name: str, owner_refs: list[dict[str, Any]]) -> None:
         patch = {"metadata": {"ownerReferences": owner_refs}}
-        if kind == "Job":
-            self.batch.patch_namespaced_job(name, namespace, patch)
+        try:
+            if kind == "Job":
+                self.batch.patch_namespaced_job(name, namespace, patch)
+        except ApiException as e:
+            if _missing(e):
+                return  # removed meanwhile (TTL): nothing to own
+            raise
         self._wrote()
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
@@ -195,10 +200,17 @@ class Kube:
         deps = self.apps.list_namespaced_deployment(namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(d) for d in deps.items]
 
-    def replace_deployment(self, body: dict[str, Any]) -> None:
+    def replace_deployment(self, body: dict[str, Any]) -> bool:
+        """Replace at the resourceVersion in ``body``; False when it changed meanwhile (e.g. scaled)."""
         md = body["metadata"]
-        self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
+        try:
+            self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
         self._wrote()
+        return True
 
     def read_scale(self, namespace: str, name: str) -> int | None:
         """A Deployment's replicas from its scale subresource; None when it is gone."""

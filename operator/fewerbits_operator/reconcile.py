@@ -77,6 +77,8 @@ class ArtifactState:
     failed: str | None = None
     """Why it cannot be produced (Job failed, storage error)."""
     failure_reason: str = Reason.JOB_FAILED
+    recorded_job: str | None = None
+    """The Job status already names for this artifact (kept after the Job's TTL removes it)."""
     running: str | None = None
     """What it waits for."""
     passed: bool | None = None
@@ -167,11 +169,11 @@ class Reconciler:
         status = QuantizedModelStatus(observedGeneration=gen, conditions=[], plan=old.plan,
                                       artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
                                       formats=old.formats, replicas=old.replicas)
-        try:
-            self._steps(body, owner, st, status, old)
-        finally:
-            status.conditions = st.conditions
-            self._write_status(body, status, old_status, st.events)
+        # An exception (API error, conflict) leaves status as it was: a half-computed pass must not
+        # be recorded as observedGeneration; the next event or resync retries.
+        self._steps(body, owner, st, status, old)
+        status.conditions = st.conditions
+        self._write_status(body, status, old_status, st.events)
 
     def _steps(self, body: dict[str, Any], owner: Owner, st: StatusBuilder, status: QuantizedModelStatus,
                old: QuantizedModelStatus) -> None:
@@ -319,6 +321,7 @@ class Reconciler:
             return s
         s.job = self.kube.get_job(owner.namespace, planned.job_name)
         previous = next((a for a in old.artifacts if a.key == planned.key), None)
+        s.recorded_job = previous.job if previous else None
         if s.manifest is not None:
             # A cache hit: published before this model asked for it, by no Job it owns (another
             # model's Job for the same key may still be there until its TTL).
@@ -405,13 +408,14 @@ class Reconciler:
     @staticmethod
     def _artifact_status(storage: StorageSpec, s: ArtifactState) -> ArtifactStatus:
         m = s.manifest
+        job = None if s.cache_hit else (s.job["metadata"]["name"] if s.job is not None else s.recorded_job)
         return ArtifactStatus(
             key=s.planned.key,
             uri=f"{storage.uri.rstrip('/')}/{s.planned.key}/",
             format=s.planned.format,
             variants=list(s.planned.variants),
             sizeBytes=m.totalBytes if m else None,
-            job=None if s.cache_hit or s.job is None else s.job["metadata"]["name"],
+            job=job,
             cacheHit=s.cache_hit if m else None,
             quality=s.quality,
             tools=dict(m.tools) if m else {},
@@ -458,16 +462,25 @@ class Reconciler:
                     desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] or \
                     (not auto and (cur.get("spec") or {}).get("replicas") != replicas):
                 desired["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
-                self.kube.replace_deployment(desired)
+                if not self.kube.replace_deployment(desired):
+                    raise StatusConflict(f"Deployment {dname} changed while reconciling; retrying")
                 current[dname] = {**desired, "status": cur.get("status") or {}}
                 st.events.append(("Normal", "RollingOut", f"Deployment {dname} updated (artifact "
                                                           f"{art.planned.key[:12]}, {v.format.value})"))
+                up_to_date[dname] = False  # just replaced: rolled out only once its status says so
+                continue
             else:
                 current[dname] = cur
             up_to_date[dname] = True
         for dname in set(existing) - wanted:
+            pool = (existing[dname]["metadata"].get("labels") or {}).get("fewerbits.io/variant")
+            if pool not in pool_by_name:
+                # The pool is missing from the inventory (cordoned for an upgrade, device plugin
+                # restarting, scaled to zero): keep what serves; the plan says the pool is gone.
+                continue
             self.kube.delete_deployment(owner.namespace, dname)
-            st.events.append(("Normal", "DeploymentRemoved", f"Deployment {dname}: its pool is no longer planned"))
+            st.events.append(("Normal", "DeploymentRemoved",
+                              f"Deployment {dname}: pool {pool} is no longer planned for this model"))
         if the_plan.variants:
             self._ensure_service(owner)
             status.endpoint = endpoint(owner)

@@ -196,8 +196,8 @@ def render_job(
         pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
     if placement.nodeSelector:
         pod_spec["nodeSelector"] = dict(placement.nodeSelector)
-    if placement.tolerations:
-        pod_spec["tolerations"] = [t.to_wire() for t in placement.tolerations]
+    if placement.tolerations:  # added to the GPU toleration, never instead of it
+        pod_spec["tolerations"] = pod_spec.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
     if placement.priorityClassName:
         pod_spec["priorityClassName"] = placement.priorityClassName
     return _fresh({

@@ -7,6 +7,7 @@ or stored. Errors carry messages a person can act on; none includes a credential
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -59,7 +60,7 @@ class ObjectStore:
         self._config_cache: dict[tuple, dict[str, Any]] = {}
         # Published manifests never change (content-addressed, written last): once found, one is
         # not fetched again. Misses are not cached: the Job may publish at any moment.
-        self._manifests: dict[tuple[str, str | None, str], Manifest] = {}
+        self._manifests: dict[tuple, Manifest] = {}
 
     def _client(self, endpoint: str | None, region: str | None, creds: S3Credentials):
         key = (endpoint, region, creds.access_key, creds.secret_key)
@@ -85,7 +86,8 @@ class ObjectStore:
 
     def get_manifest(self, storage: StorageSpec, key: str, creds: S3Credentials) -> Manifest | None:
         """The artifact's manifest, or None when it has not been published (no manifest, no artifact)."""
-        cache_key = (storage.uri, storage.endpoint, key)
+        # Keyed by the credentials too: a model that cannot read the bucket learns nothing from another's read.
+        cache_key = (storage.uri, storage.endpoint, key, _identity(creds.access_key))
         if cache_key in self._manifests:
             return self._manifests[cache_key]
         bucket, prefix = artifact_prefix(storage.uri, key)
@@ -122,7 +124,8 @@ class ObjectStore:
 
     def model_config(self, source: SourceSpec, secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
         """The base model's config.json, cached per (uri, revision)."""
-        cache_key = (source.uri, source.revision, source.endpoint)
+        cache_key = (source.uri, source.revision, source.endpoint,
+                     _identity((secret or {}).get("AWS_ACCESS_KEY_ID") or (secret or {}).get("HF_TOKEN")))
         if cache_key in self._config_cache:
             return self._config_cache[cache_key]
         if source.scheme == "s3":
@@ -155,7 +158,7 @@ class ObjectStore:
         url = f"{hf_endpoint.rstrip('/')}/{repo}/resolve/{source.revision or 'main'}/config.json"
         req = urllib.request.Request(url, headers={"User-Agent": "fewerbits-operator"})
         if token:
-            req.add_header("Authorization", f"Bearer {token}")
+            req.add_unredirected_header("Authorization", f"Bearer {token}")  # never sent on to a redirect target
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 body = resp.read(4 * 2**20)
@@ -165,6 +168,11 @@ class ObjectStore:
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise ModelConfigError(f"cannot reach {hf_endpoint} for {source.uri}: {getattr(e, 'reason', e)}") from None
         return _parse_config(body, url)
+
+
+def _identity(credential: str | None) -> str | None:
+    """A one-way tag of a credential, for cache keys (the value itself is never kept)."""
+    return hashlib.sha256(credential.encode()).hexdigest()[:16] if credential else None
 
 
 def _parse_config(body: bytes, where: str) -> dict[str, Any]:

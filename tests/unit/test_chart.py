@@ -163,11 +163,12 @@ def test_schema_rejects(helm: list[str], values: list[str], complaint: str):
 
 # ------------------------------------------------------------------ RBAC
 
-# What the operator does, from operator/fewerbits_operator/kube.py, autoscaler/kubeio.py and kopf
+# What the operator does, from operator/fewerbits_operator/kube.py (the autoscaler uses it too) and kopf
 # (see templates/_rbac.tpl for the why of each line). Changing RBAC means changing this table.
 NAMESPACED_RULES = {
     ("fewerbits.io", "quantizedmodels"): {"get", "list", "watch", "patch"},
     ("fewerbits.io", "quantizedmodels/status"): {"patch"},
+    ("fewerbits.io", "quantizedmodels/finalizers"): {"update"},
     ("", "secrets"): {"get"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
     ("", "pods"): {"list"},

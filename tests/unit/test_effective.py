@@ -126,3 +126,28 @@ def test_namespace_patterns_follow_kopf():
     assert namespace_watched("anything", [])
     assert not namespace_watched("team-test", ["team-*", "!team-test"]) and namespace_watched("team-a", ["team-*", "!team-test"])
     assert namespace_watched("prod", ["!dev"])
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--trust_remote_code"], "--trust_remote_code"),
+    (["-tp", "8"], "-tp"),
+    (["--tensor_parallel_size=8"], "--tensor_parallel_size"),
+    (["--api_key", "x"], "--api_key"),
+    (["--no-trust-remote-code"], "--no-trust-remote-code"),
+])
+def test_flag_spellings_and_aliases_cannot_slip_past_the_policy(args, flag):
+    eff = effective_spec(deep_merge(SPEC, {"serving": {"extraArgs": args}}), policy("p", {}))
+    assert not eff.accepted
+    assert any(f"spec.serving.extraArgs[0]: {flag} " in v for v in eff.violations), eff.violations
+
+
+def test_allowed_flag_covers_its_other_spellings():
+    p = policy("p", {"rules": {"allowedExtraArgs": ["--tensor-parallel-size"]}})
+    assert effective_spec(deep_merge(SPEC, {"serving": {"extraArgs": ["-tp", "2"]}}), p).accepted
+
+
+def test_default_gate_is_lowered_to_the_policy_ceiling():
+    eff = effective_spec(SPEC, policy("p", {"rules": {"maxPerplexityIncreasePercent": 1.0}}))
+    assert eff.accepted and eff.gate().maxPerplexityIncreasePercent == 1.0
+    eff = effective_spec(SPEC, policy("p", {"rules": {"maxPerplexityIncreasePercent": 5.0}}))
+    assert eff.gate().maxPerplexityIncreasePercent == 3.0

@@ -162,3 +162,13 @@ def test_every_rendered_contract_passes_the_jobs_own_checks(fmt):
     contract = QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"])
     verify_contract(contract, installed_tool_versions())
     recipes.build_recipe_spec(contract.format, contract.ignore, contract.keyInputs.recipe)
+
+
+def test_policy_tolerations_are_added_to_the_gpu_toleration():
+    from fewerbits_api.policy import Toleration
+
+    art = planned_artifacts(SPEC, type("P", (), {"variants": [VARIANT]})())[0]
+    placement = QuantizationJobPlacement(tolerations=[Toleration(key="team", operator="Exists")])
+    j = render_job(OWNER, SPEC, art, placement, QualityGateSpec(), SETTINGS)
+    keys = [t.get("key") for t in j["spec"]["template"]["spec"]["tolerations"]]
+    assert keys == ["nvidia.com/gpu", "team"]

@@ -9,18 +9,24 @@ are never listed or watched. tests/unit/test_chart.py checks both.
 {{- define "fewerbits.rbac.namespacedRules" -}}
 # QuantizedModels: kopf lists and watches them (resume/create/update handlers) and the resync loop
 # and the autoscaler list them (Kube.list_models, KubeIO.list_models); reconcile and the
-# autoscaler read one by name (Kube.get_model, KubeIO.patch_serving_status); kopf patches its
+# autoscaler read one by name (Kube.get_model, Kube.patch_serving_status); kopf patches its
 # bookkeeping annotations under fewerbits.io/ onto the object (runner.py). No create, update or
 # delete: the operator never writes a model's spec.
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizedmodels"]
   verbs: ["get", "list", "watch", "patch"]
 # The status subresource: reconcile and the autoscaler merge-patch conditions, plan, artifacts and
-# per-variant serving figures (Kube.patch_model_status, autoscaler KubeIO.patch_serving_status).
+# per-variant serving figures (Kube.patch_model_status, autoscaler Kube.patch_serving_status).
 # Patch only: both read the object through the main resource.
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizedmodels/status"]
   verbs: ["patch"]
+# Owner references with blockOwnerDeletion on the Jobs, Deployments and Services the operator
+# creates need update on the owner's finalizers subresource where the OwnerReferencesPermission-
+# Enforcement admission plugin is on (OpenShift). The operator never writes finalizers itself.
+- apiGroups: ["fewerbits.io"]
+  resources: ["quantizedmodels/finalizers"]
+  verbs: ["update"]
 # Secrets, get by name only: checks that a model's credentialsSecret exists and reads storage and
 # source credentials for the operator's own look-ups (manifest.json, config.json) (Kube.secret_data).
 # Never list or watch: the operator reads only Secrets a model names.
