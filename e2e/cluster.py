@@ -153,15 +153,20 @@ class Cluster:
     """
 
     def __init__(self, state_dir: Path | None = None, *, with_s3: bool = True, detach: bool = False,
-                 images: list[workloads.ImageRule] | None = None, sim_metrics: str | None = None):
+                 images: list[workloads.ImageRule] | None = None, sim_metrics: str | None = None,
+                 audit: bool | None = None):
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="fewerbits-e2e-"))
         self.with_s3 = with_s3
         self.detach = detach
         self.images = images if images is not None else workloads.default_rules()
         # fake (default): simulators start at zero load and take POST /admin/config; real: their own counts.
         self.sim_metrics = sim_metrics or os.environ.get("FEWERBITS_E2E_SIM_METRICS", "fake")
+        # audit: the API server writes one JSON line per request to logs/audit.log (who, verb,
+        # resource, code), for tests and the load command that count one client's requests.
+        self.audit = audit if audit is not None else os.environ.get("FEWERBITS_E2E_AUDIT") == "1"
         self.components: list[Component] = []
         self._procs: dict[str, subprocess.Popen] = {}
+        self._argv: dict[str, tuple[list[str], dict | None, Path | None]] = {}
         self.kubeconfig = self.state_dir / "kubeconfig"
         self.server = ""
         self.s3: S3Server | None = None
@@ -240,11 +245,9 @@ class Cluster:
             "--allow-privileged=true",
             f"--cert-dir={d / 'apiserver-certs'}",
             "--profiling=false", "--v=1",
+            *self._audit_args(),
         ])
-        ca_ctx = ssl.create_default_context(cafile=str(p / "ca.crt"))
-        ca_ctx.load_cert_chain(str(p / "admin.crt"), str(p / "admin.key"))
-        _wait("kube-apiserver", lambda: _http_ok(f"{self.server}/readyz", ca_ctx), 120,
-              self._procs["kube-apiserver"], d / "logs" / "kube-apiserver.log")
+        self._wait_apiserver()
         t = self._step("kube-apiserver", t)
 
         self._write_kubeconfig(self.kubeconfig, "admin")
@@ -322,7 +325,76 @@ class Cluster:
         log = self.state_dir / "logs" / f"{name}.log"
         proc = procs.spawn(argv, log, env=env if env is not None else _base_env(), cwd=cwd, detach=self.detach)
         self._procs[name] = proc
-        self.components.append(Component(name, proc.pid, str(log)))
+        self._argv[name] = (argv, env, cwd)
+        self._record(Component(name, proc.pid, str(log)))
+
+    def _record(self, comp: Component) -> None:
+        """Add a component, or replace a restarted one in place (stop order stays the start order)."""
+        for i, c in enumerate(self.components):
+            if c.name == comp.name:
+                self.components[i] = comp
+                return
+        self.components.append(comp)
+
+    def _audit_args(self) -> list[str]:
+        if not self.audit:
+            return []
+        policy = self.state_dir / "audit-policy.yaml"
+        # Metadata level, one line per request when its response completes: who, verb, resource, code.
+        policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+                          "rules:\n- level: Metadata\n")
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0"]
+
+    @property
+    def audit_log(self) -> Path:
+        return self.state_dir / "logs" / "audit.log"
+
+    def _wait_apiserver(self, timeout: float = 120) -> None:
+        p = self.state_dir / "pki"
+        ca_ctx = ssl.create_default_context(cafile=str(p / "ca.crt"))
+        ca_ctx.load_cert_chain(str(p / "admin.crt"), str(p / "admin.key"))
+        _wait("kube-apiserver", lambda: _http_ok(f"{self.server}/readyz", ca_ctx), timeout,
+              self._procs["kube-apiserver"], self.state_dir / "logs" / "kube-apiserver.log")
+
+    # ---------------------------------------------------------------- faults
+
+    def stop_component(self, name: str, sig: int = signal.SIGTERM) -> None:
+        """Stop one component (`kube-apiserver`, `minio`, `kwok`, ...) and leave it stopped.
+        SIGKILL stops it as a crash would."""
+        proc = self._procs.get(name)
+        if proc is None:
+            raise ClusterError(f"no component {name!r} (have: {', '.join(self._procs)})")
+        if sig == signal.SIGKILL:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        else:
+            procs.stop_group(proc.pid, 10, proc)
+
+    def start_component(self, name: str) -> None:
+        """Start a stopped component again with its own arguments, state and port; waits for it."""
+        if name == "minio":
+            assert self.s3 is not None
+            port = int(self.s3.endpoint.rsplit(":", 1)[1])
+            _wait("MinIO port free", lambda: not procs.port_in_use(port), 30)
+            self.s3, proc = spawn_s3(self.state_dir, detach=self.detach, port=port)
+            self._procs["minio"] = proc
+            self._record(Component("minio", proc.pid, str(self.state_dir / "logs" / "minio.log")))
+            wait_s3(self.s3, proc, self.state_dir)
+        else:
+            argv, env, cwd = self._argv[name]
+            if name == "kube-apiserver":
+                port = int(self.server.rsplit(":", 1)[1])
+                _wait("kube-apiserver port free", lambda: not procs.port_in_use(port), 30)
+            self._spawn(name, argv, env, cwd)
+            if name == "kube-apiserver":
+                self._wait_apiserver()
+        self._save_state()
+
+    def restart_component(self, name: str, sig: int = signal.SIGTERM) -> None:
+        self.stop_component(name, sig)
+        self.start_component(name)
 
     def _save_state(self) -> None:
         state = {
