@@ -359,6 +359,25 @@ class Cluster:
 
     # ---------------------------------------------------------------- faults
 
+    def set_container_env(self, image_match: str, env: dict[str, str] | None) -> None:
+        """Give containers whose image contains `image_match` extra environment from their next
+        start on (None: clear). For debug hooks of the workloads (e.g. the quantjob's upload pause);
+        the pod runner applies it, the API objects are unchanged."""
+        from e2e.podrunner import ENV_OVERRIDES
+
+        f = self.state_dir / "pods" / ENV_OVERRIDES
+        try:
+            table = json.loads(f.read_text())
+        except (FileNotFoundError, ValueError):
+            table = {}
+        if env:
+            table[image_match] = env
+        else:
+            table.pop(image_match, None)
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table))
+        tmp.replace(f)
+
     def stop_component(self, name: str, sig: int = signal.SIGTERM) -> None:
         """Stop one component (`kube-apiserver`, `minio`, `kwok`, ...) and leave it stopped.
         SIGKILL stops it as a crash would."""

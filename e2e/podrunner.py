@@ -41,6 +41,8 @@ from e2e import procs, workloads
 log = logging.getLogger("podrunner")
 
 TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
+ENV_OVERRIDES = "env-overrides.json"
+"""In the runner's state dir: {image substring: {NAME: value}}, extra env for matching containers."""
 PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
 PASS_ENV_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
 MAX_TERMINATION_MESSAGE = 4096  # what a kubelet keeps
@@ -399,6 +401,21 @@ class PodRun(threading.Thread):
 
     # ---------------------------------------------------------------- processes
 
+    def _env_overrides(self, c: Container) -> dict[str, str]:
+        """Extra environment a test asked for, for containers of one image (`Cluster.set_container_env`):
+        debug hooks such as the quantjob's upload pause. Read at each container start, so a test
+        can set and clear it while the cluster runs; the operator's objects are never changed."""
+        try:
+            table = json.loads((self.runner.state_dir / ENV_OVERRIDES).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        image = c.spec.get("image") or ""
+        out: dict[str, str] = {}
+        for match, extra in table.items():
+            if match in image:
+                out.update({str(k): str(v) for k, v in extra.items()})
+        return out
+
     def _start(self, c: Container, vols: dict[str, Path]) -> None:
         env_pod = self._env(c)
         mounts = self._mounts(c, vols)
@@ -407,6 +424,7 @@ class PodRun(threading.Thread):
             if k in os.environ:
                 env[k] = os.environ[k]
         env.update({k: self._rewrite(v, mounts) for k, v in env_pod.items()})
+        env.update(self._env_overrides(c))
         term = self.dir / f"{c.name}.termination-log"
         with contextlib.suppress(FileNotFoundError):
             term.unlink()

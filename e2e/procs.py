@@ -98,7 +98,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Something listens on (or holds) the port. Connections of a killed server lingering in
+    TIME_WAIT do not count: a restarted server (Go and MinIO set SO_REUSEADDR) can bind over them."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

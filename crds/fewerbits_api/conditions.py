@@ -51,6 +51,8 @@ class Reason:
     ALL_VARIANTS_READY = "AllVariantsReady"
     SOME_VARIANTS_READY = "SomeVariantsReady"
     NO_REPLICAS_READY = "NoReplicasReady"
+    PODS_FAILING = "PodsFailing"
+    POOL_GONE = "PoolGone"
     BLOCKED = "Blocked"
 
 

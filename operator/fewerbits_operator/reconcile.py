@@ -28,6 +28,7 @@ from fewerbits_api.quantizedmodel import (
     ArtifactStatus,
     PlanStatus,
     QualityStatus,
+    RejectedPool,
     QuantizedModelSpec,
     QuantizedModelStatus,
     StorageSpec,
@@ -44,6 +45,7 @@ from .planner import PlanRequest, plan, pools_from_nodes, shape_from_config
 from .render import (
     ANNOTATION_SPEC_HASH,
     LABEL_MODEL,
+    LABEL_VARIANT,
     Owner,
     deployment_name,
     endpoint,
@@ -61,7 +63,7 @@ AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "last
 WARNING_REASONS = {
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
-    Reason.GATE_FAILED,
+    Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE,
 }
 
 
@@ -472,11 +474,18 @@ class Reconciler:
             else:
                 current[dname] = cur
             up_to_date[dname] = True
-        for dname in set(existing) - wanted:
-            pool = (existing[dname]["metadata"].get("labels") or {}).get("fewerbits.io/variant")
+        gone: list[str] = []
+        for dname in sorted(set(existing) - wanted):
+            pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
             if pool not in pool_by_name:
                 # The pool is missing from the inventory (cordoned for an upgrade, device plugin
                 # restarting, scaled to zero): keep what serves; the plan says the pool is gone.
+                gone.append(f"{pool} (Deployment {dname} kept)")
+                if not any(r.pool == pool for r in the_plan.rejected):
+                    the_plan.rejected.append(RejectedPool(
+                        pool=str(pool), reason=f"no node of this pool is in the cluster any more (no Ready node with "
+                                               f"allocatable nvidia.com/gpu); Deployment {dname} is kept until the "
+                                               "pool returns or the model no longer wants it"))
                 continue
             self.kube.delete_deployment(owner.namespace, dname)
             st.events.append(("Normal", "DeploymentRemoved",
@@ -513,6 +522,11 @@ class Reconciler:
         total = sum(s.replicas for s in serving)
         status.replicas = f"{total_ready}/{total}" if serving else None
 
+        if gone:
+            planned_msg = (", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
+                                     for v in the_plan.variants) or "no variant")
+            st.set(C.PLANNED, bool(the_plan.variants), Reason.POOL_GONE,
+                   f"pool(s) gone from the cluster: {', '.join(gone)}; planned: {planned_msg}")
         if not the_plan.variants:
             st.waiting((C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
             return
@@ -530,15 +544,38 @@ class Reconciler:
             st.set(C.DEPLOYED, False, Reason.ROLLING_OUT, "; ".join(
                 f"{s.deployment}: {s.readyReplicas}/{s.replicas} ready" for s in serving) or "creating Deployments")
         ready_variants = [s for s in serving if s.readyReplicas > 0]
-        if serving and len(ready_variants) == len(the_plan.variants):
+        # Only when something is short of ready: a pod listing per such variant, never at rest.
+        failing = [f"{s.variant}: {why}" for s in serving if s.readyReplicas < s.replicas
+                   for why in [self._pod_failure(owner, s.variant)] if why]
+        if serving and len(ready_variants) == len(the_plan.variants) and not failing:
             st.set(C.READY, True, Reason.ALL_VARIANTS_READY,
                    f"{len(ready_variants)} variant(s) serving at {status.endpoint}")
+        elif failing:
+            st.set(C.READY, len(ready_variants) == len(the_plan.variants) and bool(serving), Reason.PODS_FAILING,
+                   (f"serving on {', '.join(s.variant for s in ready_variants)}; " if ready_variants else
+                    "nothing is served; ") + "; ".join(failing))
         elif ready_variants:
             st.set(C.READY, False, Reason.SOME_VARIANTS_READY,
                    f"serving on {', '.join(s.variant for s in ready_variants)}; waiting for "
                    f"{', '.join(v.pool for v in the_plan.variants if v.pool not in {s.variant for s in ready_variants})}")
         else:
             st.set(C.READY, False, Reason.NO_REPLICAS_READY, "no replica is ready yet")
+
+    def _pod_failure(self, owner: Owner, variant: str) -> str | None:
+        """Why a variant's pods fail, from their containers' last termination (the runtime's JSON
+        termination message: fetch integrity, access denied, GPU mismatch), or None."""
+        pods = self.kube.list_pods(owner.namespace, f"{LABEL_MODEL}={owner.name},{LABEL_VARIANT}={variant}")
+        for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
+            ps = pod.get("status") or {}
+            for cs in (ps.get("initContainerStatuses") or []) + (ps.get("containerStatuses") or []):
+                state = cs.get("state") or {}
+                term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+                if not term or int(term.get("exitCode") or 0) == 0:
+                    continue
+                if "running" in state and cs.get("ready"):
+                    continue  # restarted and healthy again
+                return f"pod {pod['metadata']['name']} container {cs.get('name')}: {_termination_text(term)}"
+        return None
 
     def _ensure_service(self, owner: Owner) -> None:
         desired = render_service(owner)
@@ -573,6 +610,21 @@ class Reconciler:
             self.kube.post_event(body, type_, reason, message)
         log.info("%s/%s: %s", md["namespace"], md["name"], ", ".join(
             f"{c.type}={c.status}({c.reason})" for c in status.conditions))
+
+
+def _termination_text(term: dict[str, Any]) -> str:
+    """A container's termination as one line: the runtime's JSON message when it wrote one."""
+    code = term.get("exitCode")
+    msg = (term.get("message") or "").strip()
+    try:
+        doc = json.loads(msg) if msg.startswith("{") else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        parts = [str(doc.get("reason") or term.get("reason") or "Error"), str(doc.get("message") or "")]
+        return f"exit {code}, " + ": ".join(p for p in parts if p)[:600]
+    last = msg.splitlines()[-1][:600] if msg else ""
+    return f"exit {code}, {term.get('reason') or 'Error'}" + (f": {last}" if last else "")
 
 
 def _normalized(raw: dict[str, Any]) -> str:

@@ -47,6 +47,9 @@ PART_CONCURRENCY = int(os.environ.get("FEWERBITS_UPLOAD_PART_CONCURRENCY", "8"))
 DEBUG_PAUSE_ENV = "FEWERBITS_DEBUG_PAUSE_AFTER_FILES"
 """Test hook: after this many files are uploaded, log a line and stop until killed (the tests kill
 the process there, like a node going away mid-upload). Never set in a real Job."""
+DEBUG_PAUSE_SECONDS_ENV = "FEWERBITS_DEBUG_PAUSE_SECONDS"
+"""Test hook, with the one above: pause this long once, then go on uploading (the fault tests stop
+the S3 server during the pause). Unset: pause until killed."""
 
 
 def s3_client(endpoint: str | None, region: str | None, access_key: str | None, secret_key: str | None,
@@ -224,6 +227,7 @@ def upload_directory(client, root: Path, storage_uri: str, key: str, stage: Stag
     transfer = TransferConfig(multipart_threshold=MULTIPART_CHUNK, multipart_chunksize=MULTIPART_CHUNK,
                               max_concurrency=PART_CONCURRENCY, use_threads=True)
     pause_after = int(env.get(DEBUG_PAUSE_ENV, "0") or 0)
+    once = threading.Event()
     done_lock = threading.Lock()
     done_count = [0]
     skipped = [0]
@@ -251,7 +255,7 @@ def upload_directory(client, root: Path, storage_uri: str, key: str, stage: Stag
             done_count[0] += 1
             count = done_count[0]
         if pause_after and count >= pause_after:
-            _debug_pause(stage, count)
+            _debug_pause(stage, count, float(env.get(DEBUG_PAUSE_SECONDS_ENV, "0") or 0), once)
         return ManifestFile(path=rel.as_posix(), sizeBytes=size, sha256=digest)
 
     started = time.monotonic()
@@ -278,7 +282,15 @@ def upload_directory(client, root: Path, storage_uri: str, key: str, stage: Stag
     return UploadResult(files=files, uploaded_bytes=uploaded[0], skipped_files=skipped[0], seconds=seconds)
 
 
-def _debug_pause(stage: StageHandle, count: int) -> None:
+def _debug_pause(stage: StageHandle, count: int, seconds: float = 0, once: threading.Event | None = None) -> None:
+    if seconds > 0:
+        if once is not None and once.is_set():
+            return
+        stage.progress.note(f"debug pause after {count} uploaded files ({DEBUG_PAUSE_ENV}) for {seconds:g}s")
+        time.sleep(seconds)
+        if once is not None:
+            once.set()
+        return
     stage.progress.note(f"debug pause after {count} uploaded files ({DEBUG_PAUSE_ENV}); waiting to be killed")
     while True:  # the test sends SIGKILL; SIGTERM ends it too
         signal.pause() if hasattr(signal, "pause") else time.sleep(3600)
