@@ -118,6 +118,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.NO_GPU_POOLS: ("Planned", "Degraded"),
     Reason.NO_POOL_FITS: ("Planned", "Degraded"),
     Reason.MODEL_CONFIG_UNAVAILABLE: ("Planned", "Degraded"),
+    Reason.POOL_GONE: ("Planned", "Degraded"),
     Reason.CACHE_HIT: ("Quantized", None),
     Reason.JOB_RUNNING: ("Quantized", "Progressing"),
     Reason.JOB_PENDING: ("Quantized", "Progressing"),
@@ -133,6 +134,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.ALL_VARIANTS_READY: ("Ready", None),
     Reason.SOME_VARIANTS_READY: ("Ready", "Progressing"),
     Reason.NO_REPLICAS_READY: ("Ready", "Progressing"),
+    Reason.PODS_FAILING: ("Ready", "Degraded"),
     Reason.BLOCKED: ("Ready", "Progressing"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]

@@ -6,7 +6,8 @@
 -- Written for Lua 5.1 (Argo CD runs gopher-lua). Order of the checks:
 --   1. no status yet, or a status about an older generation      -> Progressing
 --   2. a condition that needs a person (bad spec, no GPU fits,
---      Job failed, storage down, quality gate failed)            -> Degraded
+--      Job failed, storage down, quality gate failed,
+--      serving pods failing: corrupted artifact, wrong GPU)        -> Degraded
 --   3. autoscaling to zero and every variant at 0 replicas         -> Suspended
 --   4. Ready=True for the current generation                       -> Healthy
 --   5. anything else (Job running, rolling out, ...)               -> Progressing
@@ -14,9 +15,11 @@
 -- Conditions that are Degraded when False, with the reasons that mean "a person must act" ("*": all).
 local DEGRADED = {
   { type = "Accepted", reasons = "*" },
-  { type = "Planned", reasons = { NoPoolFits = true, NoGPUPools = true, ModelConfigUnavailable = true } },
+  { type = "Planned", reasons = { NoPoolFits = true, NoGPUPools = true, ModelConfigUnavailable = true,
+                                  PoolGone = true } },
   { type = "Quantized", reasons = { JobFailed = true, StorageUnavailable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
+  { type = "Ready", reasons = { PodsFailing = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }
 
