@@ -28,6 +28,83 @@ def lua_health(obj: dict) -> tuple[str, str]:
     return health(obj)
 
 
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+SUBRESOURCES = {  # (group, resource): subresources worth asking about (the rest are covered by their parent)
+    ("fewerbits.io", "quantizedmodels"): ("status", "finalizers"),
+    ("apps", "deployments"): ("scale", "status"),
+    ("batch", "jobs"): ("status",),
+    ("", "pods"): ("exec", "log", "attach", "portforward", "eviction", "ephemeralcontainers"),
+    ("", "serviceaccounts"): ("token",),
+    ("", "services"): ("proxy",),
+    ("", "nodes"): ("proxy", "status"),
+}
+NAMESPACED = {  # in the watched namespace only (a Role there)
+    ("fewerbits.io", "quantizedmodels", ""): {"get", "list", "watch", "patch"},
+    ("fewerbits.io", "quantizedmodels", "status"): {"patch"},
+    ("fewerbits.io", "quantizedmodels", "finalizers"): {"update"},
+    ("", "secrets", ""): {"get"},
+    ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch"},
+    ("", "pods", ""): {"list"},
+    ("apps", "deployments", ""): {"list", "watch", "create", "update", "delete"},
+    ("apps", "deployments", "scale"): {"get", "patch"},
+    ("", "services", ""): {"get", "create", "patch"},
+    ("", "events", ""): {"create"},
+}
+CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
+    ("fewerbits.io", "quantizationpolicies", ""): {"get", "list", "watch"},
+    ("", "nodes", ""): {"list", "watch"},
+    ("", "namespaces", ""): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
+    # Granted to every authenticated user by the API server's default system:basic-user role.
+    ("authorization.k8s.io", "selfsubjectaccessreviews", ""): {"create"},
+    ("authorization.k8s.io", "selfsubjectrulesreviews", ""): {"create"},
+    ("authentication.k8s.io", "selfsubjectreviews", ""): {"create"},
+}
+
+
+def _expected() -> set[tuple[str, str, str, str, str]]:
+    out = set()
+    for (g, r, sub), verbs in NAMESPACED.items():
+        out |= {("watched", g, r, sub, v) for v in verbs}
+    for (g, r, sub), verbs in CLUSTER.items():
+        out |= {("cluster", g, r, sub, v) for v in verbs}
+    return out
+
+
+EXPECTED_GRANTS = _expected()
+
+
+def rbac_matrix(cluster, user: str, namespaces: dict[str, str]) -> set[tuple[str, str, str, str, str]]:
+    """(scope, group, resource, subresource, verb) the API server allows `user`, over every resource
+    it serves (discovery) and every verb; namespaced resources asked in each of `namespaces`
+    (scope = its label), cluster-scoped ones cluster-wide."""
+    authz = client.AuthorizationV1Api(cluster.api_client())
+    # The groups the API server gives a ServiceAccount token: what other bindings grant to all
+    # ServiceAccounts or all authenticated users counts too.
+    sa_ns = user.split(":")[2]
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{sa_ns}", "system:authenticated"]
+
+    def resources(namespaced: bool) -> list[tuple[str, str]]:
+        names = cluster.kubectl("api-resources", "-o", "name", f"--namespaced={str(namespaced).lower()}").stdout.split()
+        return [(n.split(".", 1)[1] if "." in n else "", n.split(".", 1)[0]) for n in names]
+
+    def allowed(verb, group, resource, sub, ns) -> bool:
+        attrs = {"verb": verb, "resource": resource, "group": group, "subresource": sub or None, "namespace": ns}
+        return authz.create_subject_access_review({"spec": {"user": user, "groups": groups,
+                                                            "resourceAttributes": attrs}}).status.allowed
+
+    granted = set()
+    for namespaced in (True, False):
+        for group, resource in resources(namespaced):
+            for sub in ("", *SUBRESOURCES.get((group, resource), ())):
+                for verb in VERBS:
+                    scopes = namespaces.items() if namespaced else [("cluster", None)]
+                    for label, ns in scopes:
+                        if allowed(verb, group, resource, sub, ns):
+                            granted.add((label, group, resource, sub, verb))
+    return granted
+
+
 def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gpu_pool):
     gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     cluster.add_cpu_node("cpu-chart")
@@ -42,19 +119,14 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
         assert op_pod.spec.service_account_name == "fewerbits"
         assert op_pod.status.phase == "Running"  # admitted under the `restricted` Pod Security Standard
 
-        # What the chart's ServiceAccount may and may not do, asked of the API server itself.
+        # Everything the chart's ServiceAccount may do, asked of the API server itself for every
+        # resource it serves × every verb, in the watched namespace, in another one, and cluster-wide:
+        # exactly the expected set, nothing more (a new rule fails this until it is listed).
         sa = f"system:serviceaccount:{release_ns}:fewerbits"
-        authz = client.AuthorizationV1Api(api)
-
-        def allowed(verb, resource, group="", ns=model_ns, sub=None):
-            review = authz.create_subject_access_review({"spec": {"user": sa, "resourceAttributes": {
-                "verb": verb, "resource": resource, "group": group, "namespace": ns, "subresource": sub}}})
-            return review.status.allowed
-
-        assert allowed("create", "jobs", "batch") and allowed("patch", "deployments", "apps", sub="scale")
-        assert allowed("patch", "quantizedmodels", "fewerbits.io", sub="status")
-        assert not allowed("list", "secrets") and not allowed("create", "jobs", "batch", ns="default")
-        assert not allowed("delete", "nodes", ns=None) and not allowed("update", "quantizedmodels", "fewerbits.io")
+        granted = rbac_matrix(cluster, sa, {"watched": model_ns, "other": "default", "operator's own": release_ns})
+        assert granted == EXPECTED_GRANTS, (
+            f"granted but not expected: {sorted(granted - EXPECTED_GRANTS)}; "
+            f"expected but not granted: {sorted(EXPECTED_GRANTS - granted)}")
 
         source = demo.upload_test_model(cluster)
         cluster.apply(demo.model_manifest(cluster, model_ns, "chart-sample", source, "s3-credentials"))
