@@ -94,14 +94,22 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
             (key_pattern, value_schema), = patterned.items()
             node["additionalProperties"] = _structural(value_schema)
             names = {**names, "pattern": key_pattern}
-        if "pattern" in names:
-            # Structural schemas have no propertyNames: check the keys with CEL instead.
+        if "pattern" in names or "enum" in names:
+            # Structural schemas have no propertyNames: check the keys with CEL instead (a key
+            # the schema let through would make the models refuse the whole object later).
             rules = node.setdefault("x-kubernetes-validations", [])
             max_props = node.get("maxProperties")
-            rules.append({
-                "rule": f"self.all(k, k.matches({json.dumps(names['pattern'])}))",
-                "message": "keys must be valid label keys",
-            })
+            if "pattern" in names:
+                rules.append({
+                    "rule": f"self.all(k, k.matches({json.dumps(names['pattern'])}))",
+                    "message": "keys must be valid label keys",
+                })
+            else:
+                allowed = list(names["enum"])
+                rules.append({
+                    "rule": f"self.all(k, k in {json.dumps(allowed)})",
+                    "message": f"keys must be one of: {', '.join(allowed)}",
+                })
             if max_props is None:
                 node["maxProperties"] = 64
     if node.get("type") == "array" and "items" in node:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import fnmatch
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .base import API_VERSION, ApiModel
 from .formats import QuantFormat
+from .validation import DNS1123_SUBDOMAIN
 from .quantizedmodel import (
     GPUFamily,
     LabelKey,
@@ -68,16 +69,39 @@ class LabelSelector(ApiModel):
 class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
-    key: str | None = None
-    """Taint key; empty with operator Exists matches every taint."""
+    # The rules Kubernetes applies to a pod's tolerations (ValidateTolerations): checked here so a
+    # policy cannot make every quantization Job it places fail to be created.
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+             "message": "value must be empty when operator is Exists"},
+            {"rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+             "message": "operator must be Exists when key is empty"},
+            {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+             "message": "effect must be NoExecute when tolerationSeconds is set"},
+        ]
+    }}
+
+    key: LabelKey | None = None
+    """Taint key (a label key); empty with operator Exists matches every taint."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """Exists or Equal."""
-    value: str | None = None
-    """Taint value for Equal."""
+    value: LabelValue | None = None
+    """Taint value for Equal (a label value)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches all."""
-    tolerationSeconds: int | None = None
+    tolerationSeconds: Annotated[int, Field(ge=-(2**62), le=2**62)] | None = None
     """For NoExecute: how long the pod stays bound after the taint appears."""
+
+    @model_validator(mode="after")
+    def _as_kubernetes_checks_it(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator must be Exists when key is empty")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("effect must be NoExecute when tolerationSeconds is set")
+        return self
 
 
 class QuantizationJobPlacement(ApiModel):
@@ -87,7 +111,7 @@ class QuantizationJobPlacement(ApiModel):
     """Node labels the Job's pod must match (e.g. a calibration GPU pool)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
     """Tolerations for tainted GPU nodes."""
-    priorityClassName: Annotated[str, Field(max_length=253)] | None = None
+    priorityClassName: Annotated[str, Field(max_length=253, pattern=DNS1123_SUBDOMAIN)] | None = None
     """Priority class of the Job's pod."""
     gpus: Annotated[int, Field(ge=0, le=16)] = 1
     """GPUs the Job requests (`nvidia.com/gpu`); 0 runs on CPU (small models only)."""
@@ -155,7 +179,11 @@ class QuantizationPolicySpec(ApiModel):
     """Defaults merged under each model's spec."""
     rules: PolicyRules = Field(default_factory=PolicyRules)
     """Rules each model must satisfy."""
-    formatByGPUFamily: dict[GPUFamily, QuantFormat] = Field(default_factory=dict)
+    formatByGPUFamily: dict[GPUFamily, QuantFormat] = Field(default_factory=dict, json_schema_extra={
+        # Checked at admission too: a policy the models refuse would be no policy at all.
+        "x-kubernetes-validations": [{"rule": "self.all(k, self[k] != 'auto')",
+                                      "message": "formatByGPUFamily must name a concrete format, not 'auto'"}],
+    })
     """Format the planner picks for `format: auto` on a GPU family, overriding its default."""
 
     @field_validator("formatByGPUFamily")

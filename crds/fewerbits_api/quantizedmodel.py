@@ -22,6 +22,7 @@ from .validation import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     HTTP_ENDPOINT,
+    PATH_TRICKS_CEL,
     REVISION,
     SOURCE_URI,
     STORAGE_URI,
@@ -35,7 +36,11 @@ SHORT_NAMES = ["qm"]
 SecretName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)]
 GPU_FAMILIES = ("turing", "ampere", "ada-lovelace", "hopper", "blackwell")
 GPUFamily = Literal["turing", "ampere", "ada-lovelace", "hopper", "blackwell"]
-LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+# A qualified name as Kubernetes checks label keys: an optional DNS-subdomain prefix, then a name
+# of at most 63 characters. Looser than that, a key would pass here and make the API server refuse
+# the Job or Deployment that carries it.
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"))]
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
 # A vLLM flag or its value; no whitespace or control characters so nothing can smuggle a second
 # argument or a newline into a log line. The operator passes arguments as a list (no shell).
@@ -45,7 +50,7 @@ ExtraArg = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\s\x0
 class SourceSpec(ApiModel):
     """Where the base (unquantized) model comes from."""
 
-    uri: Annotated[str, Field(max_length=512, pattern=SOURCE_URI)]
+    uri: Annotated[str, Field(max_length=512, pattern=SOURCE_URI, json_schema_extra=PATH_TRICKS_CEL)]
     """The base model: `hf://org/name` (Hugging Face Hub), `s3://bucket/prefix` (a directory of
     safetensors files and config.json) or `pvc://claim/path` (a PersistentVolumeClaim in the same
     namespace, mounted read-only)."""
@@ -82,7 +87,7 @@ class SourceSpec(ApiModel):
 class CalibrationSpec(ApiModel):
     """The data that calibration-based formats (AWQ, GPTQ, INT8, NVFP4) observe activations on."""
 
-    dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI)] = "general-en"
+    dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en"
     """A built-in dataset name (`general-en`), an S3 JSON Lines object
     (`s3://bucket/path.jsonl`, one `{"text": ...}` per line) or a Hub dataset
     (`hf://datasets/org/name[@revision]`). Its identity and content hash are part of the
@@ -108,7 +113,7 @@ class QualityGateSpec(ApiModel):
     percent, measured by the quantization Job on the same held-out windows. An artifact above it
     is published (with its verdict) but never rolled out."""
 
-    evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI)] = "general-en-heldout"
+    evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en-heldout"
     """Held-out text for perplexity, in the same forms as `calibration.dataset`. Must not
     overlap the calibration data; the built-in `general-en-heldout` does not."""
 
@@ -155,7 +160,7 @@ class StorageSpec(ApiModel):
     """Object storage for artifacts, content-addressed: `<uri>/<key>/files/...` and
     `<uri>/<key>/manifest.json` written last."""
 
-    uri: Annotated[str, Field(max_length=512, pattern=STORAGE_URI)]
+    uri: Annotated[str, Field(max_length=512, pattern=STORAGE_URI, json_schema_extra=PATH_TRICKS_CEL)]
     """`s3://bucket/prefix` under which artifacts are published."""
 
     endpoint: Annotated[str, Field(max_length=512, pattern=HTTP_ENDPOINT)] | None = None

@@ -31,6 +31,18 @@ REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$"
 HTTP_ENDPOINT = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._/-]*)?$"
 
 
+# The same verdict as check_no_path_tricks, for the API server (CEL; `matches` finds a match
+# anywhere): no '.' or '..' segment, no empty segment inside the path (backslashes are already
+# outside every URI pattern). A policy default with such a path must be refused at admission:
+# past it, the operator could only ignore the whole policy.
+PATH_TRICKS_CEL = {
+    "x-kubernetes-validations": [{
+        "rule": r"!self.matches('/\\.\\.?(/|$)') && !self.matches('^[a-z0-9]+://[^/]*/.*[^/]//+[^/]')",
+        "message": "path segments '.' and '..' and empty segments ('//') are not allowed",
+    }]
+}
+
+
 def check_no_path_tricks(value: str, field: str) -> str:
     """Refuse ``..`` segments, empty segments and backslashes in a URI path.
 

@@ -22,6 +22,11 @@ from fewerbits_quantjob.textdata import BUILTIN_DATASETS
 from .planner import check_vllm_args, vllm_arg_spec
 
 DEFAULT_GATE_PERCENT = 3.0
+MAX_REPORTED = 16
+"""Errors (and, separately, violations) reported per spec; the rest are counted."""
+MAX_REPORTED_CHARS = 600
+"""Characters per reported error. Together these keep the Accepted message far below the
+32768 characters a condition message may hold (metav1.Condition), however hostile the spec."""
 
 # vLLM flags a model may not pass in serving.extraArgs unless a policy allows them: the plan owns
 # the first group; the second changes what code runs or what the server trusts.
@@ -62,6 +67,15 @@ class Effective:
         if ceiling is not None and ceiling < default.maxPerplexityIncreasePercent:
             return QualityGateSpec(maxPerplexityIncreasePercent=ceiling)
         return default
+
+
+def bounded(lines: list[str]) -> list[str]:
+    """At most MAX_REPORTED lines of at most MAX_REPORTED_CHARS each, then how many were left out."""
+    out = [line if len(line) <= MAX_REPORTED_CHARS else line[: MAX_REPORTED_CHARS - 3] + "..."
+           for line in lines[:MAX_REPORTED]]
+    if len(lines) > MAX_REPORTED:
+        out.append(f"... and {len(lines) - MAX_REPORTED} more")
+    return out
 
 
 def flag_dest(arg: str) -> str:
@@ -111,7 +125,7 @@ def effective_spec(
     try:
         spec = QuantizedModelSpec.model_validate(merged)
     except ValidationError as e:
-        return Effective(None, policy, errors=format_validation_error(e, prefix="spec"))
+        return Effective(None, policy, errors=bounded(format_validation_error(e, prefix="spec")))
     errors = []
     if spec.storage is None:
         errors.append("spec.storage: no artifact storage: set spec.storage.uri, or a policy default, "
@@ -126,7 +140,7 @@ def effective_spec(
                           f"{', '.join(BUILTIN_DATASETS)}); use s3://bucket/path.jsonl or hf://datasets/org/name")
     # vLLM's own argument rules (its parser's flags, types and choices, pinned release).
     errors += [f"spec.serving.extraArgs: {e}" for e in check_vllm_args(spec.serving.extraArgs)]
-    return Effective(spec, policy, errors=errors, violations=check_rules(spec, raw_spec or {}, policy))
+    return Effective(spec, policy, errors=bounded(errors), violations=bounded(check_rules(spec, raw_spec or {}, policy)))
 
 
 def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: QuantizationPolicy | None) -> list[str]:

@@ -165,27 +165,69 @@ def _get(cfg: Mapping[str, Any], key: str, model_type: str, default: Any = None)
     return value
 
 
-def _req_int(cfg: Mapping[str, Any], key: str, model_type: str, where: str) -> int:
+# A config.json comes from whoever publishes the model: every number is checked to be a finite
+# integer in a plausible range before any arithmetic, so a hostile or broken file is a
+# ModelConfigError naming the field, never an OverflowError, a ZeroDivisionError or a loop over
+# 10^12 layers in the operator.
+MAX_CONFIG_INT = 2**31 - 1
+"""Largest width, vocabulary, expert count or length the planner accepts (int32, as vLLM's
+configs are)."""
+MAX_LAYERS = 10_000
+"""More decoder layers than any published model has by two orders of magnitude."""
+
+
+def _as_int(value: Any, key: str, where: str, minimum: int = 0, maximum: int = MAX_CONFIG_INT) -> int:
+    # bool is an int in Python; `true` for a width is a broken file, not 1.
+    if isinstance(value, bool):
+        raise ModelConfigError(f"{where}: {key!r} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise ModelConfigError(f"{where}: {key!r} must be an integer, got {value!r}")
+        value = int(value)
+    elif isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise ModelConfigError(f"{where}: {key!r} must be an integer, got {value[:64]!r}") from None
+    elif not isinstance(value, int):
+        raise ModelConfigError(f"{where}: {key!r} must be an integer, got {type(value).__name__}")
+    if value < minimum or value > maximum:
+        raise ModelConfigError(f"{where}: {key!r} must be between {minimum} and {maximum:,}, got {value:,}"
+                               if value.bit_length() < 256 else
+                               f"{where}: {key!r} must be between {minimum} and {maximum:,}, got a {value.bit_length()}-bit number")
+    return value
+
+
+def _req_int(cfg: Mapping[str, Any], key: str, model_type: str, where: str, maximum: int = MAX_CONFIG_INT) -> int:
     value = _get(cfg, key, model_type)
     if value is None:
         raise ModelConfigError(f"{where}: missing {key!r}, which the planner needs to size the model")
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ModelConfigError(f"{where}: {key!r} must be an integer, got {value!r}") from None
+    n = _as_int(value, key, where, maximum=maximum)
     if n <= 0:
         raise ModelConfigError(f"{where}: {key!r} must be positive, got {value!r}")
     return n
 
 
-def _opt_int(cfg: Mapping[str, Any], key: str, default: int = 0) -> int:
+def _opt_int(cfg: Mapping[str, Any], key: str, default: int = 0, where: str = "config.json") -> int:
     value = cfg.get(key)
     if value is None:
         return default
+    return _as_int(value, key, where)
+
+
+def _opt_float(cfg: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ModelConfigError(f"{where}: {key!r} must be a number, got {type(value).__name__}")
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ModelConfigError(f"config.json: {key!r} must be an integer, got {value!r}") from None
+        f = float(value)
+    except (ValueError, OverflowError):
+        raise ModelConfigError(f"{where}: {key!r} must be a number, got {str(value)[:64]!r}") from None
+    if not math.isfinite(f) or f <= 0:
+        raise ModelConfigError(f"{where}: {key!r} must be a positive finite number, got {str(value)[:64]}")
+    return f
 
 
 def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -198,14 +240,21 @@ def _rope_scaling(cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _derived_max_len(cfg: Mapping[str, Any], model_type: str, rope: Mapping[str, Any] | None) -> tuple[int, int]:
+def _derived_max_len(cfg: Mapping[str, Any], model_type: str, rope: Mapping[str, Any] | None,
+                     where: str = "config.json") -> tuple[int, int]:
     """(max_position_embeddings, the model's length limit), the way vLLM derives it."""
-    found = [int(cfg[k]) for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    found = []
+    for k in _MAX_LEN_KEYS:
+        value = cfg.get(k)
+        # vLLM skips keys that are absent or not positive numbers; a number it would read must
+        # be a plausible integer here.
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            found.append(_as_int(value, k, where))
     default = _TYPE_DEFAULTS.get(model_type, {}).get("max_position_embeddings")
     if not found and default:
         found = [int(default)]
     if not found:
-        raise ModelConfigError("config.json: missing 'max_position_embeddings' (the model's length limit)")
+        raise ModelConfigError(f"{where}: missing 'max_position_embeddings' (the model's length limit)")
     max_pos = min(found)
     derived = float(max_pos)
     # vLLM 0.33 (vllm/config/model.py, _get_and_verify_max_len) multiplies by the RoPE scaling
@@ -215,24 +264,30 @@ def _derived_max_len(cfg: Mapping[str, Any], model_type: str, rope: Mapping[str,
     if rope and "gemma3" not in model_type:
         rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
         if rope_type not in _ROPE_ALREADY_SCALED:
-            derived *= float(rope.get("factor") or 1.0)
-    return max_pos, int(derived)
+            derived *= _opt_float(rope, "factor", 1.0, f"{where}: rope_scaling")
+    if derived > MAX_CONFIG_INT:
+        raise ModelConfigError(f"{where}: max_position_embeddings {max_pos:,} scaled by rope_scaling.factor gives "
+                               f"{derived:.3g} tokens, more than {MAX_CONFIG_INT:,}")
+    return max_pos, max(1, int(derived))
 
 
-def _vision_params(cfg: Mapping[str, Any], text_hidden: int) -> int:
+def _vision_params(cfg: Mapping[str, Any], text_hidden: int, where: str = "config.json") -> int:
     """A ViT-style encoder's parameters from its vision_config (an estimate: 4h² attention +
     2·h·i MLP per layer, patch and position embeddings, and a projector to the text width)."""
     vc = cfg.get("vision_config")
     if not isinstance(vc, Mapping):
         return 0
-    h = _opt_int(vc, "hidden_size")
-    i = _opt_int(vc, "intermediate_size", 4 * h)
-    layers = _opt_int(vc, "num_hidden_layers") or _opt_int(vc, "depth")
+    w = f"{where}: vision_config"
+    h = _opt_int(vc, "hidden_size", where=w)
+    i = _opt_int(vc, "intermediate_size", 4 * h, where=w)
+    layers = _opt_int(vc, "num_hidden_layers", where=w) or _opt_int(vc, "depth", where=w)
     if not h or not layers:
         return 0
-    patch = _opt_int(vc, "patch_size", 14)
-    image = _opt_int(vc, "image_size", 224)
-    channels = _opt_int(vc, "num_channels", 3)
+    if layers > MAX_LAYERS:
+        raise ModelConfigError(f"{w}: 'num_hidden_layers' must be at most {MAX_LAYERS:,}, got {layers:,}")
+    patch = _opt_int(vc, "patch_size", 14, where=w)
+    image = _opt_int(vc, "image_size", 224, where=w)
+    channels = _opt_int(vc, "num_channels", 3, where=w)
     per_layer = 4 * h * h + 2 * h * i + 4 * h + 2 * h + i + 4 * h  # weights, biases, 2 norms
     embeddings = channels * patch * patch * h + (image // max(patch, 1)) ** 2 * h
     projector = h * text_hidden
@@ -250,11 +305,15 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     """
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"{where}: expected a JSON object")
-    model_type = str(config.get("model_type") or "")
-    architectures = tuple(str(a) for a in (config.get("architectures") or ()))
+    # Truncated: it is echoed in plan warnings, and the file is not ours.
+    model_type = str(config.get("model_type") or "")[:128]
+    archs = config.get("architectures") or ()
+    if not isinstance(archs, (list, tuple)):
+        raise ModelConfigError(f"{where}: 'architectures' must be a list, got {type(archs).__name__}")
+    architectures = tuple(str(a) for a in archs)
     text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
     cfg: Mapping[str, Any] = text if text is not None else config
-    text_type = str(cfg.get("model_type") or model_type)
+    text_type = str(cfg.get("model_type") or model_type)[:128]
     if text is not None and not text.get("model_type") and model_type == "gemma3":
         text_type = "gemma3_text"
     notes: list[str] = []
@@ -266,18 +325,26 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         )
 
     hidden = _req_int(cfg, "hidden_size", text_type, where)
-    layers = _req_int(cfg, "num_hidden_layers", text_type, where)
+    layers = _req_int(cfg, "num_hidden_layers", text_type, where, maximum=MAX_LAYERS)
     heads = _req_int(cfg, "num_attention_heads", text_type, where)
-    kv_heads = int(_get(cfg, "num_key_value_heads", text_type) or heads)
-    head_dim = int(cfg.get("head_dim") or _TYPE_DEFAULTS.get(text_type, {}).get("head_dim") or hidden // heads)
+    kv_heads = _opt_int(_TYPE_DEFAULTS.get(text_type, {}) | {k: v for k, v in cfg.items() if v is not None},
+                        "num_key_value_heads", heads, where) or heads
+    if kv_heads > heads:
+        raise ModelConfigError(f"{where}: 'num_key_value_heads' ({kv_heads}) must not exceed "
+                               f"'num_attention_heads' ({heads})")
+    head_dim = (_opt_int(cfg, "head_dim", where=where) or _TYPE_DEFAULTS.get(text_type, {}).get("head_dim")
+                or hidden // heads)
+    if head_dim < 1:
+        raise ModelConfigError(f"{where}: 'num_attention_heads' ({heads}) exceeds 'hidden_size' ({hidden}) "
+                               "and no 'head_dim' is given")
     vocab = _req_int(cfg, "vocab_size", text_type, where)
-    intermediate = _opt_int(cfg, "intermediate_size")
+    intermediate = _opt_int(cfg, "intermediate_size", where=where)
     tie_value = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     if tie_value is None:
         tie_value = _TYPE_DEFAULTS.get(text_type, {}).get("tie_word_embeddings", _TIE_DEFAULT)
     tie = bool(tie_value)
     rope = _rope_scaling(cfg)
-    max_pos, max_len = _derived_max_len(cfg, text_type, rope)
+    max_pos, max_len = _derived_max_len(cfg, text_type, rope, where)
     dtype = config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
 
     norms_per_layer = _NORMS_PER_LAYER.get(text_type, 2)
@@ -288,11 +355,11 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     if mla:
         # DeepSeek multi-head latent attention: q (optionally through a low-rank q_lora), a joint
         # compressed kv latent plus a shared rope key, and its up-projection.
-        q_lora = _opt_int(cfg, "q_lora_rank")
-        kv_lora = _opt_int(cfg, "kv_lora_rank")
-        nope = _opt_int(cfg, "qk_nope_head_dim", 128)
-        rope_dim = _opt_int(cfg, "qk_rope_head_dim", 64)
-        v_dim = _opt_int(cfg, "v_head_dim", 128)
+        q_lora = _opt_int(cfg, "q_lora_rank", where=where)
+        kv_lora = _opt_int(cfg, "kv_lora_rank", where=where)
+        nope = _opt_int(cfg, "qk_nope_head_dim", 128, where=where)
+        rope_dim = _opt_int(cfg, "qk_rope_head_dim", 64, where=where)
+        v_dim = _opt_int(cfg, "v_head_dim", 128, where=where)
         q_head = nope + rope_dim
         q_params = (hidden * q_lora + q_lora * heads * q_head) if q_lora else hidden * heads * q_head
         attn = q_params + hidden * (kv_lora + rope_dim) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
@@ -308,17 +375,20 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         kv_cache_heads, kv_head_dim, kv_tensors = kv_heads, head_dim, 2
 
     # --- MLP / experts
-    experts = _opt_int(cfg, "num_local_experts") or _opt_int(cfg, "num_experts") or _opt_int(cfg, "n_routed_experts")
-    top_k = _opt_int(cfg, "num_experts_per_tok")
-    moe_inter = _opt_int(cfg, "moe_intermediate_size") or (intermediate if experts else 0)
-    shared_inter = _opt_int(cfg, "shared_expert_intermediate_size")
-    n_shared = _opt_int(cfg, "n_shared_experts")
+    experts = _opt_int(cfg, "num_local_experts", where=where) or _opt_int(cfg, "num_experts", where=where) or _opt_int(cfg, "n_routed_experts", where=where)
+    top_k = _opt_int(cfg, "num_experts_per_tok", where=where)
+    moe_inter = _opt_int(cfg, "moe_intermediate_size", where=where) or (intermediate if experts else 0)
+    shared_inter = _opt_int(cfg, "shared_expert_intermediate_size", where=where)
+    n_shared = _opt_int(cfg, "n_shared_experts", where=where)
     if n_shared and not shared_inter:
         shared_inter = n_shared * moe_inter
-    sparse_step = _opt_int(cfg, "decoder_sparse_step", 1) or 1
-    mlp_only = set(cfg.get("mlp_only_layers") or ())
-    first_dense = _opt_int(cfg, "first_k_dense_replace")
-    moe_freq = _opt_int(cfg, "moe_layer_freq", 1) or 1
+    sparse_step = _opt_int(cfg, "decoder_sparse_step", 1, where=where) or 1
+    mlp_only_raw = cfg.get("mlp_only_layers") or ()
+    if not isinstance(mlp_only_raw, (list, tuple)):
+        raise ModelConfigError(f"{where}: 'mlp_only_layers' must be a list of layer indices")
+    mlp_only = {_as_int(i, "mlp_only_layers[]", where) for i in mlp_only_raw}
+    first_dense = _opt_int(cfg, "first_k_dense_replace", where=where)
+    moe_freq = _opt_int(cfg, "moe_layer_freq", 1, where=where) or 1
     if experts and not top_k:
         raise ModelConfigError(f"{where}: a mixture of experts needs 'num_experts_per_tok'")
     if not experts and not intermediate:
@@ -348,7 +418,7 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
 
     embed = vocab * hidden
     lm_head = 0 if tie else vocab * hidden
-    vision = _vision_params(config, hidden) if text is not None else 0
+    vision = _vision_params(config, hidden, where) if text is not None else 0
     if vision:
         notes.append(f"vision encoder (~{vision / 1e9:.2f}B parameters, estimated) kept at 16 bits")
 
