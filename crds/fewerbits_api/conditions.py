@@ -53,6 +53,7 @@ class Reason:
     NO_REPLICAS_READY = "NoReplicasReady"
     PODS_FAILING = "PodsFailing"
     POOL_GONE = "PoolGone"
+    SERVICE_CONFLICT = "ServiceConflict"
     BLOCKED = "Blocked"
 
 

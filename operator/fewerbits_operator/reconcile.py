@@ -63,7 +63,7 @@ AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "last
 WARNING_REASONS = {
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
-    Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE,
+    Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
 }
 
 
@@ -235,8 +235,10 @@ class Reconciler:
         if not states:
             st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
         elif failed := [s for s in states if s.failed]:
+            hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
+                    if failed[0].failure_reason == Reason.JOB_FAILED else "")
             st.set(C.QUANTIZED, False, failed[0].failure_reason,
-                   "; ".join(f"{s.planned.format.value}: {s.failed}" for s in failed))
+                   "; ".join(f"{s.planned.format.value}: {s.failed}" for s in failed) + hint)
         elif all(s.ready for s in states):
             hits = [s for s in states if s.cache_hit]
             st.set(C.QUANTIZED, True, Reason.CACHE_HIT if len(hits) == len(states) else Reason.JOB_SUCCEEDED,
@@ -335,6 +337,11 @@ class Reconciler:
                 st.events.append(("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) "
                                                         "already published: no quantization Job needed"))
             return s
+        if s.job is None and (failure := self._recorded_failure(old, planned, st.generation)):
+            # The Job failed for this generation and its TTL has since removed it: a new Job would
+            # fail the same way. A new generation of the spec (any edit) tries again.
+            s.failed = failure
+            return s
         if s.job is None:
             job = render_job(owner, spec, planned, placement, eff.gate(), self.settings)
             created = self.kube.create(job)
@@ -357,6 +364,18 @@ class Reconciler:
         else:
             s.running = f"Job {planned.job_name} pending (waiting for a node with room)"
         return s
+
+    @staticmethod
+    def _recorded_failure(old: QuantizedModelStatus, planned: PlannedArtifact, generation: int | None) -> str | None:
+        """This artifact's Job failure as status recorded it for this generation, if it did."""
+        c = C.get_condition(old.conditions, C.QUANTIZED)
+        if c is None or c.reason != Reason.JOB_FAILED or c.observedGeneration != generation:
+            return None
+        prefix = f"{planned.format.value}: "
+        for part in c.message.split("; "):
+            if part.startswith(prefix + f"Job {planned.job_name} failed"):
+                return part[len(prefix):]
+        return None
 
     def _ensure_job_owner(self, owner: Owner, job: dict[str, Any]) -> None:
         """Several models asking for the same artifact share its Job; each becomes an owner, so the
@@ -490,9 +509,10 @@ class Reconciler:
             self.kube.delete_deployment(owner.namespace, dname)
             st.events.append(("Normal", "DeploymentRemoved",
                               f"Deployment {dname}: pool {pool} is no longer planned for this model"))
+        conflict = None
         if the_plan.variants:
-            self._ensure_service(owner)
-            status.endpoint = endpoint(owner)
+            conflict = self._ensure_service(owner)
+            status.endpoint = None if conflict else endpoint(owner)
 
         old_serving = {s.variant: s for s in old.serving}
         serving: list[VariantServingStatus] = []
@@ -531,6 +551,9 @@ class Reconciler:
             st.waiting((C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
             return
         blocked = [v.pool for v in the_plan.variants if not by_format[v.format].deployable]
+        if conflict:
+            st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
+            return
         if blocked:
             why = ("its artifact failed the quality gate" if any(by_format[v.format].passed is False
                                                                  for v in the_plan.variants) else
@@ -577,18 +600,24 @@ class Reconciler:
                 return f"pod {pod['metadata']['name']} container {cs.get('name')}: {_termination_text(term)}"
         return None
 
-    def _ensure_service(self, owner: Owner) -> None:
+    def _ensure_service(self, owner: Owner) -> str | None:
+        """Create or repair the model's Service; a Service of that name the model does not own is
+        someone else's and is never touched (returns why)."""
         desired = render_service(owner)
         cur = self.kube.get_service(owner.namespace, owner.name)
         if cur is None:
             self.kube.create(desired)
-            return
+            return None
+        if not any(r.get("uid") == owner.uid for r in cur["metadata"].get("ownerReferences") or []):
+            return (f"Service {owner.namespace}/{owner.name} exists and is not owned by this QuantizedModel; "
+                    "it is left untouched and nothing is exposed: rename the model or remove that Service")
         spec = cur.get("spec") or {}
         if spec.get("selector") != desired["spec"]["selector"] or \
                 [(p.get("port"), p.get("targetPort")) for p in spec.get("ports") or []] != \
                 [(p["port"], p["targetPort"]) for p in desired["spec"]["ports"]]:
             self.kube.patch_service(owner.namespace, owner.name,
                                     {"spec": {"selector": desired["spec"]["selector"], "ports": desired["spec"]["ports"]}})
+        return None
 
     # ------------------------------------------------------------------ status
 

@@ -312,3 +312,21 @@ def test_model_deleted_while_its_job_runs_leaves_nothing_behind(cluster, gpu_poo
     assert cluster.pod_logs(namespace, pod.metadata.name) == out
     assert manifests(cluster, namespace) == []
     assert models.operator.proc.poll() is None
+
+
+def test_a_service_the_model_does_not_own_is_never_touched(cluster, gpu_pool, namespace, models, model_spec):
+    """Another team's Service already has the model's name: the operator reports the conflict and
+    leaves it alone (no selector rewrite that would steal its traffic)."""
+    gpu_pool("h100", H100)
+    core = client.CoreV1Api(cluster.api_client())
+    theirs = {"metadata": {"name": "taken"}, "spec": {"selector": {"app": "theirs"},
+                                                      "ports": [{"port": 80, "targetPort": 8080}]}}
+    core.create_namespaced_service(namespace, theirs)
+    models.apply(namespace, "taken", model_spec(quantization={"format": "fp8-dynamic"}))
+    c = models.wait_condition(namespace, "taken", "Deployed", status="False", reason="ServiceConflict", timeout=180)
+    assert "not owned by this QuantizedModel" in c["message"]
+    assert models.condition(namespace, "taken", "Ready")["reason"] == "ServiceConflict"
+    assert "endpoint" not in models.get(namespace, "taken")["status"]
+    svc = core.read_namespaced_service("taken", namespace)
+    assert svc.spec.selector == {"app": "theirs"} and [p.port for p in svc.spec.ports] == [80]
+    assert not svc.metadata.owner_references

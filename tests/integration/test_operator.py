@@ -164,6 +164,18 @@ def test_failing_job_reports_its_message(gpu_pool, namespace, models, model_spec
     assert models.deployments(namespace, "broken") == []
     assert models.condition(namespace, "broken", "Ready")["status"] == "False"
 
+    # The failed Job goes (its TTL, or a person): no new Job for the same generation, the failure stays.
+    (job,) = models.jobs(namespace)
+    models.batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+    models.wait("the Job deleted", lambda: not models.jobs(namespace), timeout=60)
+    time.sleep(8)  # more than two resyncs
+    assert models.jobs(namespace) == []
+    c = models.condition(namespace, "broken", "Quantized")
+    assert c["reason"] == "JobFailed" and "calibration.jsonl" in c["message"] and "edit the spec" in c["message"]
+    # An edit of the spec (a new generation) is the signal to try again.
+    models.patch_spec(namespace, "broken", {"serving": {"maxModelLen": 128}})
+    models.wait("a new Job for generation 2", lambda: models.jobs(namespace), timeout=60)
+
 
 def test_failed_gate_never_deploys(gpu_pool, namespace, models, model_spec):
     # The test model barely notices most formats (some even improve its perplexity); w4afp8 with the

@@ -135,6 +135,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.SOME_VARIANTS_READY: ("Ready", "Progressing"),
     Reason.NO_REPLICAS_READY: ("Ready", "Progressing"),
     Reason.PODS_FAILING: ("Ready", "Degraded"),
+    Reason.SERVICE_CONFLICT: ("Deployed", "Degraded"),
     Reason.BLOCKED: ("Ready", "Progressing"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
