@@ -198,30 +198,34 @@ class Reconciler:
                f"policy {eff.policy.metadata.name} applies" if eff.policy else "no QuantizationPolicy matches this namespace")
 
         # 2. Planned: model shape × GPU pools.
+        pools = pools_from_nodes(self.kube.list_nodes())
         try:
             cfg = self.store.model_config(spec.source, secrets.get("source"), self.settings.hf_endpoint)
             shape = shape_from_config(cfg, where=f"{spec.source.uri} config.json")
         except (ModelConfigError, ShapeError) as e:
-            st.set(C.PLANNED, False, Reason.MODEL_CONFIG_UNAVAILABLE, str(e))
-            st.waiting(later[1:], Reason.BLOCKED, "no plan yet (see Planned)")
-            return
-        pools = pools_from_nodes(self.kube.list_nodes())
-        request = PlanRequest.from_spec(spec, eff.policy.spec if eff.policy else None,
-                                        default_served_model_name=owner.name)
-        the_plan = plan(shape, pools, request)
+            if not (old.plan and old.plan.variants and old.observedGeneration == owner_generation(body)):
+                st.set(C.PLANNED, False, Reason.MODEL_CONFIG_UNAVAILABLE, str(e))
+                st.waiting(later[1:], Reason.BLOCKED, "no plan yet (see Planned)")
+                return
+            # The source is unreachable now (Hub outage, rotated token) but this generation was
+            # planned before: keep that plan, so what serves keeps its status; say why it's stale.
+            the_plan = old.plan
+            st.set(C.PLANNED, True, Reason.PLANNED, _plan_summary(the_plan) +
+                   f"; kept from an earlier pass: the source's config.json cannot be read now ({e})")
+        else:
+            request = PlanRequest.from_spec(spec, eff.policy.spec if eff.policy else None,
+                                            default_served_model_name=owner.name)
+            the_plan = plan(shape, pools, request)
+            if not pools:
+                st.set(C.PLANNED, False, Reason.NO_GPU_POOLS,
+                       "no node carries GPU Feature Discovery labels (nvidia.com/gpu.product) with allocatable nvidia.com/gpu")
+            elif not the_plan.variants:
+                st.set(C.PLANNED, False, Reason.NO_POOL_FITS,
+                       "no GPU pool can serve the model: " + "; ".join(f"{r.pool}: {r.reason}" for r in the_plan.rejected))
+            else:
+                st.set(C.PLANNED, True, Reason.PLANNED, _plan_summary(the_plan))
         status.plan = the_plan
         status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
-        if not pools:
-            st.set(C.PLANNED, False, Reason.NO_GPU_POOLS,
-                   "no node carries GPU Feature Discovery labels (nvidia.com/gpu.product) with allocatable nvidia.com/gpu")
-        elif not the_plan.variants:
-            st.set(C.PLANNED, False, Reason.NO_POOL_FITS,
-                   "no GPU pool can serve the model: " + "; ".join(f"{r.pool}: {r.reason}" for r in the_plan.rejected))
-        else:
-            rejected = f"; {len(the_plan.rejected)} pool(s) rejected (see status.plan.rejected)" if the_plan.rejected else ""
-            st.set(C.PLANNED, True, Reason.PLANNED,
-                   ", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
-                             for v in the_plan.variants) + rejected)
 
         # 3. Quantized: one artifact per format; manifest in storage or one Job per key.
         storage_creds = S3Credentials.from_secret(secrets.get("storage"))
@@ -543,8 +547,7 @@ class Reconciler:
         status.replicas = f"{total_ready}/{total}" if serving else None
 
         if gone:
-            planned_msg = (", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
-                                     for v in the_plan.variants) or "no variant")
+            planned_msg = _plan_summary(the_plan) if the_plan.variants else "no variant"
             st.set(C.PLANNED, bool(the_plan.variants), Reason.POOL_GONE,
                    f"pool(s) gone from the cluster: {', '.join(gone)}; planned: {planned_msg}")
         if not the_plan.variants:
@@ -639,6 +642,16 @@ class Reconciler:
             self.kube.post_event(body, type_, reason, message)
         log.info("%s/%s: %s", md["namespace"], md["name"], ", ".join(
             f"{c.type}={c.status}({c.reason})" for c in status.conditions))
+
+
+def owner_generation(body: dict[str, Any]) -> int | None:
+    return body["metadata"].get("generation")
+
+
+def _plan_summary(the_plan: PlanStatus) -> str:
+    rejected = f"; {len(the_plan.rejected)} pool(s) rejected (see status.plan.rejected)" if the_plan.rejected else ""
+    return ", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
+                     for v in the_plan.variants) + rejected
 
 
 def _termination_text(term: dict[str, Any]) -> str:

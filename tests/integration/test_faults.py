@@ -330,3 +330,24 @@ def test_a_service_the_model_does_not_own_is_never_touched(cluster, gpu_pool, na
     svc = core.read_namespaced_service("taken", namespace)
     assert svc.spec.selector == {"app": "theirs"} and [p.port for p in svc.spec.ports] == [80]
     assert not svc.metadata.owner_references
+
+
+def test_source_unreadable_after_a_secret_rotation_keeps_the_plan_and_ready(
+        cluster, gpu_pool, namespace, models, model_spec):
+    """The source's credentials rotate to ones that can't read it (or the Hub is down): what serves
+    keeps serving and Ready stays True; Planned says the plan is kept and why."""
+    gpu_pool("h100", H100)
+    demo.create_s3_secret(cluster, namespace, "source-credentials")
+    spec = model_spec(quantization={"format": "fp8-dynamic"})
+    spec["source"]["credentialsSecret"] = "source-credentials"
+    models.apply(namespace, "rotated", spec)
+    models.wait_condition(namespace, "rotated", "Ready", timeout=600)
+    client.CoreV1Api(cluster.api_client()).patch_namespaced_secret("source-credentials", namespace, {
+        "stringData": {"AWS_ACCESS_KEY_ID": "rotated-elsewhere", "AWS_SECRET_ACCESS_KEY": "not-valid-here"}})
+    planned = models.wait("Planned to say the plan is kept", lambda: (
+        c := models.condition(namespace, "rotated", "Planned")) and "kept from an earlier pass" in c["message"] and c,
+        timeout=120, namespace=namespace, name="rotated")
+    assert planned["status"] == "True" and "InvalidAccessKeyId" in planned["message"], planned
+    ready = models.condition(namespace, "rotated", "Ready")
+    assert ready["status"] == "True", ready
+    assert models.get(namespace, "rotated")["status"]["serving"][0]["readyReplicas"] == 1
