@@ -11,8 +11,10 @@ def _path(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            # pydantic puts the validator's class name in loc for model validators; skip those.
-            if isinstance(part, str) and part[:1].isupper() and not out:
+            # pydantic puts a validator tag (`function-after[...]`) in loc for validators of a
+            # union member; skip those. A capitalised key is a field the user wrote (a typo of
+            # `serving` as `Serving`): it must be named, not dropped.
+            if isinstance(part, str) and ("[" in part or "(" in part):
                 continue
             out += f".{part}" if out else str(part)
     return out

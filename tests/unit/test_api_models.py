@@ -224,3 +224,49 @@ def test_manifest_from_a_newer_writer_still_parses():
                    createdAt="2026-11-21T00:00:00Z").to_wire()
     raw["signature"] = "future-field"
     assert Manifest.model_validate(raw).key == inputs.key()
+
+
+def test_a_capitalised_unknown_field_is_named():
+    lines = spec_errors({"Serving": {"replicas": 2}})
+    assert "spec.Serving: Extra inputs are not permitted" in lines, lines
+
+
+@pytest.mark.parametrize("toleration, words", [
+    ({"key": "gpu", "operator": "Exists", "value": "x"}, "value must be empty when operator is Exists"),
+    ({"operator": "Equal", "value": "x"}, "operator must be Exists when key is empty"),
+    ({"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 5}, "effect must be NoExecute"),
+    ({"key": "a;b", "operator": "Exists"}, "pattern"),
+])
+def test_policy_tolerations_follow_kubernetes_rules(toleration, words):
+    # The Job's pod would be refused by the API server otherwise (a traceback, no condition).
+    with pytest.raises(ValidationError) as exc:
+        QuantizationPolicySpec.model_validate({"rules": {"quantizationJob": {"tolerations": [toleration]}}})
+    assert any(l.startswith("rules.quantizationJob.tolerations[0]") and words in l
+               for l in format_validation_error(exc.value)), format_validation_error(exc.value)
+
+
+@pytest.mark.parametrize("placement, field", [
+    ({"priorityClassName": "high; rm -rf /"}, "rules.quantizationJob.priorityClassName"),
+    ({"nodeSelector": {"example.com/" + "k" * 64: "v"}}, "rules.quantizationJob.nodeSelector"),
+])
+def test_policy_job_placement_the_api_server_would_refuse_is_refused(placement, field):
+    with pytest.raises(ValidationError) as exc:
+        QuantizationPolicySpec.model_validate({"rules": {"quantizationJob": placement}})
+    assert any(l.startswith(field) for l in format_validation_error(exc.value)), format_validation_error(exc.value)
+
+
+def test_policies_the_models_refuse_are_refused_by_the_crd_too():
+    """The operator can only ignore a policy its models refuse (failing open): the CRD's CEL
+    rules refuse such policies at admission."""
+    import json
+
+    from fewerbits_api.crdgen import quantizationpolicy_crd
+
+    spec = quantizationpolicy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    fam = spec["properties"]["formatByGPUFamily"]["x-kubernetes-validations"]
+    assert {"rule": "self.all(k, self[k] != 'auto')",
+            "message": "formatByGPUFamily must name a concrete format, not 'auto'"} in fam
+    assert any(r["rule"].startswith("self.all(k, k in ") and "volta" not in r["rule"] and "hopper" in r["rule"]
+               for r in fam)
+    uri = spec["properties"]["defaults"]["properties"]["storage"]["properties"]["uri"]
+    assert "'..'" in json.dumps(uri["x-kubernetes-validations"])

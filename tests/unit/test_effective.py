@@ -151,3 +151,13 @@ def test_default_gate_is_lowered_to_the_policy_ceiling():
     assert eff.accepted and eff.gate().maxPerplexityIncreasePercent == 1.0
     eff = effective_spec(SPEC, policy("p", {"rules": {"maxPerplexityIncreasePercent": 5.0}}))
     assert eff.gate().maxPerplexityIncreasePercent == 3.0
+
+
+def test_reported_errors_are_bounded_however_hostile_the_spec():
+    # 32 pairs of a plan-owned flag with a 256-character value: 32 errors and 32 violations.
+    args = ["--kv-cache-dtype", "a" * 256] * 32
+    eff = effective_spec(deep_merge(SPEC, {"serving": {"extraArgs": args}}), None)
+    assert not eff.accepted
+    assert len(eff.errors) == 17 and eff.errors[-1] == "... and 16 more"
+    assert len(eff.violations) == 17 and all(len(line) <= 600 for line in eff.errors + eff.violations)
+    assert len("; ".join(eff.errors + eff.violations)) < 32768  # metav1.Condition message limit

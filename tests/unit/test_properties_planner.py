@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -179,3 +180,27 @@ def test_more_gpu_memory_never_makes_a_fitting_model_not_fit(cfg, pool, request,
     assert bigger.variants, bigger.rejected
     # Never more GPUs per replica for more memory per GPU.
     assert bigger.variants[0].tensorParallelSize <= smaller.variants[0].tensorParallelSize
+
+
+_TINY = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "vocab_size": 1000, "intermediate_size": 256, "max_position_embeddings": 2048}
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"num_hidden_layers": 10**12}, "num_hidden_layers"),          # was: a loop over 10^12 layers
+    ({"hidden_size": float("inf")}, "hidden_size"),                # was: OverflowError
+    ({"max_position_embeddings": float("inf")}, "max_position_embeddings"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": "x"}}, "factor"),  # was: ValueError
+    ({"rope_scaling": {"rope_type": "linear", "factor": 1e308}}, "rope_scaling.factor"),
+    ({"mlp_only_layers": 5}, "mlp_only_layers"),                   # was: TypeError
+    ({"architectures": 5}, "architectures"),
+    ({"num_key_value_heads": "x"}, "num_key_value_heads"),
+    ({"num_key_value_heads": 64}, "num_key_value_heads"),
+    ({"head_dim": -1}, "head_dim"),
+    ({"num_attention_heads": 1000}, "num_attention_heads"),        # was: head_dim 0, ZeroDivisionError
+    ({"hidden_size": True}, "hidden_size"),
+    ({"hidden_size": 10**200}, "hidden_size"),
+])
+def test_hostile_config_values_are_model_config_errors_naming_the_field(patch, field):
+    with pytest.raises(ModelConfigError, match=field):
+        shape_from_config({**_TINY, **patch})
