@@ -9,11 +9,15 @@ never leave this process (not logged, not in status, not in events).
 from __future__ import annotations
 
 import base64
+import copy
 import fnmatch
+import json
 import logging
+import random
 import threading
+import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -48,6 +52,206 @@ def _missing(e: ApiException) -> bool:
     return e.status == 404
 
 
+# ---------------------------------------------------------------- watched caches (informers)
+
+ChangeHandler = Callable[[dict[str, Any] | None, dict[str, Any] | None], None]
+"""Called with (old, new) for a relevant change; old is None on add, new is None on delete."""
+
+
+def node_facts(node: dict[str, Any]) -> dict[str, Any]:
+    """What the planner reads of a Node (planner/catalog.py ``_node_gpu``): labels (GPU Feature
+    Discovery's, and any a target's nodeSelector names), ``spec.unschedulable`` and
+    ``status.allocatable``. The cache keeps only this, and only a change of it is a change:
+    heartbeats (``status.conditions``), images and addresses are not."""
+    md, spec, st = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    return {
+        "metadata": {"name": md.get("name"), "labels": dict(md.get("labels") or {}),
+                     "resourceVersion": md.get("resourceVersion")},
+        "spec": {"unschedulable": bool(spec.get("unschedulable"))},
+        "status": {"allocatable": dict(st.get("allocatable") or {})},
+    }
+
+
+def node_relevant(node: dict[str, Any]) -> Any:
+    facts = node_facts(node)
+    return (facts["metadata"]["labels"], facts["spec"], facts["status"])
+
+
+def policy_relevant(policy: dict[str, Any]) -> Any:
+    """A policy decides through its spec (and is found by name); its status and bookkeeping
+    annotations do not change any model."""
+    return policy.get("spec")
+
+
+class WatchCache:
+    """One kind, listed once and then kept current by a watch (what client-go calls an informer).
+
+    ``run`` LISTs, then WATCHes from the list's resourceVersion with bookmarks; when the watch
+    ends it resumes from the last resourceVersion seen, and re-LISTs when the server says that
+    version is gone (410) or the connection failed. ``on_change`` is called, outside the lock,
+    only when ``relevant(obj)`` differs (or an object came or went); a re-LIST compares with what
+    was held, so a change missed while disconnected is still reported. Until the first LIST has
+    landed ``synced`` is False and callers read live instead.
+    """
+
+    def __init__(self, name: str, list_fn: Callable[..., Any], *, relevant: Callable[[dict[str, Any]], Any],
+                 slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                 on_change: ChangeHandler | None = None, watch_timeout_seconds: int = 300):
+        self.name = name
+        self._list_fn = list_fn
+        self._relevant = relevant
+        self._slim = slim or (lambda o: o)
+        self.on_change = on_change
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self._lock = threading.Lock()
+        self._objs: dict[str, dict[str, Any]] = {}
+        self._rv: str | None = None
+        self.synced = threading.Event()
+        self.lists = 0
+        self.watches = 0
+
+    # ------------------------------------------------------------ the store (pure; unit-tested)
+
+    @staticmethod
+    def key(obj: dict[str, Any]) -> str:
+        md = obj.get("metadata") or {}
+        return f"{md.get('namespace') or ''}/{md.get('name')}"
+
+    def items(self) -> list[dict[str, Any]]:
+        """Deep copies: callers may keep or change what they get."""
+        with self._lock:
+            return [copy.deepcopy(o) for o in self._objs.values()]
+
+    def replace(self, objs: list[dict[str, Any]], resource_version: str | None) -> None:
+        """The result of a LIST. Reports what differs from what was held (nothing on the first)."""
+        changes: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
+        new = {self.key(o): self._slim(o) for o in objs}
+        with self._lock:
+            if self.synced.is_set():
+                for k in set(self._objs) | set(new):
+                    old_o, new_o = self._objs.get(k), new.get(k)
+                    if old_o is None or new_o is None or self._relevant(old_o) != self._relevant(new_o):
+                        changes.append((old_o, new_o))
+            self._objs, self._rv = new, resource_version
+            self.synced.set()
+        self._report(changes)
+
+    def apply(self, event_type: str, obj: dict[str, Any]) -> bool:
+        """One watch event; True when it was a relevant change (and reported)."""
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if event_type == "BOOKMARK":
+            with self._lock:
+                self._rv = rv or self._rv
+            return False
+        k = self.key(obj)
+        slim = self._slim(obj)
+        with self._lock:
+            old = self._objs.get(k)
+            if event_type == "DELETED":
+                self._objs.pop(k, None)
+                change = (old, None) if old is not None else None
+            elif event_type in ("ADDED", "MODIFIED"):
+                self._objs[k] = slim
+                change = (old, slim) if old is None or self._relevant(old) != self._relevant(slim) else None
+            else:
+                return False
+            self._rv = rv or self._rv
+        if change is None:
+            return False
+        self._report([change])
+        return True
+
+    def _report(self, changes: list[tuple[dict[str, Any] | None, dict[str, Any] | None]]) -> None:
+        if not changes or self.on_change is None:
+            return
+        for old, new in changes:
+            try:
+                self.on_change(old, new)
+            except Exception as e:  # noqa: BLE001 — a handler's bug must not stop the watch
+                log.warning("%s cache: change handler failed: %s: %s", self.name, type(e).__name__, e)
+
+    # ------------------------------------------------------------ the I/O loop
+
+    def run(self, stop: threading.Event) -> None:
+        """Thread entry: list and watch until ``stop`` is set; errors back off (1 s → 60 s) and re-list."""
+        backoff = 1.0
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                need_list = self._watch(stop)
+                backoff = 1.0
+            except Exception as e:  # noqa: BLE001 — network, 403 (RBAC), 5xx: retry from a fresh list
+                if isinstance(e, ApiException) and e.status == 403:
+                    # Without list or watch the getters keep reading live: correct, only chattier.
+                    self.synced.clear()
+                log.warning("%s cache: %s: %s; re-listing in %.0fs", self.name, type(e).__name__,
+                            getattr(e, "reason", None) or e, backoff)
+                need_list = True
+                stop.wait(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 60.0)
+
+    def _list(self) -> None:
+        # Raw JSON, not the client's typed models: cheaper, and the same dicts the watch yields.
+        resp = self._list_fn(_preload_content=False, _request_timeout=60)
+        self.lists += 1
+        body = json.loads(resp.data)
+        self.replace(body.get("items") or [], (body.get("metadata") or {}).get("resourceVersion"))
+
+    def _watch(self, stop: threading.Event) -> bool:
+        """One watch request; returns True when a re-list is needed (410 Gone)."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        with self._lock:
+            rv = self._rv
+        self.watches += 1
+        resp = self._list_fn(watch=True, resource_version=rv, allow_watch_bookmarks=True,
+                             timeout_seconds=self.watch_timeout_seconds, _preload_content=False,
+                             _request_timeout=self.watch_timeout_seconds + 30)
+        try:
+            for line in iter_resp_lines(resp):
+                if stop.is_set():
+                    return False
+                if not line or not line.strip():
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    if status.get("code") == 410:
+                        return True
+                    raise ApiException(status=status.get("code"), reason=status.get("message"))
+                self.apply(event.get("type", ""), event.get("object") or {})
+        finally:
+            resp.close()
+            resp.release_conn()
+        return False
+
+
+class TTLCache:
+    """Values kept for ``ttl`` seconds (0: not kept)."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic):
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    def get(self, key: Any, load: Callable[[], Any]) -> Any:
+        if self.ttl <= 0:
+            return load()
+        now = self._clock()
+        with self._lock:
+            hit = self._values.get(key)
+            if hit is not None and hit[0] > now:
+                return copy.deepcopy(hit[1])
+        value = load()
+        with self._lock:
+            self._values[key] = (now + self.ttl, value)
+        return copy.deepcopy(value)
+
+
 class Kube:
     """Typed verbs over the API objects the operator touches."""
 
@@ -60,6 +264,31 @@ class Kube:
         self._lock = threading.Lock()
         self.writes = 0
         """API writes made by this process (for metrics and the 'no writes at rest' check)."""
+        self.nodes: WatchCache | None = None
+        self.policies: WatchCache | None = None
+        self._namespace_labels = TTLCache(0)
+
+    def start_caches(self, stop: threading.Event, *, on_node_change: ChangeHandler | None = None,
+                     on_policy_change: ChangeHandler | None = None, namespace_ttl_seconds: float = 0,
+                     wait_seconds: float = 10) -> None:
+        """Serve ``list_nodes`` and ``list_policies`` from watched caches, and namespace labels
+        for ``namespace_ttl_seconds``. Every reconcile reads all three; without the caches each
+        one LISTs every Node and policy. Waits up to ``wait_seconds`` for the first lists (the
+        getters read live until then)."""
+        self.nodes = WatchCache("nodes", self.core.list_node, relevant=node_relevant, slim=node_facts,
+                                on_change=on_node_change)
+        self.policies = WatchCache("quantizationpolicies", self._list_policies_raw, relevant=policy_relevant,
+                                   on_change=on_policy_change)
+        self._namespace_labels = TTLCache(namespace_ttl_seconds)
+        for cache in (self.nodes, self.policies):
+            threading.Thread(target=cache.run, args=(stop,), name=f"fewerbits-cache-{cache.name}",
+                             daemon=True).start()
+        deadline = time.monotonic() + wait_seconds
+        for cache in (self.nodes, self.policies):
+            cache.synced.wait(max(0.0, deadline - time.monotonic()))
+
+    def _list_policies_raw(self, **kwargs: Any) -> Any:
+        return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
 
     def _wrote(self) -> None:
         with self._lock:
@@ -121,11 +350,18 @@ class Kube:
         raise ApiException(status=409, reason=f"status of {namespace}/{name} kept changing; retry next pass")
 
     def list_policies(self) -> list[dict[str, Any]]:
+        if self.policies is not None and self.policies.synced.is_set():
+            return self.policies.items()
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL).get("items", [])
 
     # ------------------------------------------------------------ cluster facts
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
+        """A namespace's labels (policies select by them), kept for the TTL given to
+        ``start_caches``: a label change reaches a model by its next reconcile after that."""
+        return self._namespace_labels.get(namespace, lambda: self._read_namespace_labels(namespace))
+
+    def _read_namespace_labels(self, namespace: str) -> dict[str, str]:
         try:
             return dict(self.core.read_namespace(namespace).metadata.labels or {})
         except ApiException as e:
@@ -134,6 +370,9 @@ class Kube:
             raise
 
     def list_nodes(self) -> list[dict[str, Any]]:
+        """Nodes as the planner reads them (``node_facts``), from the watched cache once synced."""
+        if self.nodes is not None and self.nodes.synced.is_set():
+            return self.nodes.items()
         nodes = self.core.list_node()
         return [self.api.sanitize_for_serialization(n) for n in nodes.items]
 

@@ -13,6 +13,10 @@ RECONCILES = Counter("fewerbits_reconciles_total", "Reconciles of QuantizedModel
 RECONCILE_ERRORS = Counter("fewerbits_reconcile_errors_total", "Reconciles that raised an error")
 RECONCILE_DURATION = Histogram("fewerbits_reconcile_duration_seconds", "Time one reconcile takes",
                                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+RECONCILE_DURATION_MAX = Gauge("fewerbits_reconcile_duration_max_seconds",
+                               "The longest reconcile since the operator started (the histogram has no max)")
+QUEUE_DEPTH = Gauge("fewerbits_workqueue_depth", "Models waiting in the work queue for a reconcile")
+QUEUE_PROCESSING = Gauge("fewerbits_workqueue_processing", "Reconciles running now")
 JOBS_CREATED = Counter("fewerbits_quantization_jobs_created_total", "Quantization Jobs created")
 CACHE_HITS = Counter("fewerbits_artifact_cache_hits_total", "Artifacts found already published (no Job needed)")
 JOBS_RUNNING = Gauge("fewerbits_quantization_jobs_running", "Quantization Jobs not finished yet")
@@ -22,6 +26,7 @@ PERPLEXITY_INCREASE = Gauge("fewerbits_artifact_perplexity_increase_percent",
                             ["namespace", "model", "format"])
 
 _lock = threading.Lock()
+_max_duration = 0.0
 _models: dict[tuple[str, str], QuantizedModelStatus] = {}
 
 
@@ -56,3 +61,11 @@ def _refresh() -> None:
     for (t, s), n in counts.items():
         MODELS.labels(t, s).set(n)
     JOBS_RUNNING.set(running)
+
+
+def observe_reconcile_max(seconds: float) -> None:
+    global _max_duration
+    with _lock:
+        if seconds > _max_duration:
+            _max_duration = seconds
+            RECONCILE_DURATION_MAX.set(seconds)

@@ -36,7 +36,14 @@ class OperatorSettings(BaseSettings):
     hf_endpoint: str = "https://huggingface.co"
     """Hugging Face Hub endpoint, for reading a model's config.json."""
     resync_seconds: float = 30.0
-    """Every model is reconciled at least this often (level-triggered safety net)."""
+    """A model that is not Ready yet (or failed) is reconciled at least this often: the
+    level-triggered safety net for what no watch reports (a Secret created later, storage back)."""
+    steady_resync_seconds: float = 300.0
+    """A Ready model whose status is current is reconciled this often on average (spread evenly
+    over the period): watches on its Jobs, Deployments, Nodes and policies report every change
+    that matters, so this only repairs drift no watch sees (a Service edited by hand)."""
+    workers: int = Field(default=4, ge=1, le=64)
+    """Reconciles that run at once (threads draining the coalescing work queue)."""
     job_ttl_seconds: int = 86400
     """Finished quantization Jobs are removed after this many seconds."""
     job_cpu_request: str = "2"

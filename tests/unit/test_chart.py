@@ -179,7 +179,7 @@ NAMESPACED_RULES = {
 }
 CLUSTER_RULES = {
     ("fewerbits.io", "quantizationpolicies"): {"get", "list", "watch"},
-    ("", "nodes"): {"list"},
+    ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
 

@@ -71,15 +71,16 @@ are never listed or watched. tests/unit/test_chart.py checks both.
 
 {{/* Reads of cluster-scoped resources: needed in both scopes. */}}
 {{- define "fewerbits.rbac.clusterRules" -}}
-# QuantizationPolicies are cluster-scoped: reconcile lists them to find the one that applies
-# (Kube.list_policies) and kopf watches them to re-reconcile on change (handlers.policy_changed).
+# QuantizationPolicies are cluster-scoped: a watched cache serves reconcile the one that applies
+# (Kube.list_policies, kube.WatchCache) and re-reconciles every model when one changes.
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizationpolicies"]
   verbs: ["get", "list", "watch"]
-# GPU inventory: the planner lists nodes for their GPU Feature Discovery labels (Kube.list_nodes).
+# GPU inventory: a watched cache of Nodes gives the planner their GPU Feature Discovery labels and
+# allocatable GPUs (Kube.list_nodes, kube.WatchCache); list and watch instead of a list per reconcile.
 - apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- if eq .Values.rbac.scope "cluster" }}
 # A model's namespace labels, matched against each policy's namespaceSelector
 # (Kube.namespace_labels).
