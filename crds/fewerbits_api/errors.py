@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 from pydantic import ValidationError
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 def _path(loc: tuple) -> str:
@@ -16,7 +21,12 @@ def _path(loc: tuple) -> str:
             # `serving` as `Serving`): it must be named, not dropped.
             if isinstance(part, str) and ("[" in part or "(" in part):
                 continue
-            out += f".{part}" if out else str(part)
+            part = str(part)
+            if not _PLAIN_KEY.fullmatch(part):
+                # A key with spaces, newlines or quotes would be invisible or ambiguous: quote it.
+                out += f"[{json.dumps(part)}]"
+            else:
+                out += f".{part}" if out else part
     return out
 
 
@@ -26,7 +36,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
     for e in err.errors(include_url=False):
         field = _path(tuple(e["loc"]))
         if prefix:
-            field = f"{prefix}.{field}" if field else prefix
+            field = (f"{prefix}{field}" if field.startswith("[") else f"{prefix}.{field}") if field else prefix
         msg = e["msg"].removeprefix("Value error, ")
         lines.append(f"{field}: {msg}" if field else msg)
     return lines

@@ -23,7 +23,8 @@ from fewerbits_api import conditions as C
 from fewerbits_api.artifact import Manifest
 from fewerbits_api.conditions import Condition, Reason, set_condition
 from fewerbits_api.formats import QuantFormat
-from fewerbits_api.policy import QuantizationJobPlacement, QuantizationPolicy
+from fewerbits_api.errors import format_validation_error
+from fewerbits_api.policy import LabelSelector, QuantizationJobPlacement, QuantizationPolicy
 from fewerbits_api.quantizedmodel import (
     ArtifactStatus,
     PlanStatus,
@@ -41,7 +42,7 @@ from .artifacts import PlannedArtifact, planned_artifacts
 from .effective import Effective, effective_spec, select_policy
 from .kube import Kube
 from .planner import ModelConfigError as ShapeError
-from .planner import PlanRequest, plan, pools_from_nodes, shape_from_config
+from .planner import PlanRequest, plan, pools_from_nodes, shape_from_config, unmatched_targets
 from .render import (
     ANNOTATION_SPEC_HASH,
     LABEL_MODEL,
@@ -220,8 +221,11 @@ class Reconciler:
                 st.set(C.PLANNED, False, Reason.NO_GPU_POOLS,
                        "no node carries GPU Feature Discovery labels (nvidia.com/gpu.product) with allocatable nvidia.com/gpu")
             elif not the_plan.variants:
-                st.set(C.PLANNED, False, Reason.NO_POOL_FITS,
-                       "no GPU pool can serve the model: " + "; ".join(f"{r.pool}: {r.reason}" for r in the_plan.rejected))
+                lost = unmatched_targets(pools, spec.serving.targets)
+                unmatched = [f"spec.serving.targets[{i}] ({_target_text(t)}) matches no GPU pool"
+                             for i, t in enumerate(spec.serving.targets) if any(t is x for x in lost)]
+                st.set(C.PLANNED, False, Reason.NO_POOL_FITS, "no GPU pool can serve the model: " + "; ".join(
+                    unmatched + [f"{r.pool}: {r.reason}" for r in the_plan.rejected]))
             else:
                 st.set(C.PLANNED, True, Reason.PLANNED, _plan_summary(the_plan))
         status.plan = the_plan
@@ -279,13 +283,23 @@ class Reconciler:
                 f"metadata.name: {owner.name!r} must be a DNS label of at most 40 characters "
                 "(it names the Service and prefixes Deployment names)"])
         policies = []
+        labels = self.kube.namespace_labels(owner.namespace)
+        broken: list[str] = []
         for raw in self.kube.list_policies():
             try:
                 policies.append(QuantizationPolicy.model_validate(raw))
             except ValidationError as e:
-                log.warning("ignoring invalid QuantizationPolicy %s: %s",
-                            raw.get("metadata", {}).get("name"), str(e).splitlines()[0])
-        policy = select_policy(policies, self.kube.namespace_labels(owner.namespace))
+                pname = (raw.get("metadata") or {}).get("name")
+                if _may_select(raw, labels):
+                    # Fail closed: a policy meant for this namespace that can't be read must not
+                    # leave the namespace ungoverned (stored before a stricter CRD, or written
+                    # by a client that skipped validation).
+                    broken.append(f"QuantizationPolicy {pname} applies to namespace {owner.namespace} but is "
+                                  f"invalid ({'; '.join(format_validation_error(e))[:600]}); fix the policy")
+                log.warning("invalid QuantizationPolicy %s: %s", pname, str(e).splitlines()[0])
+        if broken:
+            return Effective(None, None, violations=broken)
+        policy = select_policy(policies, labels)
         s = self.settings
         default_storage = None
         if s.default_storage_uri:
@@ -642,6 +656,25 @@ class Reconciler:
             self.kube.post_event(body, type_, reason, message)
         log.info("%s/%s: %s", md["namespace"], md["name"], ", ".join(
             f"{c.type}={c.status}({c.reason})" for c in status.conditions))
+
+
+def _may_select(raw_policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether an invalid policy selects the namespace: its selector read alone, and True when even
+    that can't be read (it might have been meant for any namespace)."""
+    selector = ((raw_policy.get("spec") or {}) if isinstance(raw_policy.get("spec"), dict) else {}).get(
+        "namespaceSelector") or {}
+    try:
+        return LabelSelector.model_validate(selector).matches(labels)
+    except ValidationError:
+        return True
+
+
+def _target_text(target: Any) -> str:
+    if target.family:
+        return f"family {getattr(target.family, 'value', target.family)}"
+    if target.product:
+        return f"product {target.product}"
+    return "nodeSelector " + ",".join(f"{k}={v}" for k, v in (target.nodeSelector or {}).items())
 
 
 def owner_generation(body: dict[str, Any]) -> int | None:

@@ -25,6 +25,8 @@ from fewerbits_api.artifact import MANIFEST_NAME, Manifest, artifact_prefix
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
 
 log = logging.getLogger("fewerbits.storage")
+CONFIG_MAX_BYTES = 4 * 2**20
+"""A config.json is a few KiB; more is not read (a hostile source can't fill memory)."""
 
 
 class StorageError(RuntimeError):
@@ -134,7 +136,7 @@ class ObjectStore:
             cfg = self._hf_config(source, (secret or {}).get("HF_TOKEN"), hf_endpoint)
         else:
             raise ModelConfigError(
-                f"{source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
+                f"spec.source.uri: {source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
                 "their config.json to plan (use an hf:// or s3:// source)")
         self._config_cache[cache_key] = cfg
         return cfg
@@ -145,12 +147,15 @@ class ObjectStore:
         key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
         s3 = self._client(source.endpoint, source.region, creds)
         try:
-            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"].read(CONFIG_MAX_BYTES + 1)
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             raise ModelConfigError(f"cannot read s3://{bucket}/{key}: {code}") from None
         except BotoCoreError as e:
             raise ModelConfigError(f"cannot reach {source.endpoint or 'AWS S3'}: {type(e).__name__}") from None
+        if len(body) > CONFIG_MAX_BYTES:
+            raise ModelConfigError(f"s3://{bucket}/{key} is larger than {CONFIG_MAX_BYTES // 2**20} MiB; "
+                                   "a model's config.json is a few KiB")
         return _parse_config(body, f"s3://{bucket}/{key}")
 
     def _hf_config(self, source: SourceSpec, token: str | None, hf_endpoint: str) -> dict[str, Any]:
@@ -161,7 +166,7 @@ class ObjectStore:
             req.add_unredirected_header("Authorization", f"Bearer {token}")  # never sent on to a redirect target
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                body = resp.read(4 * 2**20)
+                body = resp.read(CONFIG_MAX_BYTES)
         except urllib.error.HTTPError as e:
             hint = " (gated or private: set spec.source.credentialsSecret with HF_TOKEN)" if e.code in (401, 403) else ""
             raise ModelConfigError(f"cannot read config.json of {source.uri}: HTTP {e.code}{hint}") from None

@@ -272,7 +272,7 @@ def test_anything_raises_only_validation_errors_that_name_a_spec_field(raw):
         QuantizedModelSpec.model_validate(raw)
     except ValidationError as e:
         lines = format_validation_error(e, prefix="spec")
-        assert lines and all(re.match(r"spec(\.[^:\s]|\[\d+\]|: )", line) for line in lines), lines
+        assert lines and all(re.match(r"spec(\.[^:\s]|\[\d+\]|\[\"|: )", line) for line in lines), lines
     eff = effective_spec(raw if isinstance(raw, dict) else {"source": raw}, None)
     assert all(line.startswith("spec") for line in eff.errors), eff.errors
     assert len("; ".join(eff.errors + eff.violations)) < 32768

@@ -25,3 +25,23 @@ def test_no_message_and_a_json_lookalike_still_read_well():
 def test_long_messages_are_cut():
     msg = json.dumps({"reason": "StorageError", "message": "x" * 5000})
     assert len(_termination_text({"exitCode": 14, "message": msg})) < 700
+
+
+def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when_unreadable():
+    from fewerbits_operator.reconcile import _may_select
+
+    raw = {"metadata": {"name": "p"}, "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}},
+                                               "formatByGPUFamily": {"hopper": "auto"}}}
+    assert _may_select(raw, {"team": "a"}) and not _may_select(raw, {"team": "b"})
+    assert _may_select({"spec": 5}, {})
+    assert _may_select({"spec": {"namespaceSelector": {"matchLabels": {"bad key!": "x"}}}}, {"team": "b"})
+    assert _may_select({"spec": {}}, {"anything": "x"})  # an empty selector selects every namespace
+
+
+def test_serving_targets_are_told_as_written():
+    from fewerbits_api.quantizedmodel import ServingTarget
+    from fewerbits_operator.reconcile import _target_text
+
+    assert _target_text(ServingTarget(family="hopper")) == "family hopper"
+    assert _target_text(ServingTarget(product="NVIDIA-B200")) == "product NVIDIA-B200"
+    assert _target_text(ServingTarget(nodeSelector={"pool": "x"})) == "nodeSelector pool=x"
