@@ -34,7 +34,8 @@ PREFIX = "fewerbits.io"
 Key = tuple[str, str]
 ALL_DEBOUNCE_SECONDS = 1.0
 """A pool of N nodes added is N watch events: reconcile every model once, a second after the first."""
-MAX_BACKOFF_SECONDS = 300.0
+MAX_BACKOFF_SECONDS = 60.0
+"""Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
 HANDLER_WAIT_SECONDS = 120.0
 
 
@@ -108,7 +109,7 @@ class Operator:
                                 status_interval_seconds=s.autoscaler_status_interval_seconds)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
         log.info("fewerbits operator started (namespaces: %s, %d workers, resync every %ss, steady models "
-                 "every %ss)", ", ".join(s.namespaces) or "all", s.workers, s.resync_seconds, s.steady_resync_seconds)
+                 "every %ss)", ", ".join(s.namespaces) or "all", s.workers, s.resync_seconds, s.steady_period_seconds)
 
     def start_workers(self, n: int) -> None:
         for i in range(n):
@@ -194,14 +195,15 @@ class Operator:
     def _failed(self, key: Key, e: Exception) -> None:
         with self._lock:
             n = self._failures[key] = self._failures.get(key, 0) + 1
-        delay = min(2.0 ** (n - 1), MAX_BACKOFF_SECONDS)
+        cap = min(MAX_BACKOFF_SECONDS, self.settings.resync_seconds) if self.settings else MAX_BACKOFF_SECONDS
+        delay = min(2.0 ** (min(n, 30) - 1), cap)
         log.warning("reconcile of %s/%s failed (%d in a row, retry in %.0fs): %s: %s",
                     *key, n, delay, type(e).__name__, e)
         self.queue.add_after(key, delay)
 
     def _resync_delay(self, key: Key, steady: bool) -> float:
         assert self.settings is not None
-        period = self.settings.steady_resync_seconds if steady else self.settings.resync_seconds
+        period = self.settings.steady_period_seconds if steady else self.settings.resync_seconds
         now = self.clock()
         return next_resync(key, now, period) - now
 

@@ -40,8 +40,9 @@ class OperatorSettings(BaseSettings):
     level-triggered safety net for what no watch reports (a Secret created later, storage back)."""
     steady_resync_seconds: float = 300.0
     """A Ready model whose status is current is reconciled this often on average (spread evenly
-    over the period): watches on its Jobs, Deployments, Nodes and policies report every change
-    that matters, so this only repairs drift no watch sees (a Service edited by hand)."""
+    over the period), or every 10 × `resync_seconds` when that is shorter (lowering the resync
+    lowers both): watches on its Jobs, Deployments, Nodes and policies report every change that
+    matters, so this only repairs what no watch sees (a Service edited by hand, a rotated Secret)."""
     workers: int = Field(default=4, ge=1, le=64)
     """Reconciles that run at once (threads draining the coalescing work queue)."""
     job_ttl_seconds: int = 86400
@@ -74,6 +75,10 @@ class OperatorSettings(BaseSettings):
     """Timeout for reading a model's config.json from its source."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage."""
+
+    @property
+    def steady_period_seconds(self) -> float:
+        return min(self.steady_resync_seconds, 10 * self.resync_seconds)
 
     @model_validator(mode="after")
     def _prometheus_needs_url(self) -> "OperatorSettings":

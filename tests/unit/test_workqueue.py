@@ -237,7 +237,7 @@ def model(ns: str, name: str, ready: bool) -> dict:
 def operator() -> tuple[Operator, FakeClock, FakeReconciler]:
     clock = FakeClock()
     op = Operator(clock)
-    op.settings = OperatorSettings(resync_seconds=30, steady_resync_seconds=300)
+    op.settings = OperatorSettings(resync_seconds=30, steady_resync_seconds=300)  # steady period 300
     op.reconciler = FakeReconciler()  # type: ignore[assignment]
     return op, clock, op.reconciler  # type: ignore[return-value]
 
@@ -353,3 +353,9 @@ def test_the_kopf_handler_returns_after_a_reconcile_that_started_after_it_never_
     op.queue.shut_down()
     worker.join(5)
     assert 0.15 < waited < 4 and rec.calls == [("a", "m")]
+
+
+def test_the_steady_period_is_at_most_ten_resyncs():
+    assert OperatorSettings(resync_seconds=30, steady_resync_seconds=300).steady_period_seconds == 300
+    assert OperatorSettings(resync_seconds=3, steady_resync_seconds=300).steady_period_seconds == 30
+    assert OperatorSettings(resync_seconds=60, steady_resync_seconds=120).steady_period_seconds == 120

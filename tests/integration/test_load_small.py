@@ -1,0 +1,40 @@
+"""The load command (bench/load_models.py) at CI size: 24 models over 4 namespaces on their own
+control plane, one real quantization, all Ready, then 40 s at rest with not one write by the
+operator's identity (read from the API server's audit log). The 300-model run is the documented
+command `bench/load_models.py` (bench/README.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from tests.integration.operator_harness import REPO
+
+pytestmark = pytest.mark.cluster
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("load_models", REPO / "bench" / "load_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["load_models"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_models_get_ready_and_the_operator_writes_nothing_at_rest(tmp_path):
+    load = _load_module()
+    lines: list[str] = []
+    r = load.run_load(models=24, namespaces=4, window_seconds=40, ready_timeout=300, seed_timeout=600,
+                      state_dir=tmp_path / "load", progress=lines.append)
+    report = load.table(r) + "\n" + "\n".join(lines[-20:])
+    print(report)
+    assert r.ready_all, report
+    assert r.writes_in_window == {} and r.writes_per_minute == 0, report
+    # The operator was seen at all (the identity filter matches its requests), and at rest it
+    # reads, but far less than once per model per second.
+    assert r.requests_per_minute.get("total", 0) > 0, report
+    assert r.requests_per_minute["total"] < 24 * 60, report
+    assert r.reconcile_seconds_run["count"] >= 24, report
+    assert r.rss_mib["peak"] and r.rss_mib["peak"] > 10, report
