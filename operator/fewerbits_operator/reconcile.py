@@ -313,10 +313,13 @@ class Reconciler:
         missing: list[str] = []
         refs = {"source": ("spec.source.credentialsSecret", spec.source.credentialsSecret),
                 "storage": ("spec.storage.credentialsSecret", spec.storage.credentialsSecret if spec.storage else None)}
+        read: dict[str, dict[str, str] | None] = {}  # one GET when source and storage share a Secret
         for role, (field_name, secret) in refs.items():
             if not secret:
                 continue
-            data = self.kube.secret_data(namespace, secret)
+            if secret not in read:
+                read[secret] = self.kube.secret_data(namespace, secret)
+            data = read[secret]
             if data is None:
                 missing.append(f"{field_name}: Secret {secret} not found in namespace {namespace}")
                 continue
