@@ -195,7 +195,7 @@ def _build_into(out: Path) -> None:
         tokenizer.save_pretrained(out)
         (out / "fewerbits-testmodel.json").write_text(json.dumps({
             "recipe": {"model": MODEL_RECIPE, "train": TRAIN_RECIPE, "builder": BUILDER_VERSION},
-            "final_train_loss": float(loss) if loss is not None else None,
+            "final_train_loss": float(loss.detach()) if loss is not None else None,
             "tokens": len(ids), "build_seconds": round(time.monotonic() - started, 2),
         }, indent=2, sort_keys=True) + "\n")
     finally:
