@@ -143,20 +143,12 @@ def create_namespaces(c: cluster_mod.Cluster, names: list[str], secret: str) -> 
 
 def model_body(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str,
                storage_prefix: str, product: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "source": {"uri": source_uri, "endpoint": c.s3.endpoint, "credentialsSecret": secret},
-            "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
-                             "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
-            "storage": {"uri": f"s3://{demo.ARTIFACT_BUCKET}/{storage_prefix}", "endpoint": c.s3.endpoint,
-                        "credentialsSecret": secret},
-            "serving": {"maxModelLen": 256, "targets": [{"product": product}]},
-            # Autoscaling scrapes pods; kwok's fake pods have no /metrics (see bench/README.md).
-            "autoscaling": {"enabled": False},
-        },
-    }
+    # Autoscaling stays off (the spec's default here): it scrapes pods, and kwok's fake pods have
+    # no /metrics (see bench/README.md).
+    spec = demo.test_model_spec(c.s3.endpoint, source_uri, secret, storage_prefix,
+                                serving={"targets": [{"product": product}]})
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 # ------------------------------------------------------------------ waiting and measuring

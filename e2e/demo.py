@@ -81,20 +81,37 @@ def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: lis
            "--timeout", "180s", *sets)
 
 
-def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "source": {"uri": source_uri, "endpoint": c.s3.endpoint, "credentialsSecret": secret},
-            "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
-                             "qualityGate": {"maxPerplexityIncreasePercent": 5, "evalSamples": 8}},
-            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/quantized", "endpoint": c.s3.endpoint,
-                        "credentialsSecret": secret},
-            "serving": {"maxModelLen": 256},
-            "autoscaling": {"minReplicas": 1, "maxReplicas": 3},
-        },
+def test_model_spec(s3_endpoint: str, source_uri: str, secret: str, storage_prefix: str,
+                    **overrides: Any) -> dict[str, Any]:
+    """A QuantizedModel spec for the tiny test model in the harness's MinIO: quick calibration, a
+    loose gate, short context, no autoscaling. ``overrides`` replace top-level parts; a dict is
+    merged one level deep (``quantization={"format": "fp8-dynamic"}`` keeps the calibration)."""
+    spec: dict[str, Any] = {
+        "source": {"uri": source_uri, "endpoint": s3_endpoint, "credentialsSecret": secret},
+        "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
+                         "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
+        "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/{storage_prefix}", "endpoint": s3_endpoint,
+                    "credentialsSecret": secret},
+        "serving": {"maxModelLen": 256},
+        "autoscaling": {"enabled": False},
     }
+    return merge_spec(spec, **overrides)
+
+
+def merge_spec(spec: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """``spec`` with top-level parts replaced; a dict is merged one level deep."""
+    out = dict(spec)
+    for key, value in overrides.items():
+        out[key] = {**out[key], **value} if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str) -> dict[str, Any]:
+    spec = test_model_spec(c.s3.endpoint, source_uri, secret, "quantized",
+                           quantization={"qualityGate": {"maxPerplexityIncreasePercent": 5, "evalSamples": 8}},
+                           autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3})
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 def create_namespace_with_secret(c: cluster_mod.Cluster, namespace: str, secret: str) -> None:

@@ -10,7 +10,6 @@ from kubernetes import client
 from e2e import demo
 from tests.integration.operator_harness import REPO, Models, OperatorProcess
 
-ARTIFACT_BUCKET = demo.ARTIFACT_BUCKET
 
 
 @pytest.fixture(scope="session")
@@ -59,19 +58,5 @@ def model_spec(cluster, test_model_uri, s3_secret, namespace):
     """A spec factory: the test model from S3, artifacts to S3 under a prefix of this test's own (so
     one test's artifacts are never another's cache hits), both with the test Secret."""
     def make(**overrides) -> dict:
-        spec = {
-            "source": {"uri": test_model_uri, "endpoint": cluster.s3.endpoint, "credentialsSecret": s3_secret},
-            "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
-                             "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
-            "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/{namespace}", "endpoint": cluster.s3.endpoint,
-                        "credentialsSecret": s3_secret},
-            "serving": {"maxModelLen": 256},
-            "autoscaling": {"enabled": False},
-        }
-        for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(spec.get(key), dict):
-                spec[key] = {**spec[key], **value}
-            else:
-                spec[key] = value
-        return spec
+        return demo.test_model_spec(cluster.s3.endpoint, test_model_uri, s3_secret, namespace, **overrides)
     return make

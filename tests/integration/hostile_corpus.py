@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from e2e import demo
+
 GROUP_VERSION = "fewerbits.io/v1alpha1"
 MIB = 1 << 20
 # A node label no node carries: Jobs placed by the corpus's policies stay Pending, so nothing in
@@ -45,22 +47,11 @@ class Ctx:
 
     def spec(self, **overrides: Any) -> dict[str, Any]:
         """A valid spec (the integration tests' test model), with top-level parts replaced."""
-        spec: dict[str, Any] = {
-            "source": {"uri": self.source_uri, "endpoint": self.s3_endpoint, "credentialsSecret": self.secret},
-            "quantization": {"format": "fp8-dynamic", "calibration": {"samples": 16, "maxSeqLength": 64},
-                             "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
-            "storage": {"uri": f"s3://{self.artifact_bucket}/{self.namespace}", "endpoint": self.s3_endpoint,
-                        "credentialsSecret": self.secret},
-            # A pool no test cluster has: a model that gets past Accepted plans nothing, so no Job.
-            "serving": {"maxModelLen": 256, "targets": [{"product": "NVIDIA-B200"}]},
-            "autoscaling": {"enabled": False},
-        }
-        for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(spec.get(key), dict):
-                spec[key] = {**spec[key], **value}
-            else:
-                spec[key] = value
-        return spec
+        # A pool no test cluster has: a model that gets past Accepted plans nothing, so no Job.
+        base = {"quantization": {"format": "fp8-dynamic"},
+                "serving": {"maxModelLen": 256, "targets": [{"product": "NVIDIA-B200"}]}}
+        spec = demo.test_model_spec(self.s3_endpoint, self.source_uri, self.secret, self.namespace, **base)
+        return demo.merge_spec(spec, **overrides)
 
     def selector(self) -> dict[str, Any]:
         return {"matchLabels": {self.run_label[0]: self.run_label[1]}}
