@@ -333,6 +333,8 @@ class PlanVariant(ApiModel):
     """GPUs per replica."""
     maxModelLen: int
     """vLLM `--max-model-len`."""
+    gpuMemoryUtilization: float = 0.9
+    """vLLM `--gpu-memory-utilization`: the share of each GPU's memory the plan sized for."""
     weightsGiB: float
     """Estimated weight memory per replica, GiB."""
     kvCacheTokens: int
@@ -342,7 +344,8 @@ class PlanVariant(ApiModel):
     warnings: list[str] = Field(default_factory=list)
     """What a person should know (fallback kernels, clamped lengths...)."""
     vllmArgs: list[str] = Field(default_factory=list)
-    """The vLLM arguments for this variant."""
+    """The vLLM arguments the plan implies, for display. Serving pods are rendered from the typed
+    fields above, never from this list."""
 
 
 class RejectedPool(ApiModel):
@@ -378,6 +381,22 @@ class QualityStatus(ApiModel):
     """Whether the artifact passed the gate."""
 
 
+class ArtifactFailure(ApiModel):
+    """Why an artifact could not be produced, recorded for the generation that tried. A Job that
+    failed is not re-run for the same generation (it would fail the same way); any edit of the spec
+    retries."""
+
+    generation: int
+    """The spec generation whose Job failed."""
+    reason: str
+    """A CamelCase word for programs: JobFailed, or the Job's own failure reason (e.g. the
+    quantization stage's error class)."""
+    message: str
+    """What happened, from the failed pod's termination message."""
+    job: str
+    """The Job that failed."""
+
+
 class ArtifactStatus(ApiModel):
     """A quantized artifact this model uses or is producing."""
 
@@ -399,6 +418,8 @@ class ArtifactStatus(ApiModel):
     """Measured quality and the gate verdict."""
     tools: dict[str, str] = Field(default_factory=dict)
     """Versions of the tools that made it."""
+    failure: ArtifactFailure | None = None
+    """Set when its Job failed; kept after the Job's TTL removes it."""
 
 
 class VariantServingStatus(ApiModel):
@@ -424,6 +445,18 @@ class VariantServingStatus(ApiModel):
     """When the autoscaler last changed the replica count (RFC 3339)."""
 
 
+class EffectiveAutoscaling(AutoscalingSpec):
+    """The autoscaling the operator applies to each variant, as reconcile resolved it."""
+
+    policyMaxReplicas: Annotated[int, Field(ge=1, le=1000)] | None = None
+    """The matching policy's `rules.maxReplicas`: the autoscaler never goes above it, even when
+    `minReplicas` is higher."""
+
+
+AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime")
+"""The fields of `status.serving[]` the autoscaler writes; reconcile keeps them as they are."""
+
+
 class QuantizedModelStatus(ApiModel):
     """Observed state, written only by the operator."""
 
@@ -443,6 +476,10 @@ class QuantizedModelStatus(ApiModel):
     """Formats in the plan, comma-separated (for `kubectl get`)."""
     replicas: str | None = None
     """Ready/desired replicas over all variants, e.g. `3/4` (for `kubectl get`)."""
+    autoscaling: EffectiveAutoscaling | None = None
+    """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
+    with the policy's replica cap. Absent while the spec is not accepted (an invalid or
+    violated policy fails closed: nothing is scaled). The autoscaler reads only this."""
 
 
 class ObjectMeta(ApiModel):

@@ -27,6 +27,7 @@ from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
 
 from .artifacts import PlannedArtifact
+from .planner.vllm_args import plan_args
 from .settings import OperatorSettings
 
 DOMAIN = "fewerbits.io"
@@ -250,10 +251,8 @@ def render_deployment(
     name = deployment_name(owner.name, variant.pool)
     labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
     model_dir = f"{MODELS_DIR}/{artifact_key}"
-    served = spec.serving.servedModelName or owner.name
-    vllm_args = list(variant.vllmArgs)
-    if "--served-model-name" not in vllm_args:
-        vllm_args = ["--served-model-name", served, *vllm_args]
+    # From the plan's typed fields, never from the display copy in status (plan_args owns them).
+    vllm_args = plan_args(variant, spec.serving.servedModelName or owner.name)
     command = [
         "python3", "-m", "fewerbits_runtime", "launch",
         "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",

@@ -14,6 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from fewerbits_api.quantizedmodel import EffectiveAutoscaling
 from fewerbits_operator.kube import Kube
 from fewerbits_operator.autoscaler.loop import (
     AUTOSCALER_FIELDS,
@@ -72,8 +73,6 @@ class FakeIO:
 
     def __init__(self):
         self.models: dict[str, dict[str, Any]] = {}
-        self.policies: list[dict[str, Any]] = []
-        self.ns_labels: dict[str, dict[str, str]] = {NS: {}}
         self.deployments: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}
         self.scale_writes: list[tuple[str, int]] = []
@@ -85,12 +84,6 @@ class FakeIO:
     def list_models(self, namespaces):
         return [copy.deepcopy(m) for m in self.models.values()
                 if not namespaces or m["metadata"]["namespace"] in namespaces]
-
-    def list_policies(self):
-        return copy.deepcopy(self.policies)
-
-    def namespace_labels(self, namespace):
-        return dict(self.ns_labels.get(namespace, {}))
 
     @staticmethod
     def _match(obj, selector):
@@ -125,14 +118,21 @@ class FakeIO:
         self.events.append((obj["metadata"]["name"], reason, message))
 
     # set-up helpers
-    def add_model(self, name, autoscaling=None, pools=("h100",)):
+    def add_model(self, name, autoscaling=None, pools=("h100",), policy_cap=None):
+        """A model as reconcile leaves it: ``status.autoscaling`` is what reconcile published (the
+        effective autoscaling and the policy's cap), absent when the autoscaling is invalid."""
+        try:
+            published = EffectiveAutoscaling.model_validate(
+                {**(autoscaling or {}), "policyMaxReplicas": policy_cap}).to_wire()
+        except ValueError:
+            published = None
         self.models[name] = {
             "apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
             "spec": {"source": {"uri": "hf://org/m", "revision": "abc"}, "storage": {"uri": "s3://bucket/p"},
                      "autoscaling": autoscaling or {}},
             "status": {"serving": [{"variant": p, "deployment": f"{name}-{p}", "replicas": 1, "readyReplicas": 1}
-                                   for p in pools]},
+                                   for p in pools], **({"autoscaling": published} if published else {})},
         }
 
     def add_deployment(self, model, pool, replicas):
@@ -154,7 +154,7 @@ class FakeIO:
 def test_fake_and_wrapper_implement_the_protocol():
     wanted = {n: inspect.signature(getattr(AutoscalerIO, n)) for n in dir(AutoscalerIO)
               if not n.startswith("_") and callable(getattr(AutoscalerIO, n))}
-    assert set(wanted) == {"list_models", "list_policies", "namespace_labels", "list_deployments", "list_pods",
+    assert set(wanted) == {"list_models", "list_deployments", "list_pods",
                            "read_scale", "patch_scale", "patch_serving_status", "post_event"}
     for impl in (Kube, FakeIO):
         for n, sig in wanted.items():
@@ -175,8 +175,9 @@ def servers():
         s.close()
 
 
-def setup(io: FakeIO, servers, n_pods: int, replicas: int | None = None, model="m1", pool="h100", **auto):
-    io.add_model(model, auto, pools=(pool,))
+def setup(io: FakeIO, servers, n_pods: int, replicas: int | None = None, model="m1", pool="h100",
+          policy_cap=None, **auto):
+    io.add_model(model, auto, pools=(pool,), policy_cap=policy_cap)
     io.add_deployment(model, pool, replicas if replicas is not None else n_pods)
     srvs = servers(n_pods)
     for i, s in enumerate(srvs):
@@ -311,38 +312,39 @@ def test_unready_and_failing_pods_block_scale_down(servers):
 
 def test_policy_cap_clamps(servers):
     io = FakeIO()
-    io.policies = [{"metadata": {"name": "p"}, "spec": {"rules": {"maxReplicas": 2}}}]
-    srvs = setup(io, servers, 4, maxReplicas=8)
+    srvs = setup(io, servers, 4, maxReplicas=8, policy_cap=2)
     for s in srvs:
         s.set(kv=0.7)
     scaler(io).run_once(T0)
     assert io.scale_writes == [("m1-h100", 2)] and "policy rules.maxReplicas 2" in io.events[0][2]
 
 
-def test_disabled_or_invalid_autoscaling_is_left_alone(servers):
+def test_unpublished_disabled_or_invalid_autoscaling_is_left_alone(servers):
+    """Reconcile publishes no status.autoscaling for a model it has not accepted (an invalid or
+    violated policy fails closed): the autoscaler leaves such a model alone, as it does a disabled
+    one and a published value it cannot read."""
     io = FakeIO()
     srvs = setup(io, servers, 1, enabled=False)
     srvs[0].set(kv=1.0, waiting=50)
     bad = setup(io, servers, 1, model="bad", minReplicas=5, maxReplicas=2)
     bad[0].set(kv=1.0)
+    refused = setup(io, servers, 1, model="refused")
+    refused[0].set(kv=1.0)
+    del io.models["refused"]["status"]["autoscaling"]
+    garbled = setup(io, servers, 1, model="garbled")
+    garbled[0].set(kv=1.0)
+    io.models["garbled"]["status"]["autoscaling"] = {"minReplicas": "many"}
     a = scaler(io)
     assert a.run_once(T0) == []
     assert io.scale_writes == [] and io.status_writes == [] and io.events == []
 
 
-def test_an_error_elsewhere_in_the_spec_does_not_stop_scaling(servers):
+def test_published_targets_are_used_not_the_spec(servers):
+    """The bounds and targets come from status.autoscaling (policy defaults already applied by
+    reconcile), not from the raw spec."""
     io = FakeIO()
-    srvs = setup(io, servers, 1, maxReplicas=3)
-    srvs[0].set(kv=1.0)
-    io.models["m1"]["spec"]["source"] = {"uri": "ftp://typo"}
-    scaler(io).run_once(T0)
-    assert io.scale_writes == [("m1-h100", 2)]
-
-
-def test_policy_defaults_apply_to_autoscaling(servers):
-    io = FakeIO()
-    io.policies = [{"metadata": {"name": "p"}, "spec": {"defaults": {"autoscaling": {"targetKVCacheUsage": 0.5}}}}]
-    srvs = setup(io, servers, 2)
+    srvs = setup(io, servers, 2, targetKVCacheUsage=0.5)
+    io.models["m1"]["spec"]["autoscaling"] = {}  # the policy default, not the model, set the target
     for s in srvs:
         s.set(kv=0.6)  # within 10% of 0.7, but 1.2 x the policy's 0.5
     scaler(io).run_once(T0)

@@ -1,8 +1,16 @@
-"""How a failed serving container is told in the Ready condition (reconcile._termination_text)."""
+"""How a failed serving container is told in the Ready condition (decide.termination_text), and
+the small helpers of observe and decide."""
 
 import json
 
-from fewerbits_operator.reconcile import _termination_text
+from fewerbits_operator.decide import termination_text
+from fewerbits_operator.observed import ContainerTermination
+
+
+def _termination_text(term: dict) -> str:
+    return termination_text(ContainerTermination(
+        pod="p", container="c", exit_code=int(term.get("exitCode") or 0), reason=str(term.get("reason") or ""),
+        message=str(term.get("message") or "")))
 
 
 def test_runtime_json_message_gives_reason_and_message():
@@ -28,7 +36,7 @@ def test_long_messages_are_cut():
 
 
 def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when_unreadable():
-    from fewerbits_operator.reconcile import _may_select
+    from fewerbits_operator.observe import may_select as _may_select
 
     raw = {"metadata": {"name": "p"}, "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}},
                                                "formatByGPUFamily": {"hopper": "auto"}}}
@@ -40,7 +48,7 @@ def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when
 
 def test_serving_targets_are_told_as_written():
     from fewerbits_api.quantizedmodel import ServingTarget
-    from fewerbits_operator.reconcile import _target_text
+    from fewerbits_operator.decide import _target_text
 
     assert _target_text(ServingTarget(family="hopper")) == "family hopper"
     assert _target_text(ServingTarget(product="NVIDIA-B200")) == "product NVIDIA-B200"

@@ -5,7 +5,10 @@ vLLM production-stack's chart values (which write replicas into the user's spec 
 GitOps): the Deployment's **scale subresource**, the autoscaler-owned fields of the
 QuantizedModel's ``status.serving`` entries (``desiredReplicas``, ``kvCacheUsage``,
 ``waitingRequests``, ``lastScaleTime``; reconcile keeps them as they are) and an **Event** per
-scaling decision. It never writes a spec. All API I/O goes through the ``AutoscalerIO`` protocol
+scaling decision. It never writes a spec. Its bounds and targets are the ones reconcile resolved and
+published in ``status.autoscaling`` (the spec over policy defaults, the policy's cap): one place
+decides which policy governs a model, and an invalid or violated policy, which leaves that field
+empty, stops scaling (fail closed). All API I/O goes through the ``AutoscalerIO`` protocol
 (``fewerbits_operator.kube.Kube`` implements it).
 
 Recommendation history lives in memory, per variant. Losing it on a restart is safe: a
@@ -23,17 +26,14 @@ from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_api.quantizedmodel import AutoscalingSpec
+from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 
-from ..effective import deep_merge, effective_spec, select_policy
 from ..render import LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
 from .algorithm import Decision, History, Observation, Tuning, decide
 from .metrics import MetricsSource, PodSample, PodTarget
 
 log = logging.getLogger("fewerbits.autoscaler")
 
-AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime")
 """The fields of a status.serving entry this loop owns (reconcile owns the rest)."""
 
 
@@ -43,14 +43,6 @@ class AutoscalerIO(Protocol):
 
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
         """QuantizedModels (raw objects, status included) in these namespaces; empty: all."""
-        ...
-
-    def list_policies(self) -> list[dict[str, Any]]:
-        """QuantizationPolicies (raw objects)."""
-        ...
-
-    def namespace_labels(self, namespace: str) -> dict[str, str]:
-        """Labels of a namespace (to select the policy)."""
         ...
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
@@ -136,19 +128,14 @@ def classify_pods(namespace: str, pods: list[dict[str, Any]]) -> tuple[list[PodT
     return targets, not_ready
 
 
-def effective_autoscaling(raw_spec: dict[str, Any], policy: QuantizationPolicy | None) -> AutoscalingSpec | None:
-    """The model's autoscaling under the policy's defaults; None when it is invalid (reconcile
-    reports that). A mistake elsewhere in the spec (a typo in the source URI while the user edits
-    it) does not stop the variants that already serve from scaling."""
-    eff = effective_spec(raw_spec, policy)
-    if eff.spec is not None:
-        return eff.spec.autoscaling
-    defaults = {}
-    if policy is not None:
-        defaults = policy.spec.defaults.model_dump(mode="json", by_alias=True, exclude_unset=True,
-                                                   exclude_none=True).get("autoscaling") or {}
+def published_autoscaling(model: dict[str, Any]) -> EffectiveAutoscaling | None:
+    """The autoscaling reconcile resolved for the model (``status.autoscaling``); None when it
+    published none (not accepted yet, or refused by a policy) or wrote something unreadable."""
+    raw = (model.get("status") or {}).get("autoscaling")
+    if not isinstance(raw, dict):
+        return None
     try:
-        auto = AutoscalingSpec.model_validate(deep_merge(defaults, raw_spec.get("autoscaling") or {}))
+        auto = EffectiveAutoscaling.model_validate(raw)
     except ValueError:
         return None
     return auto if auto.minReplicas <= auto.maxReplicas else None
@@ -242,17 +229,11 @@ class Autoscaler:
         now = time.time() if now is None else now
         outcomes: list[VariantOutcome] = []
         seen: set[tuple[str, str, str]] = set()
-        policies: list[QuantizationPolicy] | None = None
-        ns_labels: dict[str, dict[str, str]] = {}
         for model in self.io.list_models(self.namespaces):
             md = model.get("metadata") or {}
             ns, name = md.get("namespace", ""), md.get("name", "")
             try:
-                if policies is None:
-                    policies = self._policies()
-                if ns not in ns_labels:
-                    ns_labels[ns] = self.io.namespace_labels(ns)
-                outcomes += self._model(model, ns, name, policies, ns_labels[ns], now, seen)
+                outcomes += self._model(model, ns, name, now, seen)
             except Exception as e:  # one model never stops the rest; the next pass retries
                 self.metrics.errors.inc()
                 log.warning("autoscaling %s/%s failed: %s: %s", ns, name, type(e).__name__, e)
@@ -278,22 +259,12 @@ class Autoscaler:
 
     # -------------------------------------------------------------- one model
 
-    def _policies(self) -> list[QuantizationPolicy]:
-        out = []
-        for raw in self.io.list_policies():
-            try:
-                out.append(QuantizationPolicy.model_validate(raw))
-            except ValueError:
-                pass  # reconcile reports invalid policies; here they simply do not apply
-        return out
-
-    def _model(self, model: dict[str, Any], ns: str, name: str, policies: list[QuantizationPolicy],
-               labels: dict[str, str], now: float, seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
-        policy = select_policy(policies, labels)
-        auto = effective_autoscaling(model.get("spec") or {}, policy)
+    def _model(self, model: dict[str, Any], ns: str, name: str, now: float,
+               seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
+        auto = published_autoscaling(model)
         if auto is None or not auto.enabled:
             return []
-        cap = policy.spec.rules.maxReplicas if policy is not None else None
+        cap = auto.policyMaxReplicas
         status_serving = {s.get("variant"): s for s in ((model.get("status") or {}).get("serving") or [])}
         outcomes: list[VariantOutcome] = []
         updates: dict[str, dict[str, Any]] = {}

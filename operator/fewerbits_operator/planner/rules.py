@@ -20,6 +20,7 @@ from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, 
 
 from .catalog import CC, GPUPool, family_from_cc
 from .shape import ModelShape
+from .vllm_args import plan_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from fewerbits_api.policy import QuantizationPolicySpec
@@ -481,18 +482,7 @@ def _variant(
     kv_read = shape.kv_bytes_per_token_per_gpu(fit.tp, _kv_bytes(kv_dtype)) * context
     per_gpu_bytes = fit.weights.read_per_token_bytes / fit.tp + kv_read
     decode = pool.bandwidth_gbps * 1e9 / per_gpu_bytes
-    args: list[str] = []
-    if request.served_model_name:
-        args += ["--served-model-name", request.served_model_name]
-    # compressed-tensors checkpoints carry their quantization config: no --quantization flag.
-    args += [
-        "--dtype", dtype,
-        "--kv-cache-dtype", kv_dtype,
-        "--tensor-parallel-size", str(fit.tp),
-        "--max-model-len", str(fit.max_model_len),
-        "--gpu-memory-utilization", f"{request.gpu_memory_utilization:g}",
-    ]
-    return PlanVariant(
+    variant = PlanVariant(
         pool=pool.name,
         gpuProduct=pool.product,
         family=pool.family,
@@ -501,12 +491,14 @@ def _variant(
         dtype=dtype,
         tensorParallelSize=fit.tp,
         maxModelLen=fit.max_model_len,
+        gpuMemoryUtilization=request.gpu_memory_utilization,
         weightsGiB=round(fit.weights.total_bytes / GIB, 2),
         kvCacheTokens=fit.kv_tokens,
         decodeTokensPerSecond=round(decode, 1),
         warnings=warnings,
-        vllmArgs=args,
     )
+    # For display only: the serving pod renders its arguments from the typed fields.
+    return variant.model_copy(update={"vllmArgs": plan_args(variant, request.served_model_name)})
 
 
 def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVariant | RejectedPool:

@@ -163,3 +163,20 @@ def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[st
             if problem:
                 errors.append(problem)
     return errors
+
+
+def plan_args(variant: Any, served_model_name: str | None) -> list[str]:
+    """The vLLM arguments a planned variant implies, rendered from its typed fields (a
+    ``PlanVariant``): the one place that spells them. The serving pod's command and the plan's
+    display (``status.plan.variants[].vllmArgs``, ``fewerbits plan``) both come from here.
+    compressed-tensors checkpoints carry their quantization config: no ``--quantization`` flag."""
+    args: list[str] = []
+    if served_model_name:
+        args += ["--served-model-name", served_model_name]
+    return args + [
+        "--dtype", variant.dtype,
+        "--kv-cache-dtype", variant.kvCacheDtype,
+        "--tensor-parallel-size", str(variant.tensorParallelSize),
+        "--max-model-len", str(variant.maxModelLen),
+        "--gpu-memory-utilization", f"{variant.gpuMemoryUtilization:g}",
+    ]

@@ -1,0 +1,752 @@
+"""Decide: from one ``Observed`` to the new status, the writes to make and the events to post.
+
+``decide(observed, settings) -> Outcome`` is pure: no I/O, and no clock but ``observed.now``.
+Running it twice on the same facts gives the same outcome, and on facts that already match what it
+wants, no action (zero writes at rest). ``execute`` applies the outcome; ``observe`` gathers the
+facts. The steps mirror the conditions:
+
+Accepted → Planned → Quantized → QualityGatePassed → Deployed → Ready. Each step that cannot go
+on says why in its condition; the steps after it say what they wait for. What is already serving
+keeps serving: a failed gate, a failed Job or an invalid new spec never removes a Deployment that
+works.
+
+Memory between passes is typed status, never text: a failed Job is remembered in
+``status.artifacts[].failure`` (with its generation), a cache hit in ``cacheHit``, the Job of an
+artifact in ``job``. Condition messages are written for people and never read back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from fewerbits_api import conditions as C
+from fewerbits_api.conditions import Condition, Reason, set_condition
+from fewerbits_api.formats import QuantFormat
+from fewerbits_api.policy import QuantizationJobPlacement
+from fewerbits_api.quantizedmodel import (
+    AUTOSCALER_FIELDS,
+    ArtifactFailure,
+    ArtifactStatus,
+    EffectiveAutoscaling,
+    PlanStatus,
+    QualityStatus,
+    QuantizedModelSpec,
+    QuantizedModelStatus,
+    RejectedPool,
+    StorageSpec,
+    VariantServingStatus,
+)
+from fewerbits_api.validation import DNS1123_LABEL
+
+from .artifacts import PlannedArtifact, planned_artifacts
+from .effective import Effective, effective_spec, select_policy
+from .planner import PlanRequest, plan, unmatched_targets
+from .render import (
+    ANNOTATION_ARTIFACT_KEY,
+    ANNOTATION_SPEC_HASH,
+    LABEL_VARIANT,
+    Owner,
+    deployment_name,
+    endpoint,
+    render_deployment,
+    render_job,
+    render_service,
+)
+from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
+from .settings import OperatorSettings
+
+LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.DEPLOYED, C.READY)
+WARNING_REASONS = frozenset({
+    Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
+    Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
+    Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
+})
+MAX_NAME = 40
+"""A model's name prefixes Deployment names (`<name>-<pool>`): at most 40 characters."""
+
+
+# ------------------------------------------------------------------ the outcome
+
+
+@dataclass(frozen=True)
+class CreateJob:
+    job: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class AddJobOwner:
+    """Several models asking for one artifact share its Job; each becomes an owner, so the Job
+    goes only when the last of them does."""
+
+    namespace: str
+    name: str
+    owner_refs: tuple[Mapping[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class CreateDeployment:
+    deployment: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ReplaceDeployment:
+    """Replace at the resourceVersion in the object; a conflict (scaled meanwhile) retries the
+    whole reconcile from a fresh read."""
+
+    deployment: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteDeployment:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CreateService:
+    service: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchService:
+    namespace: str
+    name: str
+    patch: Mapping[str, Any]
+
+
+Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, DeleteDeployment, CreateService,
+               PatchService]
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: QuantizedModelStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+# ------------------------------------------------------------------ condition bookkeeping
+
+
+@dataclass
+class StatusBuilder:
+    """Conditions set in order, with an event for each real transition (status or reason)."""
+
+    conditions: list[Condition]
+    generation: int | None
+    now: str
+    events: list[Event] = field(default_factory=list)
+
+    def set(self, type_: str, ok: bool | str, reason: str, message: str) -> None:
+        before = C.get_condition(self.conditions, type_)
+        self.conditions = set_condition(self.conditions, type_, ok, reason, message, self.generation, now=self.now)
+        after = C.get_condition(self.conditions, type_)
+        assert after is not None
+        if before is None or before.status != after.status or before.reason != after.reason:
+            kind = "Warning" if reason in WARNING_REASONS else "Normal"
+            self.events.append(Event(kind, reason, f"{type_}={after.status}: {message}"[:1024]))
+
+    def waiting(self, types: tuple[str, ...], reason: str, message: str) -> None:
+        for t in types:
+            self.set(t, False, reason, message)
+
+    def note(self, type_: str, reason: str, message: str) -> None:
+        self.events.append(Event(type_, reason, message[:1024]))
+
+
+# ------------------------------------------------------------------ Accepted
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    effective: Effective
+    missing_secrets: tuple[str, ...] = ()
+
+    @property
+    def spec(self) -> QuantizedModelSpec | None:
+        return self.effective.spec
+
+    @property
+    def accepted(self) -> bool:
+        return self.effective.accepted and not self.missing_secrets
+
+
+def secret_refs(spec: QuantizedModelSpec) -> list[tuple[str, str]]:
+    """(role, Secret name) for each Secret the spec names."""
+    out = []
+    if spec.source.credentialsSecret:
+        out.append(("source", spec.source.credentialsSecret))
+    if spec.storage is not None and spec.storage.credentialsSecret:
+        out.append(("storage", spec.storage.credentialsSecret))
+    return out
+
+
+SECRET_KEYS = {
+    ("source", "hf"): ("HF_TOKEN",),
+    ("source", "s3"): ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    ("storage", None): ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+}
+"""The keys each Secret must have, by its role (and the source's scheme)."""
+
+
+def _missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[str, frozenset[str] | None]
+                     ) -> tuple[str, ...]:
+    out = []
+    for role, secret in secret_refs(spec):
+        field_name = f"spec.{role}.credentialsSecret"
+        keys = secrets.get(secret)
+        if keys is None:
+            out.append(f"{field_name}: Secret {secret} not found in namespace {namespace}")
+            continue
+        need = SECRET_KEYS.get((role, spec.source.scheme if role == "source" else None), ())
+        if lacking := [k for k in need if k not in keys]:
+            out.append(f"{field_name}: Secret {secret} has no key {', '.join(lacking)}")
+    return tuple(out)
+
+
+def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
+    """The effective spec under the matching policy, judged by its rules and, once the Secrets
+    were read, by the Secrets it names."""
+    if not re.fullmatch(DNS1123_LABEL.strip("^$"), obs.name) or len(obs.name) > MAX_NAME:
+        return Acceptance(Effective(None, None, errors=[
+            f"metadata.name: {obs.name!r} must be a DNS label of at most {MAX_NAME} characters "
+            "(it names the Service and prefixes Deployment names)"]))
+    broken = [f"QuantizationPolicy {b.name} applies to namespace {obs.namespace} but is invalid ({b.error}); "
+              "fix the policy" for b in obs.broken_policies if b.may_select]
+    if broken:
+        # Fail closed: a policy meant for this namespace that can't be read must not leave the
+        # namespace ungoverned (stored before a stricter CRD, or written by a client that skipped
+        # validation).
+        return Acceptance(Effective(None, None, violations=broken))
+    policy = select_policy(list(obs.policies), dict(obs.namespace_labels))
+    default_storage = None
+    if settings.default_storage_uri:
+        default_storage = StorageSpec(uri=settings.default_storage_uri, endpoint=settings.default_storage_endpoint,
+                                      region=settings.default_storage_region,
+                                      credentialsSecret=settings.default_storage_credentials_secret)
+    eff = effective_spec(dict(obs.spec), policy, default_storage)
+    if not eff.accepted or obs.secrets is None:
+        return Acceptance(eff)
+    assert eff.spec is not None
+    return Acceptance(eff, _missing_secrets(eff.spec, obs.namespace, obs.secrets))
+
+
+def effective_autoscaling(acc: Acceptance) -> EffectiveAutoscaling | None:
+    if acc.spec is None:
+        return None
+    cap = acc.effective.policy.spec.rules.maxReplicas if acc.effective.policy else None
+    return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap)
+
+
+# ------------------------------------------------------------------ Planned
+
+
+@dataclass(frozen=True)
+class PlanVerdict:
+    plan: PlanStatus | None
+    """None: nothing can be planned (the condition says why)."""
+    ok: bool
+    reason: str
+    message: str
+
+
+def plan_summary(the_plan: PlanStatus) -> str:
+    rejected = f"; {len(the_plan.rejected)} pool(s) rejected (see status.plan.rejected)" if the_plan.rejected else ""
+    return ", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
+                     for v in the_plan.variants) + rejected
+
+
+def _target_text(target: Any) -> str:
+    if target.family:
+        return f"family {getattr(target.family, 'value', target.family)}"
+    if target.product:
+        return f"product {target.product}"
+    return "nodeSelector " + ",".join(f"{k}={v}" for k, v in (target.nodeSelector or {}).items())
+
+
+def current_plan(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
+    """This pass's plan, and what the Planned condition says of it (before pools gone are known)."""
+    spec = acc.spec
+    assert spec is not None
+    old = obs.old_status
+    pools = list(obs.pools or ())
+    if obs.shape is None:
+        why = obs.config_error or "the source's config.json was not read"
+        if not (old.plan and old.plan.variants and old.observedGeneration == obs.generation):
+            return PlanStatus(), PlanVerdict(None, False, Reason.MODEL_CONFIG_UNAVAILABLE, why)
+        # The source is unreachable now (Hub outage, rotated token) but this generation was planned
+        # before: keep that plan, so what serves keeps its status; say why it's stale.
+        return old.plan, PlanVerdict(old.plan, True, Reason.PLANNED, plan_summary(old.plan) +
+                                     f"; kept from an earlier pass: the source's config.json cannot be read now ({why})")
+    policy = acc.effective.policy
+    request = PlanRequest.from_spec(spec, policy.spec if policy else None, default_served_model_name=obs.name)
+    the_plan = plan(obs.shape, pools, request)
+    if not pools:
+        return the_plan, PlanVerdict(the_plan, False, Reason.NO_GPU_POOLS,
+                                     "no node carries GPU Feature Discovery labels (nvidia.com/gpu.product) with "
+                                     "allocatable nvidia.com/gpu")
+    if not the_plan.variants:
+        lost = unmatched_targets(pools, spec.serving.targets)
+        unmatched = [f"spec.serving.targets[{i}] ({_target_text(t)}) matches no GPU pool"
+                     for i, t in enumerate(spec.serving.targets) if any(t is x for x in lost)]
+        return the_plan, PlanVerdict(the_plan, False, Reason.NO_POOL_FITS, "no GPU pool can serve the model: " +
+                                     "; ".join(unmatched + [f"{r.pool}: {r.reason}" for r in the_plan.rejected]))
+    return the_plan, PlanVerdict(the_plan, True, Reason.PLANNED, plan_summary(the_plan))
+
+
+def pools_gone(obs: Observed, the_plan: PlanStatus) -> list[tuple[str, str]]:
+    """(pool, Deployment) for Deployments of this model whose pool has no node left: kept, and
+    reported (cordoned for an upgrade, device plugin restarting, scaled to zero)."""
+    wanted = {deployment_name(obs.name, v.pool) for v in the_plan.variants}
+    present = {p.name for p in obs.pools or ()}
+    out = []
+    for dname in sorted(set(obs.deployments) - wanted):
+        pool = (obs.deployments[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
+        if pool not in present:
+            out.append((str(pool), dname))
+    return out
+
+
+def with_gone_pools(the_plan: PlanStatus, gone: list[tuple[str, str]]) -> PlanStatus:
+    rejected = list(the_plan.rejected)
+    for pool, dname in gone:
+        if not any(r.pool == pool for r in rejected):
+            rejected.append(RejectedPool(
+                pool=pool, reason=f"no node of this pool is in the cluster any more (no Ready node with allocatable "
+                                  f"nvidia.com/gpu); Deployment {dname} is kept until the pool returns or the model no "
+                                  "longer wants it"))
+    return the_plan.model_copy(update={"rejected": rejected})
+
+
+# ------------------------------------------------------------------ Quantized and the gate
+
+
+@dataclass
+class ArtifactVerdict:
+    """What is decided of one planned artifact."""
+
+    planned: PlannedArtifact
+    manifest: Any = None
+    job: str | None = None
+    """The Job that produces it (None on a cache hit)."""
+    cache_hit: bool = False
+    failure: ArtifactFailure | None = None
+    """Its Job failed (kept after the Job's TTL removes it)."""
+    unavailable: str | None = None
+    """Storage could not be read now (transient)."""
+    waiting: str | None = None
+    """What it waits for."""
+    pending: bool = False
+    """Its Job has no running pod yet."""
+    passed: bool | None = None
+    quality: QualityStatus | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.manifest is not None
+
+    @property
+    def deployable(self) -> bool:
+        return self.ready and bool(self.passed)
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None or self.unavailable is not None
+
+
+def termination_text(t: ContainerTermination) -> str:
+    """A container's termination as one line: the runtime's JSON message when it wrote one."""
+    msg = t.message.strip()
+    try:
+        doc = json.loads(msg) if msg.startswith("{") else None
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        parts = [str(doc.get("reason") or t.reason or "Error"), str(doc.get("message") or "")]
+        return f"exit {t.exit_code}, " + ": ".join(p for p in parts if p)[:600]
+    last = msg.splitlines()[-1][:600] if msg else ""
+    return f"exit {t.exit_code}, {t.reason or 'Error'}" + (f": {last}" if last else "")
+
+
+def job_failure_text(job: JobFacts) -> str:
+    """The failed pod's termination message (the quantjob's JSON summary), else the Job's."""
+    for t in job.terminations:
+        msg = t.message.strip()
+        if not msg:
+            continue
+        try:
+            summary = json.loads(msg)
+        except ValueError:
+            return f"Job {job.name} failed: {msg.splitlines()[-1][:500]}"
+        if isinstance(summary, dict):
+            parts = [summary.get("stage") and f"stage {summary['stage']}", summary.get("reason"), summary.get("message")]
+            return f"Job {job.name} failed: " + ": ".join(str(p) for p in parts if p)[:800]
+    cond = job.failed_condition or {}
+    return f"Job {job.name} failed: {cond.get('reason', '')}: {cond.get('message', '')}".strip()
+
+
+def judge(v: ArtifactVerdict, gate: float) -> None:
+    """The operator enforces the gate, with this model's threshold: an artifact shared by two
+    models may pass one's gate and fail the other's."""
+    if v.manifest is None:
+        return
+    q = v.manifest.quality
+    if q is None:
+        v.passed = v.manifest.format is QuantFormat.NONE
+        return
+    v.quality = QualityStatus(baselinePerplexity=q.baselinePerplexity, perplexity=q.perplexity,
+                              increasePercent=q.increasePercent, maxIncreasePercent=gate,
+                              passed=q.increasePercent <= gate)
+    v.passed = v.quality.passed
+
+
+def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
+                    placement: QuantizationJobPlacement, settings: OperatorSettings,
+                    st: StatusBuilder, actions: list[Action]) -> ArtifactVerdict:
+    spec = acc.spec
+    assert spec is not None
+    owner = Owner(obs.name, obs.namespace, obs.uid)
+    v = ArtifactVerdict(planned)
+    previous = next((a for a in obs.old_status.artifacts if a.key == planned.key), None)
+    if facts.storage_error is not None:
+        v.unavailable = facts.storage_error
+        return v
+    job = facts.job
+    if facts.manifest is not None:
+        v.manifest = facts.manifest
+        # A cache hit: published before this model asked for it, by no Job it owns (another
+        # model's Job for the same key may still be there until its TTL).
+        owns_job = job is not None and any(r.get("uid") == obs.uid for r in job.owner_refs)
+        v.cache_hit = not owns_job and (previous is None or previous.job is None)
+        v.job = None if v.cache_hit else (job.name if job is not None else previous.job if previous else None)
+        if v.cache_hit and (previous is None or not previous.cacheHit):
+            st.note("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already published: "
+                                          "no quantization Job needed")
+        return v
+    if job is None:
+        if previous is not None and previous.failure is not None and previous.failure.generation == obs.generation:
+            # The Job failed for this generation and its TTL (or a person) has since removed it: a
+            # new Job would fail the same way. A new generation of the spec (any edit) tries again.
+            v.failure, v.job = previous.failure, previous.failure.job
+            return v
+        rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings)
+        actions.append(CreateJob(rendered))
+        v.job, v.waiting = planned.job_name, f"Job {planned.job_name} created"
+        st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
+                                                 f"{planned.format.value}")
+        return v
+    v.job = job.name
+    if not any(r.get("uid") == obs.uid for r in job.owner_refs):
+        actions.append(AddJobOwner(obs.namespace, job.name,
+                                   tuple(job.owner_refs) + (owner.reference(controller=False),)))
+    if job.state is JobState.FAILED:
+        # The first generation that saw this Job fail is kept: an edit made while the failed Job
+        # is still there retries once the Job is gone.
+        kept = previous.failure if previous is not None and previous.failure is not None \
+            and previous.failure.job == job.name else None
+        v.failure = ArtifactFailure(generation=kept.generation if kept else (obs.generation or 0),
+                                    reason=Reason.JOB_FAILED, message=job_failure_text(job), job=job.name)
+    elif job.state is JobState.SUCCEEDED:
+        v.failure = ArtifactFailure(generation=obs.generation or 0, reason=Reason.JOB_FAILED, job=job.name,
+                                    message=f"Job {job.name} succeeded but no manifest is at the artifact key; "
+                                            "the storage location may differ from the Job's")
+    elif job.state is JobState.ACTIVE:
+        phases = ", ".join(job.pod_phases)
+        v.waiting = f"Job {job.name} running ({f'pod {phases}' if phases else 'no pod yet'})"
+    else:
+        v.pending, v.waiting = True, f"Job {job.name} pending (waiting for a node with room)"
+    return v
+
+
+def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
+    m = v.manifest
+    return ArtifactStatus(
+        key=v.planned.key,
+        uri=f"{storage.uri.rstrip('/')}/{v.planned.key}/",
+        format=v.planned.format,
+        variants=list(v.planned.variants),
+        sizeBytes=m.totalBytes if m else None,
+        job=v.job,
+        cacheHit=v.cache_hit if m else None,
+        quality=v.quality,
+        tools=dict(m.tools) if m else {},
+        failure=v.failure,
+    )
+
+
+def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: StatusBuilder) -> None:
+    if not verdicts:
+        st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
+        return
+    if failed := [v for v in verdicts if v.failed]:
+        job_failed = [v for v in failed if v.failure is not None]
+        reason = Reason.JOB_FAILED if job_failed else Reason.STORAGE_UNAVAILABLE
+        hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
+                if job_failed else "")
+        st.set(C.QUANTIZED, False, reason, "; ".join(
+            f"{v.planned.format.value}: {v.failure.message if v.failure else v.unavailable}" for v in failed) + hint)
+    elif all(v.ready for v in verdicts):
+        hits = [v for v in verdicts if v.cache_hit]
+        st.set(C.QUANTIZED, True, Reason.CACHE_HIT if len(hits) == len(verdicts) else Reason.JOB_SUCCEEDED,
+               ", ".join(f"{v.planned.format.value}: {v.planned.key[:12]}{' (cache hit)' if v.cache_hit else ''}"
+                         for v in verdicts))
+    else:
+        waiting = [v for v in verdicts if not v.ready]
+        reason = Reason.JOB_PENDING if all(v.pending for v in waiting) else Reason.JOB_RUNNING
+        st.set(C.QUANTIZED, False, reason,
+               "; ".join(f"{v.planned.format.value}: {v.waiting or 'waiting'}" for v in waiting))
+    if gate_failed := [v for v in verdicts if v.ready and v.passed is False]:
+        st.set(C.QUALITY_GATE_PASSED, False, Reason.GATE_FAILED, "; ".join(
+            f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
+            f"(+{v.quality.increasePercent:.2f}%) exceeds the gate of {gate:g}%; not rolled out"
+            if v.quality else f"{v.planned.format.value}: no quality figures in the manifest; not rolled out"
+            for v in gate_failed))
+    elif all(v.deployable for v in verdicts):
+        st.set(C.QUALITY_GATE_PASSED, True, Reason.GATE_PASSED, ", ".join(
+            f"{v.planned.format.value}: +{v.quality.increasePercent:.2f}% ≤ {gate:g}%" if v.quality
+            else f"{v.planned.format.value}: unquantized" for v in verdicts))
+    else:
+        st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "waiting for the quantized artifacts")
+
+
+# ------------------------------------------------------------------ Deployed and Ready
+
+
+def pod_failure(terms: tuple[ContainerTermination, ...]) -> str | None:
+    """Why a variant's pods fail, from their containers' last termination (the runtime's JSON
+    termination message: fetch integrity, access denied, GPU mismatch), or None."""
+    for t in terms:
+        if t.exit_code == 0 or t.running_ready:
+            continue  # succeeded, or restarted and healthy again
+        return f"pod {t.pod} container {t.container}: {termination_text(t)}"
+    return None
+
+
+def service_actions(obs: Observed, owner: Owner) -> tuple[list[Action], str | None]:
+    """Create or repair the model's Service; a Service of that name the model does not own is
+    someone else's and is never touched (returns why)."""
+    desired = render_service(owner)
+    cur = obs.service
+    if cur is None:
+        return [CreateService(desired)], None
+    if not any(r.get("uid") == owner.uid for r in cur["metadata"].get("ownerReferences") or []):
+        return [], (f"Service {owner.namespace}/{owner.name} exists and is not owned by this QuantizedModel; it is "
+                    "left untouched and nothing is exposed: rename the model or remove that Service")
+    spec = cur.get("spec") or {}
+    if spec.get("selector") != desired["spec"]["selector"] or \
+            [(p.get("port"), p.get("targetPort")) for p in spec.get("ports") or []] != \
+            [(p["port"], p["targetPort"]) for p in desired["spec"]["ports"]]:
+        return [PatchService(owner.namespace, owner.name,
+                             {"spec": {"selector": desired["spec"]["selector"], "ports": desired["spec"]["ports"]}})], None
+    return [], None
+
+
+def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdicts: list[ArtifactVerdict],
+                   gone: list[tuple[str, str]], settings: OperatorSettings, st: StatusBuilder,
+                   status: QuantizedModelStatus, actions: list[Action]) -> None:
+    spec = acc.spec
+    assert spec is not None
+    owner = Owner(obs.name, obs.namespace, obs.uid)
+    by_format = {v.planned.format: v for v in verdicts}
+    pool_by_name = {p.name: p for p in obs.pools or ()}
+    existing = obs.deployments
+    current: dict[str, Mapping[str, Any]] = {}
+    up_to_date: dict[str, bool] = {}
+    creates: list[Action] = []
+    for pv in the_plan.variants:
+        dname = deployment_name(owner.name, pv.pool)
+        cur = existing.get(dname)
+        art = by_format[pv.format]
+        if not art.deployable or pv.pool not in pool_by_name:
+            # Keep what serves (an older artifact) until a new one passes its gate.
+            if cur is not None:
+                current[dname] = cur
+            up_to_date[dname] = False
+            continue
+        pool = pool_by_name[pv.pool]
+        auto = spec.autoscaling.enabled
+        if cur is not None and auto:
+            replicas = int((cur.get("spec") or {}).get("replicas") or 0)  # the autoscaler owns it
+        elif auto:
+            replicas = max(1, spec.autoscaling.minReplicas)
+        else:
+            replicas = spec.serving.replicas
+        desired = render_deployment(owner, spec, pv, dict(pool.node_selector), pool.cc_str, art.planned.key,
+                                    art.manifest.totalBytes if art.manifest else None, replicas, settings)
+        if cur is None:
+            creates.append(CreateDeployment(desired))
+            current[dname] = desired
+            up_to_date[dname] = True
+            st.note("Normal", "DeploymentCreated", f"Deployment {dname} serves {pv.format.value} on pool {pv.pool}")
+        elif (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) != \
+                desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] or \
+                (not auto and (cur.get("spec") or {}).get("replicas") != replicas):
+            desired["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+            creates.append(ReplaceDeployment(desired))
+            current[dname] = {**desired, "status": cur.get("status") or {}}
+            up_to_date[dname] = False  # just replaced: rolled out only once its status says so
+            st.note("Normal", "RollingOut", f"Deployment {dname} updated (artifact {art.planned.key[:12]}, "
+                                            f"{pv.format.value})")
+        else:
+            current[dname] = cur
+            up_to_date[dname] = True
+    wanted = {deployment_name(owner.name, v.pool) for v in the_plan.variants}
+    gone_names = {d for _, d in gone}
+    for dname in sorted(set(existing) - wanted - gone_names):
+        pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
+        # Deletes first: they free GPUs the new Deployments may need (execute keeps this order).
+        actions.append(DeleteDeployment(owner.namespace, dname))
+        st.note("Normal", "DeploymentRemoved", f"Deployment {dname}: pool {pool} is no longer planned for this model")
+    actions.extend(creates)
+    conflict = None
+    if the_plan.variants:
+        svc_actions, conflict = service_actions(obs, owner)
+        actions.extend(svc_actions)
+        status.endpoint = None if conflict else endpoint(owner)
+
+    old_serving = {s.variant: s for s in obs.old_status.serving}
+    serving: list[VariantServingStatus] = []
+    rolled_out = True
+    for pv in the_plan.variants:
+        dname = deployment_name(owner.name, pv.pool)
+        d = current.get(dname)
+        if d is None:
+            rolled_out = False
+            continue
+        ds = d.get("status") or {}
+        replicas = int((d.get("spec") or {}).get("replicas") or 0)
+        ready = int(ds.get("readyReplicas") or 0)
+        updated = int(ds.get("updatedReplicas") or 0)
+        seen = int(ds.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0)
+        if not (up_to_date[dname] and seen and updated >= replicas and int(ds.get("replicas") or 0) == replicas):
+            rolled_out = False
+        prev = old_serving.get(pv.pool)
+        entry = VariantServingStatus(
+            variant=pv.pool, deployment=dname, replicas=replicas, readyReplicas=ready,
+            artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY))
+        if prev is not None:
+            entry = entry.model_copy(update={k: getattr(prev, k) for k in AUTOSCALER_FIELDS})
+        serving.append(entry)
+    status.serving = serving
+    total_ready = sum(s.readyReplicas for s in serving)
+    total = sum(s.replicas for s in serving)
+    status.replicas = f"{total_ready}/{total}" if serving else None
+
+    if not the_plan.variants:
+        st.waiting((C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
+        return
+    if conflict:
+        st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
+        return
+    blocked = [v for v in the_plan.variants if not by_format[v.format].deployable]
+    if blocked:
+        gate_failed = any(by_format[v.format].passed is False for v in the_plan.variants)
+        st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
+               f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
+               ("its artifact failed the quality gate" if gate_failed else "its artifact is not published yet"))
+    elif rolled_out:
+        st.set(C.DEPLOYED, True, Reason.DEPLOYMENTS_CREATED,
+               f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}")
+    else:
+        st.set(C.DEPLOYED, False, Reason.ROLLING_OUT, "; ".join(
+            f"{s.deployment}: {s.readyReplicas}/{s.replicas} ready" for s in serving) or "creating Deployments")
+    ready_variants = [s for s in serving if s.readyReplicas > 0]
+    failing = [f"{s.variant}: {why}" for s in serving if s.readyReplicas < s.replicas
+               for why in [pod_failure(obs.pod_terminations.get(s.variant, ()))] if why]
+    if serving and len(ready_variants) == len(the_plan.variants) and not failing:
+        st.set(C.READY, True, Reason.ALL_VARIANTS_READY, f"{len(ready_variants)} variant(s) serving at {status.endpoint}")
+    elif failing:
+        st.set(C.READY, len(ready_variants) == len(the_plan.variants) and bool(serving), Reason.PODS_FAILING,
+               (f"serving on {', '.join(s.variant for s in ready_variants)}; " if ready_variants else
+                "nothing is served; ") + "; ".join(failing))
+    elif ready_variants:
+        names = {s.variant for s in ready_variants}
+        st.set(C.READY, False, Reason.SOME_VARIANTS_READY,
+               f"serving on {', '.join(s.variant for s in ready_variants)}; waiting for "
+               f"{', '.join(v.pool for v in the_plan.variants if v.pool not in names)}")
+    else:
+        st.set(C.READY, False, Reason.NO_REPLICAS_READY, "no replica is ready yet")
+
+
+# ------------------------------------------------------------------ the whole pass
+
+
+def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
+    old = obs.old_status
+    st = StatusBuilder(list(old.conditions), obs.generation, obs.now)
+    status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
+                                  artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
+                                  formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling)
+    actions: list[Action] = []
+
+    def done() -> Outcome:
+        status.conditions = st.conditions
+        return Outcome(status, tuple(actions), tuple(st.events))
+
+    # 1. Accepted: the effective spec, the policies' rules, the Secrets it names.
+    acc = effective_for(obs, settings)
+    eff = acc.effective
+    if not eff.accepted:
+        reason = Reason.INVALID_SPEC if eff.errors else Reason.POLICY_VIOLATION
+        st.set(C.ACCEPTED, False, reason, "; ".join(eff.errors + eff.violations))
+        st.waiting(LATER, Reason.BLOCKED, "the spec is not accepted (see Accepted)")
+        if reason == Reason.POLICY_VIOLATION:
+            # A refusing (or unreadable) policy stops scaling too. A spec error keeps the last
+            # accepted autoscaling: a typo in a field being edited doesn't freeze what serves.
+            status.autoscaling = None
+        return done()
+    if acc.missing_secrets:
+        st.set(C.ACCEPTED, False, Reason.MISSING_SECRET, "; ".join(acc.missing_secrets))
+        st.waiting(LATER, Reason.BLOCKED, "a referenced Secret is missing (see Accepted)")
+        status.autoscaling = effective_autoscaling(acc)
+        return done()
+    spec = acc.spec
+    assert spec is not None and spec.storage is not None
+    st.set(C.ACCEPTED, True, Reason.VALID,
+           f"policy {eff.policy.metadata.name} applies" if eff.policy else "no QuantizationPolicy matches this namespace")
+    status.autoscaling = effective_autoscaling(acc)
+
+    # 2. Planned: model shape × GPU pools, and the pools gone since the last pass.
+    the_plan, verdict = current_plan(obs, acc)
+    if verdict.plan is None:
+        st.set(C.PLANNED, False, verdict.reason, verdict.message)
+        st.waiting(LATER[1:], Reason.BLOCKED, "no plan yet (see Planned)")
+        return done()
+    gone = pools_gone(obs, the_plan)
+    if gone:
+        the_plan = with_gone_pools(the_plan, gone)
+        planned_msg = plan_summary(the_plan) if the_plan.variants else "no variant"
+        st.set(C.PLANNED, bool(the_plan.variants), Reason.POOL_GONE,
+               f"pool(s) gone from the cluster: {', '.join(f'{p} (Deployment {d} kept)' for p, d in gone)}; "
+               f"planned: {planned_msg}")
+    else:
+        st.set(C.PLANNED, verdict.ok, verdict.reason, verdict.message)
+    status.plan = the_plan
+    status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
+
+    # 3. Quantized: one artifact per format; manifest in storage or one Job per key.
+    placement = eff.policy.spec.rules.quantizationJob if eff.policy else QuantizationJobPlacement()
+    gate = eff.gate().maxPerplexityIncreasePercent
+    verdicts = []
+    for planned in planned_artifacts(spec, the_plan):
+        facts = obs.artifacts.get(planned.key, ArtifactFacts(storage_error="storage was not read"))
+        v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions)
+        judge(v, gate)
+        verdicts.append(v)
+    status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]
+    quantized_conditions(verdicts, gate, st)
+
+    # 4. Deployed / Ready: one Deployment per variant, one Service.
+    decide_serving(obs, acc, the_plan, verdicts, gone, settings, st, status, actions)
+    return done()
