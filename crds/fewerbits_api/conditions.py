@@ -39,7 +39,6 @@ class Reason:
     JOB_PENDING = "JobPending"
     JOB_SUCCEEDED = "JobSucceeded"
     JOB_FAILED = "JobFailed"
-    NOT_NEEDED = "NotNeeded"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     # QualityGatePassed
     GATE_PASSED = "GatePassed"

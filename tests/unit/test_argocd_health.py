@@ -124,7 +124,6 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.JOB_PENDING: ("Quantized", "Progressing"),
     Reason.JOB_SUCCEEDED: ("Quantized", None),
     Reason.JOB_FAILED: ("Quantized", "Degraded"),
-    Reason.NOT_NEEDED: ("Quantized", None),
     Reason.STORAGE_UNAVAILABLE: ("Quantized", "Degraded"),
     Reason.GATE_PASSED: ("QualityGatePassed", None),
     Reason.GATE_FAILED: ("QualityGatePassed", "Degraded"),
