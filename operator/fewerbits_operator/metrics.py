@@ -10,6 +10,8 @@ from fewerbits_api.conditions import CONDITION_TYPES
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 RECONCILES = Counter("fewerbits_reconciles_total", "Reconciles of QuantizedModels, by result", ["result"])
+MODEL_RECONCILES = Counter("fewerbits_model_reconciles_total",
+                           "Reconciles of each QuantizedModel that completed (written or not)", ["namespace", "model"])
 RECONCILE_ERRORS = Counter("fewerbits_reconcile_errors_total", "Reconciles that raised an error")
 RECONCILE_DURATION = Histogram("fewerbits_reconcile_duration_seconds", "Time one reconcile takes",
                                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
@@ -43,6 +45,10 @@ def forget_model(namespace: str, name: str) -> None:
     with _lock:
         gone = _models.pop((namespace, name), None)
         _refresh()
+    try:
+        MODEL_RECONCILES.remove(namespace, name)
+    except KeyError:
+        pass
     if gone is not None:
         for a in gone.artifacts:
             try:

@@ -67,6 +67,7 @@ class Reconciler:
                 raise
             else:
                 metrics.RECONCILES.labels(result="ok").inc()
+                metrics.MODEL_RECONCILES.labels(namespace, name).inc()
             finally:
                 metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
 

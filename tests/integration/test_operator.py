@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 
 import pytest
@@ -24,6 +23,24 @@ def vllm_args(deployment) -> list[str]:
 
 def arg(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
+
+
+def model_reconciles(models, namespace: str, name: str) -> float:
+    """How many reconciles of one model the operator completed (its own metric)."""
+    prefix = f'fewerbits_model_reconciles_total{{model="{name}",namespace="{namespace}"}} '
+    for line in models.operator.metrics().splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix):])
+    return 0.0
+
+
+def reconciled_again(models, namespace: str, name: str, times: int = 2, timeout: float = 60) -> None:
+    """Wait until the operator has finished ``times`` more reconciles of the model: what it would
+    do of the facts as they are now, it has done. Absence is proven on this counter, not a sleep."""
+    start = model_reconciles(models, namespace, name)
+    models.wait(f"{times} more reconciles of {namespace}/{name}",
+                lambda: model_reconciles(models, namespace, name) >= start + times, timeout=timeout,
+                namespace=namespace, name=name)
 
 
 def test_sample_goes_from_apply_to_ready_on_h100(cluster, gpu_pool, namespace, models, model_spec):
@@ -75,7 +92,7 @@ def test_sample_goes_from_apply_to_ready_on_h100(cluster, gpu_pool, namespace, m
     reasons = {e.reason for e in models.events(namespace, "tiny")}
     assert {"QuantizationStarted", "DeploymentCreated", "AllVariantsReady"} <= reasons, reasons
     rv = models.get(namespace, "tiny")["metadata"]["resourceVersion"]
-    time.sleep(8)  # more than two resync periods
+    reconciled_again(models, namespace, "tiny", times=1, timeout=120)  # a steady model: one resync per ~30 s
     assert models.get(namespace, "tiny")["metadata"]["resourceVersion"] == rv
 
 
@@ -168,7 +185,7 @@ def test_failing_job_reports_its_message(gpu_pool, namespace, models, model_spec
     (job,) = models.jobs(namespace)
     models.batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
     models.wait("the Job deleted", lambda: not models.jobs(namespace), timeout=60)
-    time.sleep(8)  # more than two resyncs
+    reconciled_again(models, namespace, "broken")
     assert models.jobs(namespace) == []
     c = models.condition(namespace, "broken", "Quantized")
     assert c["reason"] == "JobFailed" and "calibration.jsonl" in c["message"] and "edit the spec" in c["message"]
@@ -187,7 +204,7 @@ def test_failed_gate_never_deploys(gpu_pool, namespace, models, model_spec):
     c = models.wait_condition(namespace, "gated", "QualityGatePassed", status="False", reason="GateFailed", timeout=600)
     assert "exceeds the gate of 0.001%" in c["message"]
     models.wait_condition(namespace, "gated", "Deployed", status="False", reason="Blocked")
-    time.sleep(5)
+    reconciled_again(models, namespace, "gated")
     assert models.deployments(namespace, "gated") == []
     (artifact,) = models.get(namespace, "gated")["status"]["artifacts"]
     assert artifact["quality"]["passed"] is False and artifact["quality"]["increasePercent"] > 0.001

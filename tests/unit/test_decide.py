@@ -18,7 +18,7 @@ import pytest
 from fewerbits_api.artifact import Manifest, QualityReport
 from fewerbits_api.conditions import CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_api.quantizedmodel import ArtifactFailure, ArtifactStatus, PlanStatus, QuantizedModelStatus
+from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
 from fewerbits_operator.artifacts import planned_artifacts
 from fewerbits_operator.decide import (
     AddJobOwner,
