@@ -396,6 +396,10 @@ def job_failure_text(job: JobFacts) -> str:
     return f"Job {job.name} failed: {cond.get('reason', '')}: {cond.get('message', '')}".strip()
 
 
+def pending_text(job_name: str) -> str:
+    return f"Job {job_name} pending (waiting for a node with room)"
+
+
 def judge(v: ArtifactVerdict, gate: float) -> None:
     """The operator enforces the gate, with this model's threshold: an artifact shared by two
     models may pass one's gate and fail the other's."""
@@ -442,7 +446,8 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
             return v
         rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings)
         actions.append(CreateJob(rendered))
-        v.job, v.waiting = planned.job_name, f"Job {planned.job_name} created"
+        # Just created: no pod yet, told exactly as the next pass will see it (no second write).
+        v.job, v.pending, v.waiting = planned.job_name, True, pending_text(planned.job_name)
         st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
                                                  f"{planned.format.value}")
         return v
@@ -465,7 +470,7 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         phases = ", ".join(job.pod_phases)
         v.waiting = f"Job {job.name} running ({f'pod {phases}' if phases else 'no pod yet'})"
     else:
-        v.pending, v.waiting = True, f"Job {job.name} pending (waiting for a node with room)"
+        v.pending, v.waiting = True, pending_text(job.name)
     return v
 
 

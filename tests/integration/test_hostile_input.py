@@ -237,7 +237,7 @@ def test_operator_survives_creates_nothing_and_keeps_the_control_model(cluster, 
         before = run.control_before[type_]
         assert after[type_]["status"] == "True", after[type_]
         assert after[type_]["lastTransitionTime"] == before["lastTransitionTime"], (before, after[type_])
-    assert after["Quantized"]["reason"] == "JobRunning" and "pending" in after["Quantized"]["message"].lower(), after["Quantized"]
+    assert after["Quantized"]["reason"] == "JobPending" and "pending" in after["Quantized"]["message"].lower(), after["Quantized"]
     # And the operator is alive, never raised, and still reconciles: a spec change is observed.
     models.patch_spec(run.ctx.namespace, CONTROL, {"serving": {"maxModelLen": 512}})
     models.wait("the control model's generation 2 to be observed",

@@ -212,7 +212,7 @@ def _failed_job_then_gone(generation_of_failure: int, now_generation: int):
 CASES = [
     # ---- Accepted
     Case("fresh model: a Job per artifact, nothing served yet", lambda w: w.no_job(),
-         {"Accepted": ("True", "Valid"), "Planned": ("True", "Planned"), "Quantized": ("False", "JobRunning"),
+         {"Accepted": ("True", "Valid"), "Planned": ("True", "Planned"), "Quantized": ("False", "JobPending"),
           "QualityGatePassed": ("False", "AwaitingArtifact"), "Deployed": ("False", "AwaitingArtifact"),
           "Ready": ("False", "NoReplicasReady")},
          actions=[CreateJob, CreateService], events={"QuantizationStarted"}),
@@ -300,7 +300,7 @@ CASES = [
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "edit the spec"}, actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.reason == "JobFailed"),
     Case("failed Job removed, spec edited: a new Job", _failed_job_then_gone(1, 2),
-         {"Quantized": ("False", "JobRunning")}, actions=[CreateJob, CreateService]),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService]),
     Case("Job succeeded but storage has no manifest", lambda w: w.job(JobState.SUCCEEDED),
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "no manifest is at the artifact key"},
          actions=[CreateService]),
