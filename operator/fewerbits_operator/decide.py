@@ -123,14 +123,18 @@ Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, Dele
 
 @dataclass(frozen=True)
 class Event:
+    """A core/v1 Event to post on the model: ``type`` is Normal or Warning, ``reason`` a CamelCase
+    word, ``message`` at most 1024 characters."""
+
     type: str
-    """Normal or Warning."""
     reason: str
     message: str
 
 
 @dataclass(frozen=True)
 class Outcome:
+    """What one pass decided: the whole new status, the writes, the events."""
+
     status: QuantizedModelStatus
     actions: tuple[Action, ...] = ()
     events: tuple[Event, ...] = ()
