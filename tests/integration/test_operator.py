@@ -28,7 +28,11 @@ def arg(args: list[str], flag: str) -> str:
 def model_reconciles(models, namespace: str, name: str) -> float:
     """How many reconciles of one model the operator completed (its own metric)."""
     prefix = f'fewerbits_model_reconciles_total{{model="{name}",namespace="{namespace}"}} '
-    for line in models.operator.metrics().splitlines():
+    try:
+        text = models.operator.metrics()
+    except OSError:  # just (re)started: its metrics endpoint is not up yet
+        return 0.0
+    for line in text.splitlines():
         if line.startswith(prefix):
             return float(line[len(prefix):])
     return 0.0
