@@ -12,12 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fewerbits_api.datasets import BUILTIN_DATASETS
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec, StorageSpec
-
-from fewerbits_quantjob.textdata import BUILTIN_DATASETS
 
 from .planner import check_vllm_args, vllm_arg_spec
 

@@ -1,7 +1,7 @@
-"""Renderers: typed inputs in, Kubernetes objects (plain dicts) out. No I/O (STYLE.md rule 1);
-golden tests pin their output.
+"""Renderers: typed inputs in, Kubernetes objects (plain dicts) out. No I/O; golden tests pin
+their output.
 
-Names are deterministic (STYLE.md rule 2): the Job by artifact key, the Deployment by model and
+Names are deterministic: the Job by artifact key, the Deployment by model and
 pool, the Service by model. A spec-hash annotation on each Deployment lets reconcile tell drift
 from a no-op without comparing server-defaulted fields.
 """
@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
     ENV_HF_TOKEN,
@@ -21,15 +22,17 @@ from fewerbits_api.jobcontract import (
     ENV_SOURCE_SECRET_KEY,
     ENV_STORAGE_ACCESS_KEY,
     ENV_STORAGE_SECRET_KEY,
+    JobSource,
     QuantJobContract,
 )
+from fewerbits_api.names import DEST_MANIFEST_NAME, TERMINATION_LOG_DEFAULT
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
 
 from .artifacts import PlannedArtifact
 from .settings import OperatorSettings
 
-DOMAIN = "fewerbits.io"
+DOMAIN = GROUP
 LABEL_MODEL = f"{DOMAIN}/model"
 LABEL_VARIANT = f"{DOMAIN}/variant"
 LABEL_ARTIFACT = f"{DOMAIN}/artifact"
@@ -42,8 +45,6 @@ ANNOTATION_FORMAT = f"{DOMAIN}/format"
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
 LAUNCHER_DIR = "/fewerbits/launcher"
-# Manifest copy the fetcher leaves in the artifact directory (fewerbits_runtime.layout).
-DEST_MANIFEST_NAME = "fewerbits-manifest.json"
 
 # Pod security: what the `restricted` Pod Security Standard asks, for every pod we create.
 POD_SECURITY = {
@@ -71,7 +72,7 @@ class Owner:
 
     def reference(self, controller: bool = True) -> dict[str, Any]:
         return {
-            "apiVersion": f"{DOMAIN}/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "QuantizedModel",
             "name": self.name,
             "uid": self.uid,
@@ -152,16 +153,15 @@ def render_job(
         source_mount = "/source"
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
+    # What decides the bytes travels once, in keyInputs (source, format, ignore, calibration).
     contract = QuantJobContract(
         key=artifact.key,
         keyInputs=artifact.inputs,
-        source=spec.source,
-        format=artifact.format,
-        ignore=list(artifact.inputs.ignore),
-        calibration=spec.quantization.calibration,
+        source=JobSource(endpoint=spec.source.endpoint, region=spec.source.region,
+                         trustRemoteCode=spec.source.trustRemoteCode, mountPath=source_mount),
         qualityGate=gate,
+        evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
-        sourceMountPath=source_mount,
     )
     resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
     if placement.gpus:
@@ -187,7 +187,7 @@ def render_job(
             "resources": resources,
             "securityContext": dict(CONTAINER_SECURITY),
             "volumeMounts": mounts,
-            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePath": TERMINATION_LOG_DEFAULT,
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }],
         "volumes": volumes,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat
+from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat, cc_verdict
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, ServingTarget
 
 from .catalog import CC, GPUPool, family_from_cc
@@ -166,21 +166,12 @@ def _tokens(n: int) -> str:
 
 
 def kernel_support(fmt: QuantFormat, cc: CC) -> tuple[str, str]:
-    """Whether vLLM runs ``fmt`` on compute capability ``cc``: ("native", ""), ("fallback",
-    what the fallback means) or ("refused", why). DESIGN.md format table, via FORMAT_FACTS."""
-    facts = FORMAT_FACTS[fmt]
-    if facts.native_max_cc is not None and cc > facts.native_max_cc:
-        return "refused", (
-            f"{fmt.value} has a vLLM kernel only on compute capability {_cc(facts.native_min_cc)} exactly "
-            f"(Hopper); this GPU is {_cc(cc)}"
-        )
-    if cc >= facts.native_min_cc:
-        return "native", ""
-    if facts.fallback_min_cc is not None and cc >= facts.fallback_min_cc:
-        return "fallback", facts.fallback_note
-    lowest = facts.fallback_min_cc or facts.native_min_cc
-    exact = " exactly" if facts.native_max_cc is not None else ""
-    return "refused", f"{fmt.value} needs compute capability {_cc(lowest)}{exact} or newer; this GPU is {_cc(cc)}"
+    """Whether vLLM runs ``fmt`` on compute capability ``cc`` (``fewerbits_api.formats.cc_verdict``):
+    ("native", ""), ("fallback", what the fallback means) or ("refused", why, naming this GPU)."""
+    verdict = cc_verdict(fmt, cc)
+    if verdict.kind == "refused":
+        return "refused", f"{verdict.why}; this GPU is {_cc(cc)}"
+    return verdict.kind, verdict.why
 
 
 def _lm_head_ignored(ignore: Iterable[str]) -> bool:
