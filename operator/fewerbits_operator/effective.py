@@ -1,8 +1,8 @@
 """The effective spec of a QuantizedModel: its spec laid over the matching policy's defaults, then
-judged by that policy's rules. Pure functions (STYLE.md rule 1).
+judged by that policy's rules. Pure functions.
 
-DESIGN.md: "The effective spec is spec ∘ policy defaults; a rule violation is Accepted=False with
-the rule named."
+The effective spec is the spec laid over the policy's defaults; a rule violation is
+Accepted=False with the rule named.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ def render_job(
     ]
     mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.source.scheme == "pvc":
-        # The claim's root is mounted; the Job reads <sourceMountPath>/<path> (fewerbits_quantjob.fetch).
+        # The claim's root is mounted; the Job reads <source.mountPath>/<path>.
         claim = spec.source.uri.removeprefix("pvc://").partition("/")[0]
         source_mount = "/source"
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
