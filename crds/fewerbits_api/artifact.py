@@ -20,7 +20,7 @@ from .formats import QuantFormat
 from .names import FILES_DIR, MANIFEST_NAME
 
 __all__ = ["FILES_DIR", "MANIFEST_NAME", "ArtifactKeyInputs", "Manifest", "ManifestError", "ManifestFile",
-           "QualityReport", "artifact_prefix"]
+           "QualityReport", "artifact_prefix", "split_s3_uri"]
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -191,9 +191,14 @@ class ManifestError(ValueError):
         self.field = field
 
 
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/key`` -> ("bucket", "some/key")."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
 def artifact_prefix(storage_uri: str, key: str) -> tuple[str, str]:
     """(bucket, key prefix ending in '/') of an artifact under an ``s3://bucket/prefix`` URI."""
-    rest = storage_uri.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
+    bucket, prefix = split_s3_uri(storage_uri)
     prefix = prefix.strip("/")
     return bucket, (f"{prefix}/{key}/" if prefix else f"{key}/")

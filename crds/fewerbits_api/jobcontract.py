@@ -15,7 +15,11 @@ from pydantic import Field, model_validator
 from .artifact import ArtifactKeyInputs
 from .base import API_VERSION, ApiModel
 from .formats import FORMAT_FACTS, QuantFormat
-from .names import TERMINATION_LOG_DEFAULT, TERMINATION_LOG_ENV, TERMINATION_MESSAGE_MAX_BYTES
+from .names import (  # noqa: F401 - re-exported: the Job's termination message
+    TERMINATION_LOG_DEFAULT,
+    TERMINATION_LOG_ENV,
+    TERMINATION_MESSAGE_MAX_BYTES,
+)
 from .quantizedmodel import CalibrationSpec, QualityGateSpec, StorageSpec
 
 CONTRACT_ENV = "FEWERBITS_JOB_CONTRACT"
@@ -29,8 +33,6 @@ ENV_SOURCE_ACCESS_KEY = "FEWERBITS_SOURCE_AWS_ACCESS_KEY_ID"
 ENV_SOURCE_SECRET_KEY = "FEWERBITS_SOURCE_AWS_SECRET_ACCESS_KEY"
 ENV_STORAGE_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 ENV_STORAGE_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
-
-__all__ = ["TERMINATION_LOG_DEFAULT", "TERMINATION_LOG_ENV", "TERMINATION_MESSAGE_MAX_BYTES"]  # re-exported
 
 
 class JobSource(ApiModel):

@@ -14,6 +14,14 @@ FILES_DIR = "files"
 DEST_MANIFEST_NAME = "fewerbits-manifest.json"
 """The artifact's manifest, copied beside its files (the launcher reads the format from it)."""
 
+# ---- keys of the Secrets a QuantizedModel names (spec.source / spec.storage credentialsSecret)
+SECRET_HF_TOKEN = "HF_TOKEN"
+"""Hugging Face token, for hf:// sources."""
+SECRET_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+"""S3 access key id, for s3:// sources and for artifact storage."""
+SECRET_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+"""S3 secret access key, for s3:// sources and for artifact storage."""
+
 # ---- termination messages (the quantization Job and the serving pod's containers)
 TERMINATION_LOG_DEFAULT = "/dev/termination-log"
 """Where the kubelet reads a container's termination message (``terminationMessagePath``)."""

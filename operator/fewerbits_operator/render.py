@@ -25,7 +25,13 @@ from fewerbits_api.jobcontract import (
     JobSource,
     QuantJobContract,
 )
-from fewerbits_api.names import DEST_MANIFEST_NAME, TERMINATION_LOG_DEFAULT
+from fewerbits_api.names import (
+    DEST_MANIFEST_NAME,
+    SECRET_ACCESS_KEY_ID,
+    SECRET_HF_TOKEN,
+    SECRET_SECRET_ACCESS_KEY,
+    TERMINATION_LOG_DEFAULT,
+)
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
 
@@ -110,11 +116,11 @@ def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
     if not source.credentialsSecret:
         return []
     if source.scheme == "hf":
-        return [_secret_env(ENV_HF_TOKEN, source.credentialsSecret, "HF_TOKEN")]
+        return [_secret_env(ENV_HF_TOKEN, source.credentialsSecret, SECRET_HF_TOKEN)]
     if source.scheme == "s3":
         return [
-            _secret_env(ENV_SOURCE_ACCESS_KEY, source.credentialsSecret, "AWS_ACCESS_KEY_ID"),
-            _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+            _secret_env(ENV_SOURCE_ACCESS_KEY, source.credentialsSecret, SECRET_ACCESS_KEY_ID),
+            _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
         ]
     return []
 
@@ -123,8 +129,8 @@ def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
     if not storage.credentialsSecret:
         return []
     return [
-        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, "AWS_ACCESS_KEY_ID"),
-        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, SECRET_ACCESS_KEY_ID),
+        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
     ]
 
 

@@ -20,7 +20,8 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix
+from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix, split_s3_uri
+from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
@@ -52,7 +53,7 @@ class S3Credentials:
     def from_secret(cls, data: dict[str, str] | None) -> S3Credentials:
         if not data:
             return cls()
-        return cls(data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY"))
+        return cls(data.get(SECRET_ACCESS_KEY_ID), data.get(SECRET_SECRET_ACCESS_KEY))
 
     def __repr__(self) -> str:  # never print a secret by accident
         return f"S3Credentials(access_key={'***' if self.access_key else None})"
@@ -124,13 +125,13 @@ class ObjectStore:
     def model_config(self, source: SourceSpec, secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
         """The base model's config.json, cached per (uri, revision)."""
         cache_key = (source.uri, source.revision, source.endpoint,
-                     _identity((secret or {}).get("AWS_ACCESS_KEY_ID") or (secret or {}).get("HF_TOKEN")))
+                     _identity((secret or {}).get(SECRET_ACCESS_KEY_ID) or (secret or {}).get(SECRET_HF_TOKEN)))
         if cache_key in self._config_cache:
             return self._config_cache[cache_key]
         if source.scheme == "s3":
             cfg = self._s3_config(source, S3Credentials.from_secret(secret))
         elif source.scheme == "hf":
-            cfg = self._hf_config(source, (secret or {}).get("HF_TOKEN"), hf_endpoint)
+            cfg = self._hf_config(source, (secret or {}).get(SECRET_HF_TOKEN), hf_endpoint)
         else:
             raise ModelConfigError(
                 f"spec.source.uri: {source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
@@ -139,8 +140,7 @@ class ObjectStore:
         return cfg
 
     def _s3_config(self, source: SourceSpec, creds: S3Credentials) -> dict[str, Any]:
-        rest = source.uri.removeprefix("s3://")
-        bucket, _, prefix = rest.partition("/")
+        bucket, prefix = split_s3_uri(source.uri)
         key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
         s3 = self._client(source.endpoint, source.region, creds)
         try:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fewerbits_api.artifact import split_s3_uri
 from fewerbits_api.jobcontract import ENV_HF_TOKEN, QuantJobContract
 
 from . import errors
@@ -76,7 +77,7 @@ def _fetch_hf(repo: str, revision: str | None, trust_remote_code: bool, env: Map
 
 
 def _fetch_s3(contract: QuantJobContract, env: Mapping[str, str], dest: Path, stage: StageHandle) -> FetchedModel:
-    from .storage import classify_client_error, download_prefix, source_client, split_s3_uri
+    from .storage import classify_client_error, download_prefix, source_client
 
     uri = contract.keyInputs.sourceUri
     bucket, prefix = split_s3_uri(uri)

@@ -21,7 +21,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, Manifest, ManifestError, ManifestFile, artifact_prefix
+from fewerbits_api.artifact import (
+    FILES_DIR,
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    ManifestFile,
+    artifact_prefix,
+    split_s3_uri,
+)
 from fewerbits_api.jobcontract import (
     ENV_SOURCE_ACCESS_KEY,
     ENV_SOURCE_SECRET_KEY,
@@ -93,12 +101,6 @@ def source_client(source: JobSource, storage: StorageSpec, env: Mapping[str, str
     endpoint = source.endpoint or env.get("FEWERBITS_SOURCE_S3_ENDPOINT") or storage.endpoint
     region = source.region or storage.region
     return s3_client(endpoint, region, env.get(ENV_SOURCE_ACCESS_KEY), env.get(ENV_SOURCE_SECRET_KEY))
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    rest = uri.removeprefix("s3://")
-    bucket, _, key = rest.partition("/")
-    return bucket, key
 
 
 def classify_client_error(exc: BaseException, what: str) -> JobError:

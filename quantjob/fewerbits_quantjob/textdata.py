@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from fewerbits_api.artifact import split_s3_uri
 from fewerbits_api.datasets import BUILTIN_DATASETS
 from fewerbits_api.jobcontract import ENV_HF_TOKEN
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
@@ -99,7 +100,7 @@ def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: 
 
 
 def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, str]]:
-    from .storage import classify_client_error, split_s3_uri
+    from .storage import classify_client_error
 
     if s3_client_factory is None:
         raise JobError(errors.DATASET_FETCH_FAILED, f"{uri}: no S3 client configured")
