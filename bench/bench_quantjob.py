@@ -38,7 +38,7 @@ for p in (REPO, REPO / "crds", REPO / "quantjob"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from fewerbits_api.artifact import ArtifactKeyInputs, artifact_prefix  # noqa: E402
+from fewerbits_api.artifact import MANIFEST_NAME, ArtifactKeyInputs, artifact_prefix  # noqa: E402
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat  # noqa: E402
 from fewerbits_api.jobcontract import QuantJobContract  # noqa: E402
 
@@ -123,16 +123,15 @@ def run_bare(model: Path, fmt: QuantFormat, samples: int, seq: int) -> float:
 def run_job(model: Path, fmt: QuantFormat, samples: int, seq: int, server, bucket: str, eval_samples: int = 8,
             gate: float = 1000.0) -> dict:
     needs = FORMAT_FACTS[fmt].needs_calibration_data
-    cal = {"dataset": "general-en", "samples": samples, "maxSeqLength": seq}
     # A fresh storage prefix each run: never a cache hit.
     storage_uri = f"s3://{bucket}/run-{uuid.uuid4().hex[:8]}"
     ki = ArtifactKeyInputs(sourceUri=f"pvc://bench/{model.name}", format=fmt, ignore=["lm_head"],
                            calibrationDataset="general-en" if needs else None, calibrationSamples=samples if needs else None,
                            calibrationMaxSeqLength=seq if needs else None)
-    contract = QuantJobContract(key=ki.key(), keyInputs=ki, source={"uri": ki.sourceUri}, format=fmt, calibration=cal,
+    contract = QuantJobContract(key=ki.key(), keyInputs=ki, source={"mountPath": str(model.parent)},
                                 qualityGate={"maxPerplexityIncreasePercent": gate, "evalSamples": eval_samples},
-                                storage={"uri": storage_uri, "endpoint": server.endpoint},
-                                sourceMountPath=str(model.parent), device="cpu")
+                                evalMaxSeqLength=seq, storage={"uri": storage_uri, "endpoint": server.endpoint},
+                                device="cpu")
     term = Path(tempfile.mkdtemp(prefix="bench-term-")) / "termination"
     env = child_env({"FEWERBITS_JOB_CONTRACT": contract.to_json(), "FEWERBITS_TERMINATION_LOG": str(term),
                      "AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key})
@@ -142,7 +141,7 @@ def run_job(model: Path, fmt: QuantFormat, samples: int, seq: int, server, bucke
     if proc.returncode != 0:
         raise SystemExit(f"the Job failed: {term.read_text() if term.exists() else ''}\n{proc.stderr[-3000:]}")
     b, prefix = artifact_prefix(storage_uri, contract.key)
-    manifest = json.loads(server.client().get_object(Bucket=b, Key=prefix + "manifest.json")["Body"].read())
+    manifest = json.loads(server.client().get_object(Bucket=b, Key=prefix + MANIFEST_NAME)["Body"].read())
     return {"wall": wall, "timings": manifest["timings"], "summary": json.loads(term.read_text())}
 
 

@@ -1,8 +1,9 @@
 """The artifact contract shared by the quantjob (writer), the operator (lookup) and the runtime
 fetcher (reader).
 
-Layout (DESIGN.md "Artifacts"): ``<storage uri>/<key>/files/<relative path>`` for every file,
-then ``<storage uri>/<key>/manifest.json`` written **last**. No manifest means no artifact.
+Layout: ``<storage uri>/<key>/files/<relative path>`` for every file, then
+``<storage uri>/<key>/manifest.json`` written **last**. No manifest means no artifact. Every reader
+parses a manifest with :meth:`Manifest.parse`, which makes all the checks in one place.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import hashlib
 import json
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from .base import ApiModel
+from .errors import field_path, format_validation_error
 from .formats import QuantFormat
+from .names import FILES_DIR, MANIFEST_NAME
 
-MANIFEST_NAME = "manifest.json"
-FILES_DIR = "files"
+__all__ = ["FILES_DIR", "MANIFEST_NAME", "ArtifactKeyInputs", "Manifest", "ManifestError", "ManifestFile",
+           "QualityReport", "artifact_prefix", "split_s3_uri"]
+
 MANIFEST_SCHEMA_VERSION = 1
 
 # The tools baked into the quantjob image; they decide the bytes, so they are part of the key.
@@ -138,15 +142,63 @@ class Manifest(ManifestModel):
     """When it was published (RFC 3339)."""
 
     def verify_key(self) -> None:
-        """Raise if the key does not match its inputs (a manifest from elsewhere, or edited)."""
+        """Raise ManifestError if the key does not match its inputs (a manifest from elsewhere, or edited)."""
         expected = self.keyInputs.key()
         if expected != self.key:
-            raise ValueError(f"manifest key {self.key} does not match its inputs (expected {expected})")
+            raise ManifestError(f"key {self.key} does not match its keyInputs (they hash to {expected})",
+                                field="key")
+
+    @classmethod
+    def parse(cls, raw: bytes | str, expected_key: str) -> Manifest:
+        """The manifest in ``raw``, checked as every reader needs it: valid JSON of this schema,
+        its key equal to ``expected_key`` and to the hash of its keyInputs, no file listed twice
+        or as both a file and a folder, every path inside the artifact (relative, no '.', '..'
+        or empty segment), and totalBytes the sum of the file sizes. Raises :class:`ManifestError`
+        naming the first problem."""
+        try:
+            manifest = cls.model_validate_json(raw)
+        except ValidationError as e:
+            lines = format_validation_error(e)
+            more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+            field = field_path(tuple(e.errors()[0]["loc"])) or None
+            raise ManifestError(f"not a valid manifest: {lines[0]}{more}", field=field) from None
+        if manifest.key != expected_key:
+            raise ManifestError(f"is for artifact {manifest.key}, not the expected {expected_key}", field="key")
+        manifest.verify_key()
+        files: set[str] = set()
+        for i, f in enumerate(manifest.files):
+            if f.path in files:
+                raise ManifestError(f"lists {f.path!r} twice", field=f"files[{i}].path")
+            files.add(f.path)
+        folders = {"/".join(f.path.split("/")[:n]) for f in manifest.files for n in range(1, f.path.count("/") + 1)}
+        clash = sorted(files & folders)
+        if clash:
+            raise ManifestError(f"lists {clash[0]!r} both as a file and as a folder", field="files")
+        total = sum(f.sizeBytes for f in manifest.files)
+        if total != manifest.totalBytes:
+            raise ManifestError(f"totalBytes {manifest.totalBytes} is not the sum of its file sizes ({total})",
+                                field="totalBytes")
+        return manifest
+
+
+class ManifestError(ValueError):
+    """A manifest that no reader may trust; the message names the problem (and ``field`` the
+    manifest field, when there is one). Prefix it with where the manifest was read."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/key`` -> ("bucket", "some/key")."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
 
 
 def artifact_prefix(storage_uri: str, key: str) -> tuple[str, str]:
     """(bucket, key prefix ending in '/') of an artifact under an ``s3://bucket/prefix`` URI."""
-    rest = storage_uri.removeprefix("s3://")
-    bucket, _, prefix = rest.partition("/")
+    bucket, prefix = split_s3_uri(storage_uri)
     prefix = prefix.strip("/")
     return bucket, (f"{prefix}/{key}/" if prefix else f"{key}/")

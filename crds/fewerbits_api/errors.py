@@ -10,7 +10,8 @@ from pydantic import ValidationError
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 
 
-def _path(loc: tuple) -> str:
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as the field a person wrote: ``spec.serving.targets[0]``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -34,7 +35,7 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
     """One line per error: ``spec.serving.maxModelLen: Input should be greater than or equal to 128``."""
     lines = []
     for e in err.errors(include_url=False):
-        field = _path(tuple(e["loc"]))
+        field = field_path(tuple(e["loc"]))
         if prefix:
             field = (f"{prefix}{field}" if field.startswith("[") else f"{prefix}.{field}") if field else prefix
         msg = e["msg"].removeprefix("Value error, ")

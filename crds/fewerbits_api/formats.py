@@ -1,13 +1,15 @@
-"""Quantization formats and the facts about them that both the planner and the quantjob use.
+"""Quantization formats and the facts about them that the planner, the quantjob and the serving
+pod's launcher use: format -> llm-compressor recipe -> the compute capabilities with a native or
+a fallback vLLM kernel, and :func:`cc_verdict`, the one reading of those facts for a GPU.
 
-Facts from DESIGN.md "Planner facts" (format -> llm-compressor recipe -> minimum compute
-capability for a native vLLM kernel).
+Standard library only: the launch wrapper copies this module into the vLLM image.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 
 class QuantFormat(str, Enum):
@@ -41,7 +43,7 @@ class FormatFacts:
     weight_bits: float
     """Bits per weight as stored (NVFP4 is 4 bits plus an FP8 scale per 16 values)."""
     scale_overhead: float
-    """Extra fraction of weight bytes spent on scales (group-128 int4 ~3%, DESIGN.md)."""
+    """Extra fraction of weight bytes spent on scales (group-128 int4: one 16-bit scale and zero point per 128 weights, ~3%)."""
     needs_calibration_data: bool
     native_min_cc: tuple[int, int]
     """Lowest compute capability with a native vLLM kernel."""
@@ -89,3 +91,44 @@ CONCRETE_FORMATS: tuple[QuantFormat, ...] = tuple(f for f in QuantFormat if f is
 QUANTIZED_FORMATS: tuple[QuantFormat, ...] = tuple(
     f for f in QuantFormat if f not in (QuantFormat.AUTO, QuantFormat.NONE)
 )
+
+
+CC = tuple[int, int]
+
+
+def fmt_cc(cc: CC) -> str:
+    """(9, 0) -> '9.0'."""
+    return f"{cc[0]}.{cc[1]}"
+
+
+@dataclass(frozen=True)
+class CCVerdict:
+    """Whether vLLM runs a format on a compute capability."""
+
+    kind: Literal["native", "fallback", "refused"]
+    why: str
+    """native: empty; fallback: what the fallback kernel means (the format's note); refused: why,
+    starting with the format's name and without the GPU (callers name the GPU their way)."""
+
+    @property
+    def runs(self) -> bool:
+        return self.kind != "refused"
+
+
+def cc_verdict(fmt: QuantFormat, cc: CC) -> CCVerdict:
+    """The verdict of ``FORMAT_FACTS`` for ``fmt`` on compute capability ``cc``, compared as numbers
+    (10.0 > 9.0). The planner and the serving pod's launcher both decide with this."""
+    facts = FORMAT_FACTS[fmt]
+    native_min, fallback_min, native_max = facts.native_min_cc, facts.fallback_min_cc, facts.native_max_cc
+    if native_max is not None and (cc > native_max or (cc < native_min and fallback_min is None)):
+        where = (f"{fmt_cc(native_min)} exactly" if native_min == native_max
+                 else f"{fmt_cc(native_min)} to {fmt_cc(native_max)}")
+        return CCVerdict("refused", f"{fmt.value} has a vLLM kernel only on compute capability {where}")
+    if cc >= native_min:
+        return CCVerdict("native", "")
+    if fallback_min is not None and cc >= fallback_min:
+        return CCVerdict("fallback", facts.fallback_note or "runs through a fallback kernel")
+    if fallback_min is not None:
+        return CCVerdict("refused", f"{fmt.value} needs compute capability {fmt_cc(fallback_min)} or newer "
+                                    f"(native from {fmt_cc(native_min)})")
+    return CCVerdict("refused", f"{fmt.value} needs compute capability {fmt_cc(native_min)} or newer")

@@ -14,8 +14,13 @@ from pydantic import Field, model_validator
 
 from .artifact import ArtifactKeyInputs
 from .base import API_VERSION, ApiModel
-from .formats import QuantFormat
-from .quantizedmodel import CalibrationSpec, QualityGateSpec, SourceSpec, StorageSpec
+from .formats import FORMAT_FACTS, QuantFormat
+from .names import (  # noqa: F401 - re-exported: the Job's termination message
+    TERMINATION_LOG_DEFAULT,
+    TERMINATION_LOG_ENV,
+    TERMINATION_MESSAGE_MAX_BYTES,
+)
+from .quantizedmodel import CalibrationSpec, QualityGateSpec, StorageSpec
 
 CONTRACT_ENV = "FEWERBITS_JOB_CONTRACT"
 """Environment variable holding the contract JSON."""
@@ -29,14 +34,27 @@ ENV_SOURCE_SECRET_KEY = "FEWERBITS_SOURCE_AWS_SECRET_ACCESS_KEY"
 ENV_STORAGE_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 ENV_STORAGE_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"
 
-TERMINATION_LOG_DEFAULT = "/dev/termination-log"
-TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
-"""Overrides where the Job writes its termination message (for running outside a kubelet)."""
-TERMINATION_MESSAGE_MAX_BYTES = 4096
+
+class JobSource(ApiModel):
+    """How the Job reaches the base model. Which model (URI and revision) is in ``keyInputs``."""
+
+    endpoint: str | None = None
+    """For `s3://` sources on an S3-compatible store: its endpoint URL."""
+    region: str | None = None
+    """For `s3://` sources: the bucket's region."""
+    trustRemoteCode: bool = False
+    """Allow the model's own Python code to run (`trust_remote_code`)."""
+    mountPath: str | None = None
+    """For `pvc://` sources: where the claim's root is mounted in the Job's pod."""
 
 
 class QuantJobContract(ApiModel):
-    """Everything one quantization Job needs: one Job, one artifact key, one result."""
+    """Everything one quantization Job needs: one Job, one artifact key, one result.
+
+    What decides the artifact's bytes (source URI and revision, format, ignore list, calibration
+    data, tool versions) is stated once, in ``keyInputs``; the Job reads it from there and checks
+    that ``key`` is its hash. The other fields say how to reach the source and the store and how
+    to judge the result, which the key does not cover."""
 
     apiVersion: Literal["fewerbits.io/v1alpha1"] = API_VERSION
     """Contract version."""
@@ -45,33 +63,52 @@ class QuantJobContract(ApiModel):
     key: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     """The artifact key; must equal ``keyInputs.key()``."""
     keyInputs: ArtifactKeyInputs
-    """What the key hashes."""
-    source: SourceSpec
-    """The base model (credentials by environment, see module doc)."""
-    format: QuantFormat
-    """The concrete format to produce (never `auto`)."""
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
-    """Layers left unquantized."""
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    """Calibration data (used by formats that need it)."""
+    """What the key hashes, and so what the Job produces."""
+    source: JobSource = Field(default_factory=JobSource)
+    """How to reach the base model (credentials by environment, see module doc)."""
     qualityGate: QualityGateSpec = Field(default_factory=QualityGateSpec)
     """Evaluation data and the gate to judge against."""
+    evalMaxSeqLength: Annotated[int, Field(ge=16, le=131072)] = 2048
+    """Tokens per evaluation window (the model's calibration sequence length)."""
     storage: StorageSpec
     """Where to publish (credentials by environment)."""
-    sourceMountPath: str | None = None
-    """For `pvc://` sources: where the claim is mounted in the Job's pod."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Where to run: `auto` uses a GPU when one is visible."""
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantJobContract:
-        if self.format is QuantFormat.AUTO:
-            raise ValueError("format: a Job quantizes to a concrete format, never 'auto'")
-        if self.keyInputs.format != self.format:
-            raise ValueError(f"keyInputs.format ({self.keyInputs.format.value}) differs from format ({self.format.value})")
-        if self.keyInputs.key() != self.key:
-            raise ValueError("key: does not equal the sha256 of keyInputs' canonical JSON")
+        ki = self.keyInputs
+        if ki.format is QuantFormat.AUTO:
+            raise ValueError("keyInputs.format: a Job quantizes to a concrete format, never 'auto'")
+        if ki.recipe:
+            raise ValueError(f"keyInputs.recipe: this Job takes no recipe parameters (got {sorted(ki.recipe)})")
+        calibration = (ki.calibrationDataset, ki.calibrationSamples, ki.calibrationMaxSeqLength)
+        if FORMAT_FACTS[ki.format].needs_calibration_data:
+            if None in calibration:
+                raise ValueError(f"keyInputs: format {ki.format.value} needs calibrationDataset, "
+                                 "calibrationSamples and calibrationMaxSeqLength")
+        elif calibration != (None, None, None) or ki.calibrationDatasetHash is not None:
+            raise ValueError(f"keyInputs: format {ki.format.value} uses no calibration data; leave the "
+                             "calibration fields unset")
+        if ki.key() != self.key:
+            raise ValueError(KEY_MISMATCH_MESSAGE)
         return self
+
+    @property
+    def format(self) -> QuantFormat:
+        return self.keyInputs.format
+
+    @property
+    def calibration(self) -> CalibrationSpec | None:
+        """The calibration data the key names (None for formats that take none)."""
+        ki = self.keyInputs
+        if ki.calibrationDataset is None:
+            return None
+        return CalibrationSpec(dataset=ki.calibrationDataset, samples=ki.calibrationSamples,
+                               maxSeqLength=ki.calibrationMaxSeqLength)
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
+
+
+KEY_MISMATCH_MESSAGE = "key: does not equal the sha256 of keyInputs' canonical JSON"

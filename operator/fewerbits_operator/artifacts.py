@@ -1,6 +1,6 @@
 """Artifact keys for a plan: one artifact per distinct format. Pure.
 
-DESIGN.md "Artifacts": the key hashes everything that decides the bytes: source URI and revision,
+The key hashes everything that decides the bytes: source URI and revision,
 format and recipe parameters, ignore list, calibration dataset identity and content hash, sample
 count, sequence length, and the tool versions.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fewerbits_api.artifact import ArtifactKeyInputs
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelSpec
-from fewerbits_quantjob.textdata import BUILTIN_DATASETS, builtin_dataset_sha256
+from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
 
 # Jobs are named by key, so two models asking for the same bytes share one Job.
 JOB_PREFIX = "fewerbits-quantize-"
@@ -39,20 +39,16 @@ def job_name(key: str) -> str:
     return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}"
 
 
-def builtin_dataset_hash(name: str) -> str:
-    """The sha256 of a built-in dataset's text, as shipped in the quantjob image (the Job checks
-    it: a key always names the bytes it was computed from)."""
-    return builtin_dataset_sha256(name)
-
-
 def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
     facts = FORMAT_FACTS[fmt]
     calib = spec.quantization.calibration
     uses_data = facts.needs_calibration_data
     dataset = calib.dataset if uses_data else None
     dataset_hash = None
-    if dataset is not None and "://" not in dataset:
-        dataset_hash = builtin_dataset_hash(dataset)
+    if dataset is not None and is_builtin_dataset_uri(dataset):
+        # The sha256 of the file the quantjob image ships (the Job checks it: a key always names
+        # the bytes it was computed from). An unknown name is refused before planning (effective.py).
+        dataset_hash = BUILTIN_DATASET_SHA256.get(dataset)
     return ArtifactKeyInputs(
         sourceUri=spec.source.uri,
         sourceRevision=spec.source.revision,

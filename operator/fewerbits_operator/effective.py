@@ -1,8 +1,8 @@
 """The effective spec of a QuantizedModel: its spec laid over the matching policy's defaults, then
-judged by that policy's rules. Pure functions (STYLE.md rule 1).
+judged by that policy's rules. Pure functions.
 
-DESIGN.md: "The effective spec is spec ∘ policy defaults; a rule violation is Accepted=False with
-the rule named."
+The effective spec is the spec laid over the policy's defaults; a rule violation is
+Accepted=False with the rule named.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fewerbits_api.datasets import BUILTIN_DATASETS
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec, StorageSpec
-
-from fewerbits_quantjob.textdata import BUILTIN_DATASETS
 
 from .planner import check_vllm_args, vllm_arg_spec
 

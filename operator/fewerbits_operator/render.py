@@ -1,7 +1,7 @@
-"""Renderers: typed inputs in, Kubernetes objects (plain dicts) out. No I/O (STYLE.md rule 1);
-golden tests pin their output.
+"""Renderers: typed inputs in, Kubernetes objects (plain dicts) out. No I/O; golden tests pin
+their output.
 
-Names are deterministic (STYLE.md rule 2): the Job by artifact key, the Deployment by model and
+Names are deterministic: the Job by artifact key, the Deployment by model and
 pool, the Service by model. A spec-hash annotation on each Deployment lets reconcile tell drift
 from a no-op without comparing server-defaulted fields.
 """
@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
     ENV_HF_TOKEN,
@@ -21,7 +22,15 @@ from fewerbits_api.jobcontract import (
     ENV_SOURCE_SECRET_KEY,
     ENV_STORAGE_ACCESS_KEY,
     ENV_STORAGE_SECRET_KEY,
+    JobSource,
     QuantJobContract,
+)
+from fewerbits_api.names import (
+    DEST_MANIFEST_NAME,
+    SECRET_ACCESS_KEY_ID,
+    SECRET_HF_TOKEN,
+    SECRET_SECRET_ACCESS_KEY,
+    TERMINATION_LOG_DEFAULT,
 )
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
@@ -30,7 +39,7 @@ from .artifacts import PlannedArtifact
 from .planner.vllm_args import plan_args
 from .settings import OperatorSettings
 
-DOMAIN = "fewerbits.io"
+DOMAIN = GROUP
 LABEL_MODEL = f"{DOMAIN}/model"
 LABEL_VARIANT = f"{DOMAIN}/variant"
 LABEL_ARTIFACT = f"{DOMAIN}/artifact"
@@ -43,8 +52,6 @@ ANNOTATION_FORMAT = f"{DOMAIN}/format"
 VLLM_PORT = 8000
 MODELS_DIR = "/models"
 LAUNCHER_DIR = "/fewerbits/launcher"
-# Manifest copy the fetcher leaves in the artifact directory (fewerbits_runtime.layout).
-DEST_MANIFEST_NAME = "fewerbits-manifest.json"
 
 # Pod security: what the `restricted` Pod Security Standard asks, for every pod we create.
 POD_SECURITY = {
@@ -72,7 +79,7 @@ class Owner:
 
     def reference(self, controller: bool = True) -> dict[str, Any]:
         return {
-            "apiVersion": f"{DOMAIN}/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "QuantizedModel",
             "name": self.name,
             "uid": self.uid,
@@ -110,11 +117,11 @@ def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
     if not source.credentialsSecret:
         return []
     if source.scheme == "hf":
-        return [_secret_env(ENV_HF_TOKEN, source.credentialsSecret, "HF_TOKEN")]
+        return [_secret_env(ENV_HF_TOKEN, source.credentialsSecret, SECRET_HF_TOKEN)]
     if source.scheme == "s3":
         return [
-            _secret_env(ENV_SOURCE_ACCESS_KEY, source.credentialsSecret, "AWS_ACCESS_KEY_ID"),
-            _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+            _secret_env(ENV_SOURCE_ACCESS_KEY, source.credentialsSecret, SECRET_ACCESS_KEY_ID),
+            _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
         ]
     return []
 
@@ -123,8 +130,8 @@ def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
     if not storage.credentialsSecret:
         return []
     return [
-        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, "AWS_ACCESS_KEY_ID"),
-        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, "AWS_SECRET_ACCESS_KEY"),
+        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, SECRET_ACCESS_KEY_ID),
+        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
     ]
 
 
@@ -148,21 +155,20 @@ def render_job(
     ]
     mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
     if spec.source.scheme == "pvc":
-        # The claim's root is mounted; the Job reads <sourceMountPath>/<path> (fewerbits_quantjob.fetch).
+        # The claim's root is mounted; the Job reads <source.mountPath>/<path>.
         claim = spec.source.uri.removeprefix("pvc://").partition("/")[0]
         source_mount = "/source"
         volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
+    # What decides the bytes travels once, in keyInputs (source, format, ignore, calibration).
     contract = QuantJobContract(
         key=artifact.key,
         keyInputs=artifact.inputs,
-        source=spec.source,
-        format=artifact.format,
-        ignore=list(artifact.inputs.ignore),
-        calibration=spec.quantization.calibration,
+        source=JobSource(endpoint=spec.source.endpoint, region=spec.source.region,
+                         trustRemoteCode=spec.source.trustRemoteCode, mountPath=source_mount),
         qualityGate=gate,
+        evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
-        sourceMountPath=source_mount,
     )
     resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
     if placement.gpus:
@@ -188,7 +194,7 @@ def render_job(
             "resources": resources,
             "securityContext": dict(CONTAINER_SECURITY),
             "volumeMounts": mounts,
-            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePath": TERMINATION_LOG_DEFAULT,
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }],
         "volumes": volumes,

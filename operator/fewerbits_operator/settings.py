@@ -71,10 +71,9 @@ class OperatorSettings(BaseSettings):
     """Timeout of one pod scrape or Prometheus query."""
     autoscaler_status_interval_seconds: float = 60.0
     """Least time between status writes that only refresh load figures (decisions are written at once)."""
-    model_config_timeout_seconds: float = 20.0
-    """Timeout for reading a model's config.json from its source."""
     storage_timeout_seconds: float = 20.0
-    """Timeout for manifest look-ups in object storage."""
+    """Timeout for manifest look-ups in object storage and for reading a model's config.json
+    from its source (one ObjectStore serves both)."""
 
     @property
     def steady_period_seconds(self) -> float:

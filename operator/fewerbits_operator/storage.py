@@ -19,10 +19,11 @@ from typing import Any
 import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import ValidationError
 
-from fewerbits_api.artifact import MANIFEST_NAME, Manifest, artifact_prefix
+from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix, split_s3_uri
+from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 log = logging.getLogger("fewerbits.storage")
 CONFIG_MAX_BYTES = 4 * 2**20
@@ -30,7 +31,13 @@ CONFIG_MAX_BYTES = 4 * 2**20
 
 
 class StorageError(RuntimeError):
-    """Object storage could not be read (unreachable, denied, malformed manifest)."""
+    """Object storage could not be read (unreachable, denied, malformed manifest). ``kind`` says
+    which (``fewerbits_api.s3errors.S3ErrorKind``; None for a manifest that is there but unusable),
+    so callers decide on data, not on the message."""
+
+    def __init__(self, message: str, kind: S3ErrorKind | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class ModelConfigError(RuntimeError):
@@ -46,7 +53,7 @@ class S3Credentials:
     def from_secret(cls, data: dict[str, str] | None) -> S3Credentials:
         if not data:
             return cls()
-        return cls(data.get("AWS_ACCESS_KEY_ID"), data.get("AWS_SECRET_ACCESS_KEY"))
+        return cls(data.get(SECRET_ACCESS_KEY_ID), data.get(SECRET_SECRET_ACCESS_KEY))
 
     def __repr__(self) -> str:  # never print a secret by accident
         return f"S3Credentials(access_key={'***' if self.access_key else None})"
@@ -94,28 +101,19 @@ class ObjectStore:
             return self._manifests[cache_key]
         bucket, prefix = artifact_prefix(storage.uri, key)
         s3 = self._client(storage.endpoint, storage.region, creds)
+        where = f"s3://{bucket}/{prefix}{MANIFEST_NAME}"
         try:
             body = s3.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code in ("NoSuchKey", "404", "NotFound"):
+        except (ClientError, BotoCoreError) as e:
+            failure = classify_s3_error(e)
+            if failure.kind is S3ErrorKind.NOT_FOUND:
                 return None
-            if code == "NoSuchBucket":
-                raise StorageError(f"bucket {bucket} does not exist at {storage.endpoint or 'AWS S3'}") from None
-            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403"):
-                raise StorageError(f"access to s3://{bucket}/{prefix} denied ({code}): check the storage "
-                                   "credentials Secret") from None
-            raise StorageError(f"reading s3://{bucket}/{prefix}{MANIFEST_NAME} failed: {code or e}") from None
-        except BotoCoreError as e:
-            raise StorageError(f"object storage {storage.endpoint or 'AWS S3'} unreachable: {type(e).__name__}") from None
+            raise StorageError(_storage_message(failure.kind, failure.code, where, storage.endpoint),
+                               failure.kind) from None
         try:
-            manifest = Manifest.model_validate_json(body)
-            manifest.verify_key()
-        except (ValidationError, ValueError) as e:
-            raise StorageError(f"s3://{bucket}/{prefix}{MANIFEST_NAME} is not a valid fewerbits manifest: "
-                               f"{str(e).splitlines()[0]}") from None
-        if manifest.key != key:
-            raise StorageError(f"s3://{bucket}/{prefix}{MANIFEST_NAME} belongs to artifact {manifest.key}, not {key}")
+            manifest = Manifest.parse(body, key)
+        except ManifestError as e:
+            raise StorageError(f"{where}: {e.message}") from None
         with self._lock:
             if len(self._manifests) >= 4096:  # bounded: drop the oldest
                 self._manifests.pop(next(iter(self._manifests)))
@@ -127,13 +125,13 @@ class ObjectStore:
     def model_config(self, source: SourceSpec, secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
         """The base model's config.json, cached per (uri, revision)."""
         cache_key = (source.uri, source.revision, source.endpoint,
-                     _identity((secret or {}).get("AWS_ACCESS_KEY_ID") or (secret or {}).get("HF_TOKEN")))
+                     _identity((secret or {}).get(SECRET_ACCESS_KEY_ID) or (secret or {}).get(SECRET_HF_TOKEN)))
         if cache_key in self._config_cache:
             return self._config_cache[cache_key]
         if source.scheme == "s3":
             cfg = self._s3_config(source, S3Credentials.from_secret(secret))
         elif source.scheme == "hf":
-            cfg = self._hf_config(source, (secret or {}).get("HF_TOKEN"), hf_endpoint)
+            cfg = self._hf_config(source, (secret or {}).get(SECRET_HF_TOKEN), hf_endpoint)
         else:
             raise ModelConfigError(
                 f"spec.source.uri: {source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
@@ -142,17 +140,15 @@ class ObjectStore:
         return cfg
 
     def _s3_config(self, source: SourceSpec, creds: S3Credentials) -> dict[str, Any]:
-        rest = source.uri.removeprefix("s3://")
-        bucket, _, prefix = rest.partition("/")
+        bucket, prefix = split_s3_uri(source.uri)
         key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
         s3 = self._client(source.endpoint, source.region, creds)
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read(CONFIG_MAX_BYTES + 1)
-        except ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            raise ModelConfigError(f"cannot read s3://{bucket}/{key}: {code}") from None
-        except BotoCoreError as e:
-            raise ModelConfigError(f"cannot reach {source.endpoint or 'AWS S3'}: {type(e).__name__}") from None
+        except (ClientError, BotoCoreError) as e:
+            failure = classify_s3_error(e)
+            raise ModelConfigError(_storage_message(failure.kind, failure.code, f"s3://{bucket}/{key}",
+                                                    source.endpoint, secret="spec.source.credentialsSecret")) from None
         if len(body) > CONFIG_MAX_BYTES:
             raise ModelConfigError(f"s3://{bucket}/{key} is larger than {CONFIG_MAX_BYTES // 2**20} MiB; "
                                    "a model's config.json is a few KiB")
@@ -173,6 +169,21 @@ class ObjectStore:
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise ModelConfigError(f"cannot reach {hf_endpoint} for {source.uri}: {getattr(e, 'reason', e)}") from None
         return _parse_config(body, url)
+
+
+def _storage_message(kind: S3ErrorKind, code: str, where: str, endpoint: str | None,
+                     secret: str = "the storage credentials Secret") -> str:
+    """One line a person can act on, per kind of S3 failure (never a credential)."""
+    store = endpoint or "AWS S3"
+    if kind is S3ErrorKind.NOT_FOUND:
+        return f"{where} does not exist"
+    if kind is S3ErrorKind.BUCKET_NOT_FOUND:
+        return f"{where}: the bucket does not exist at {store}"
+    if kind is S3ErrorKind.ACCESS_DENIED:
+        return f"{where}: access denied ({code}): check {secret}"
+    if kind is S3ErrorKind.TRANSIENT:
+        return f"{where}: object storage {store} unreachable or busy ({code})"
+    return f"reading {where} failed: {code}"
 
 
 def _identity(credential: str | None) -> str | None:

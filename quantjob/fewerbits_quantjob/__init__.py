@@ -1,9 +1,9 @@
 """fewerbits_quantjob: the quantization Job (fetch, calibrate, quantize, evaluate, publish).
 
 Entry points: ``python -m fewerbits_quantjob`` and :func:`fewerbits_quantjob.job.run`.
-Only this package imports torch and llm-compressor (STYLE.md rule 6), and only lazily: the
-operator may import ``report``, ``errors``, ``recipes.build_recipe_spec`` and
-``textdata.builtin_dataset_sha256`` without them.
+Only this package imports torch and llm-compressor, and only lazily: ``report``, ``errors``,
+``recipes.build_recipe_spec`` and ``textdata`` import without them. The operator imports nothing
+from this package (what it shares with the Job is in ``fewerbits_api``).
 """
 
 

@@ -6,8 +6,10 @@
 - ``s3://bucket/prefix``: every object under the prefix, in parallel, with the source credentials
   (``FEWERBITS_SOURCE_AWS_*``) at ``source.endpoint``/``source.region``, else the storage's
   (``FEWERBITS_SOURCE_S3_ENDPOINT`` overrides the storage fallback).
-- ``pvc://claim/path``: the operator mounts the claim's root read-only at ``sourceMountPath``; the
-  model is ``<sourceMountPath>/<path>``, read in place (no copy).
+- ``pvc://claim/path``: the operator mounts the claim's root read-only at ``source.mountPath``; the
+  model is ``<source.mountPath>/<path>``, read in place (no copy).
+
+Which model and revision: ``keyInputs.sourceUri`` / ``sourceRevision`` (the key names them once).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fewerbits_api.artifact import split_s3_uri
 from fewerbits_api.jobcontract import ENV_HF_TOKEN, QuantJobContract
 
 from . import errors
@@ -32,16 +35,17 @@ class FetchedModel:
 
 
 def fetch_source(contract: QuantJobContract, env: Mapping[str, str], workdir: Path, stage: StageHandle) -> FetchedModel:
-    uri = contract.source.uri
+    uri = contract.keyInputs.sourceUri
     scheme, _, rest = uri.partition("://")
     if scheme == "hf":
-        fetched = _fetch_hf(rest, contract.source.revision, contract.source.trustRemoteCode, env, workdir / "source")
+        fetched = _fetch_hf(rest, contract.keyInputs.sourceRevision, contract.source.trustRemoteCode, env,
+                            workdir / "source")
     elif scheme == "s3":
         fetched = _fetch_s3(contract, env, workdir / "source", stage)
     elif scheme == "pvc":
-        fetched = _fetch_pvc(rest, contract.sourceMountPath)
-    else:  # the contract's pattern refuses these already
-        raise JobError(errors.CONTRACT_INVALID, f"source.uri: unsupported scheme {scheme!r}", permanent=True)
+        fetched = _fetch_pvc(rest, contract.source.mountPath)
+    else:
+        raise JobError(errors.CONTRACT_INVALID, f"keyInputs.sourceUri: unsupported scheme {scheme!r}", permanent=True)
     if not (fetched.path / "config.json").is_file():
         raise JobError(errors.SOURCE_NOT_FOUND, f"{uri}: no config.json at the source (is the path a model directory?)",
                        permanent=True)
@@ -73,9 +77,10 @@ def _fetch_hf(repo: str, revision: str | None, trust_remote_code: bool, env: Map
 
 
 def _fetch_s3(contract: QuantJobContract, env: Mapping[str, str], dest: Path, stage: StageHandle) -> FetchedModel:
-    from .storage import classify_client_error, download_prefix, source_client, split_s3_uri
+    from .storage import classify_client_error, download_prefix, source_client
 
-    bucket, prefix = split_s3_uri(contract.source.uri)
+    uri = contract.keyInputs.sourceUri
+    bucket, prefix = split_s3_uri(uri)
     client = source_client(contract.source, contract.storage, env)
     dest.mkdir(parents=True, exist_ok=True)
 
@@ -87,19 +92,19 @@ def _fetch_s3(contract: QuantJobContract, env: Mapping[str, str], dest: Path, st
     except JobError:
         raise
     except Exception as e:  # noqa: BLE001
-        err = classify_client_error(e, f"reading {contract.source.uri}")
+        err = classify_client_error(e, f"reading {uri}")
         err.reason = {errors.STORAGE_ACCESS_DENIED: errors.SOURCE_ACCESS_DENIED,
                       errors.STORAGE_BUCKET_NOT_FOUND: errors.SOURCE_NOT_FOUND}.get(err.reason, errors.SOURCE_FETCH_FAILED)
         raise err from e
     if not files:
-        raise JobError(errors.SOURCE_NOT_FOUND, f"{contract.source.uri}: no objects under this prefix", permanent=True)
+        raise JobError(errors.SOURCE_NOT_FOUND, f"{uri}: no objects under this prefix", permanent=True)
     # An S3 prefix has no commit; the requested revision (if any) is recorded as given.
-    return FetchedModel(dest, contract.source.revision)
+    return FetchedModel(dest, contract.keyInputs.sourceRevision)
 
 
 def _fetch_pvc(rest: str, mount: str | None) -> FetchedModel:
     if not mount:
-        raise JobError(errors.CONTRACT_INVALID, "sourceMountPath: required for a pvc:// source (where the claim is mounted)",
+        raise JobError(errors.CONTRACT_INVALID, "source.mountPath: required for a pvc:// source (where the claim is mounted)",
                        permanent=True)
     _claim, _, sub = rest.partition("/")
     path = Path(mount) / sub if sub else Path(mount)

@@ -33,6 +33,7 @@ from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
     CONTRACT_FILE_ENV,
+    KEY_MISMATCH_MESSAGE,
     TERMINATION_LOG_DEFAULT,
     TERMINATION_LOG_ENV,
     QuantJobContract,
@@ -72,7 +73,7 @@ def parse_contract(raw: str | bytes | dict) -> QuantJobContract:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "contract"
-        reason = errors.KEY_MISMATCH if "sha256 of keyInputs" in str(first.get("msg")) else errors.CONTRACT_INVALID
+        reason = errors.KEY_MISMATCH if KEY_MISMATCH_MESSAGE in str(first.get("msg")) else errors.CONTRACT_INVALID
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
         raise JobError(reason, f"{where}: {first.get('msg')}{more}", permanent=True) from e
 
@@ -89,27 +90,12 @@ def installed_tool_versions() -> dict[str, str]:
 
 
 def verify_contract(contract: QuantJobContract, installed: Mapping[str, str]) -> None:
-    """The key must describe what this Job will produce: recomputed key, the contract's own fields,
-    and the tool versions baked into this image."""
+    """The key must describe what this Job will produce. Everything that decides the bytes is in
+    ``keyInputs`` and nowhere else in the contract, so the check is: the key recomputed from
+    keyInputs equals the key, and the tool versions it names are the ones baked into this image."""
     ki = contract.keyInputs
     if ki.key() != contract.key:
-        raise JobError(errors.KEY_MISMATCH, "key does not equal the sha256 of keyInputs' canonical JSON", permanent=True)
-    mismatches = []
-    if ki.sourceUri != contract.source.uri:
-        mismatches.append(f"keyInputs.sourceUri={ki.sourceUri!r} but source.uri={contract.source.uri!r}")
-    if ki.sourceRevision != contract.source.revision:
-        mismatches.append(f"keyInputs.sourceRevision={ki.sourceRevision!r} but source.revision={contract.source.revision!r}")
-    if list(ki.ignore) != list(contract.ignore):
-        mismatches.append(f"keyInputs.ignore={ki.ignore} but ignore={contract.ignore}")
-    if recipes.needs_calibration_data(contract.format):
-        cal = contract.calibration
-        for name, key_value, actual in (("calibrationDataset", ki.calibrationDataset, cal.dataset),
-                                        ("calibrationSamples", ki.calibrationSamples, cal.samples),
-                                        ("calibrationMaxSeqLength", ki.calibrationMaxSeqLength, cal.maxSeqLength)):
-            if key_value is not None and key_value != actual:
-                mismatches.append(f"keyInputs.{name}={key_value!r} but calibration says {actual!r}")
-    if mismatches:
-        raise JobError(errors.KEY_MISMATCH, "the key does not describe this Job: " + "; ".join(mismatches), permanent=True)
+        raise JobError(errors.KEY_MISMATCH, KEY_MISMATCH_MESSAGE, permanent=True)
     wrong = {t: (ki.tools.get(t), installed.get(t)) for t in KEYED_TOOLS if ki.tools.get(t) != installed.get(t)}
     if wrong:
         detail = ", ".join(f"{t} key={k} image={i}" for t, (k, i) in sorted(wrong.items()))
@@ -144,8 +130,9 @@ def run(contract: QuantJobContract | str | dict, env: Mapping[str, str] | None =
             key = contract.key
             installed = installed_tool_versions()
             verify_contract(contract, installed)
-            specs = recipes.build_recipe_spec(contract.format, contract.ignore, contract.keyInputs.recipe)
-            progress.note(f"key={contract.key} format={contract.format.value} source={redact(contract.source.uri)} "
+            specs = recipes.build_recipe_spec(contract.format, contract.keyInputs.ignore)
+            progress.note(f"key={contract.key} format={contract.format.value} "
+                          f"source={redact(contract.keyInputs.sourceUri)} "
                           f"storage={contract.storage.uri}")
         summary = _run(contract, env, progress, installed, specs)
         code = EXIT_OK
@@ -283,7 +270,7 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
     cal = contract.calibration
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731 — datasets live in the store
     texts = None
-    if recipes.needs_calibration_data(contract.format):
+    if cal is not None:
         with progress.stage("calibration-data") as st:
             loaded = textdata.load_texts(cal.dataset, env, s3_factory, limit=cal.samples)
             verify_dataset_hash(contract.keyInputs.calibrationDatasetHash, loaded, cal.dataset)
@@ -295,7 +282,8 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
     with progress.stage("quantize") as st:
         model, tokenizer = quantize.load_for_quantization(source, contract.source.trustRemoteCode)
         st.report(0.1, loaded=type(model).__name__)
-        model = quantize.run_oneshot(model, tokenizer, contract.format, specs, texts, cal.maxSeqLength, progress) or model
+        model = quantize.run_oneshot(model, tokenizer, contract.format, specs, texts,
+                                     cal.maxSeqLength if cal else None, progress) or model
 
     with progress.stage("save") as st:
         quantize.save_checkpoint(model, tokenizer, source, out)
@@ -306,7 +294,7 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
     with progress.stage("evaluate") as st:
         gate = contract.qualityGate
         eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory)
-        ppl = evaluate.evaluate_pair(source, out, tokenizer, eval_set.texts, cal.maxSeqLength, gate.evalSamples,
+        ppl = evaluate.evaluate_pair(source, out, tokenizer, eval_set.texts, contract.evalMaxSeqLength, gate.evalSamples,
                                      contract.source.trustRemoteCode, on_progress=lambda f: st.report(f))
         import math
 

@@ -70,7 +70,7 @@ def load_for_quantization(source: Path, trust_remote_code: bool):
 
 
 def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.ModifierSpec], texts: list[str] | None,
-                max_seq_length: int, progress: Progress | None = None):
+                max_seq_length: int | None, progress: Progress | None = None):
     """Quantize ``model`` in place. ``texts``: calibration samples, or None for data-free formats."""
     from llmcompressor import oneshot
 

@@ -1,6 +1,6 @@
 """Format -> llm-compressor recipe: the only place that knows llm-compressor's modifiers.
 
-DESIGN.md "Planner facts", format -> recipe:
+Format -> recipe:
 
 | format      | modifiers                                               | calibration data |
 |-------------|---------------------------------------------------------|------------------|
@@ -18,8 +18,8 @@ DESIGN.md "Planner facts", format -> recipe:
 is a transform that only smooths mappings whose layers carry a quantization scheme, which the
 QuantizationModifier after it assigns, so its ``ignore`` governs AWQ too.
 
-Recipe parameters (``keyInputs.recipe``, part of the artifact key) are a small, validated set so
-that a typo is an error, not a silently different artifact.
+The format alone names the recipe: ``keyInputs.recipe`` stays empty (the contract refuses
+anything else), so no modifier argument beyond ``ignore`` can be set from outside.
 """
 
 from __future__ import annotations
@@ -44,51 +44,11 @@ class ModifierSpec:
     kwargs: dict[str, Any]
 
 
-# Recipe parameters each format accepts: name -> (modifier kind, modifier argument, validator).
-def _fraction(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) <= 1:
-        raise ValueError("a number in (0, 1]")
-    return float(v)
-
-
-def _positive_int(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError("a positive integer")
-    return v
-
-
-def _duo(v: Any) -> bool | str:
-    if v not in (True, False, "both"):
-        raise ValueError('true, false or "both"')
-    return v
-
-
-def _actorder(v: Any) -> str | None:
-    if v not in ("static", "group", "weight", None):
-        raise ValueError('"static", "group", "weight" or null')
-    return v
-
-
-_GPTQ_PARAMS = {"dampeningFrac": ("GPTQModifier", "dampening_frac", _fraction),
-                "blockSize": ("GPTQModifier", "block_size", _positive_int),
-                "actorder": ("GPTQModifier", "actorder", _actorder)}
-RECIPE_PARAMS: dict[QuantFormat, dict[str, tuple[str, str, Any]]] = {
-    QuantFormat.W4A16_GPTQ: _GPTQ_PARAMS,
-    QuantFormat.W8A8_INT8: {**_GPTQ_PARAMS, "smoothingStrength": ("SmoothQuantModifier", "smoothing_strength", _fraction)},
-    QuantFormat.W4A16_AWQ: {"duoScaling": ("AWQModifier", "duo_scaling", _duo),
-                            "nGrid": ("AWQModifier", "n_grid", _positive_int)},
-}
-
-
-def build_recipe_spec(fmt: QuantFormat, ignore: list[str], params: dict[str, Any] | None = None) -> list[ModifierSpec]:
+def build_recipe_spec(fmt: QuantFormat, ignore: list[str]) -> list[ModifierSpec]:
     """The modifiers for ``fmt`` as data (pure: no llm-compressor import, unit-testable)."""
-    params = dict(params or {})
     if fmt in (QuantFormat.AUTO,):
         raise JobError(errors.RECIPE_INVALID, "format 'auto' is resolved by the operator, never by the Job", permanent=True)
     if fmt is QuantFormat.NONE:
-        if params:
-            raise JobError(errors.RECIPE_INVALID, f"format 'none' takes no recipe parameters (got {sorted(params)})",
-                           permanent=True)
         return []
     scheme = FORMAT_FACTS[fmt].llmcompressor_scheme
     ignore = list(ignore)
@@ -103,22 +63,6 @@ def build_recipe_spec(fmt: QuantFormat, ignore: list[str], params: dict[str, Any
     else:  # fp8-dynamic, fp8-block, w4afp8, nvfp4, nvfp4a16: one QuantizationModifier
         specs = [ModifierSpec("QuantizationModifier", quant)]
 
-    allowed = RECIPE_PARAMS.get(fmt, {})
-    for name, value in sorted(params.items()):
-        if name not in allowed:
-            choices = ", ".join(sorted(allowed)) or "none"
-            raise JobError(errors.RECIPE_INVALID,
-                           f"recipe parameter {name!r} is not accepted for format {fmt.value} (accepted: {choices})",
-                           permanent=True)
-        kind, arg, check = allowed[name]
-        try:
-            checked = check(value)
-        except ValueError as e:
-            raise JobError(errors.RECIPE_INVALID, f"recipe parameter {name!r}: expected {e}, got {value!r}",
-                           permanent=True) from e
-        for spec in specs:
-            if spec.kind == kind:
-                spec.kwargs[arg] = checked
     return specs
 
 

@@ -1,6 +1,6 @@
 """Object storage: the S3 clients, the cache check and content-addressed publishing.
 
-Layout (DESIGN.md "Artifacts"): every file goes to ``<storage uri>/<key>/files/<path>`` first,
+Layout (``fewerbits_api.artifact``): every file goes to ``<storage uri>/<key>/files/<path>`` first,
 then ``<key>/manifest.json`` LAST, so a manifest is only ever seen next to complete files. A Job
 killed mid-upload leaves files but no manifest; the rerun finds the files already there (same size
 and the sha256 stored in the object's metadata) and uploads only what is missing.
@@ -21,14 +21,24 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, Manifest, ManifestFile, artifact_prefix
+from fewerbits_api.artifact import (
+    FILES_DIR,
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    ManifestFile,
+    artifact_prefix,
+    split_s3_uri,
+)
 from fewerbits_api.jobcontract import (
     ENV_SOURCE_ACCESS_KEY,
     ENV_SOURCE_SECRET_KEY,
     ENV_STORAGE_ACCESS_KEY,
     ENV_STORAGE_SECRET_KEY,
+    JobSource,
 )
-from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+from fewerbits_api.quantizedmodel import StorageSpec
+from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from . import errors
 from .errors import JobError
@@ -84,7 +94,7 @@ def storage_client(storage: StorageSpec, env: Mapping[str, str]):
                      env.get(ENV_STORAGE_SECRET_KEY), max_pool=max(32, FILE_CONCURRENCY * PART_CONCURRENCY + 4))
 
 
-def source_client(source: SourceSpec, storage: StorageSpec, env: Mapping[str, str]):
+def source_client(source: JobSource, storage: StorageSpec, env: Mapping[str, str]):
     """Client for an ``s3://`` source: the source's own endpoint and region when it names them,
     else the storage's (bases and artifacts in the same store); the source's own credentials when
     its Secret provided them, else the default chain."""
@@ -93,53 +103,38 @@ def source_client(source: SourceSpec, storage: StorageSpec, env: Mapping[str, st
     return s3_client(endpoint, region, env.get(ENV_SOURCE_ACCESS_KEY), env.get(ENV_SOURCE_SECRET_KEY))
 
 
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    rest = uri.removeprefix("s3://")
-    bucket, _, key = rest.partition("/")
-    return bucket, key
-
-
-def classify_client_error(exc: Exception, what: str) -> JobError:
-    """Turn a botocore error into a JobError with a reason the operator can show."""
-    code = ""
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", ""))
-    name = type(exc).__name__
-    if code in ("NoSuchBucket",):
+def classify_client_error(exc: BaseException, what: str) -> JobError:
+    """Turn a botocore error into a JobError with a reason the operator can show
+    (``fewerbits_api.s3errors`` decides what kind of failure it is)."""
+    failure = classify_s3_error(exc)
+    kind, code = failure.kind, failure.code
+    if kind in (S3ErrorKind.BUCKET_NOT_FOUND,):
         return JobError(errors.STORAGE_BUCKET_NOT_FOUND, f"{what}: the bucket does not exist", permanent=True)
-    if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden"):
+    if kind is S3ErrorKind.ACCESS_DENIED:
+        if code.endswith("CredentialsError"):
+            return JobError(errors.STORAGE_ACCESS_DENIED,
+                            f"{what}: no credentials found (set the storage Secret or a pod identity)", permanent=True)
         return JobError(errors.STORAGE_ACCESS_DENIED, f"{what}: access denied ({code}); check the storage credentials",
                         permanent=True)
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError"):
-        return JobError(errors.STORAGE_UNAVAILABLE, f"{what}: cannot reach the S3 endpoint ({name})")
-    if name == "NoCredentialsError":
-        return JobError(errors.STORAGE_ACCESS_DENIED, f"{what}: no credentials found (set the storage Secret or a pod identity)",
-                        permanent=True)
-    return JobError(errors.STORAGE_UNAVAILABLE, f"{what}: {name} {code}".strip())
+    if kind is S3ErrorKind.TRANSIENT:
+        return JobError(errors.STORAGE_UNAVAILABLE, f"{what}: the S3 endpoint is unreachable or busy ({code})")
+    return JobError(errors.STORAGE_UNAVAILABLE, f"{what}: {type(exc).__name__} {code}".strip())
 
 
 def read_manifest(client, storage_uri: str, key: str) -> tuple[Manifest | None, str]:
     """The artifact's manifest if one exists and is valid for ``key``; else None and why not."""
-    from botocore.exceptions import ClientError
-
     bucket, prefix = artifact_prefix(storage_uri, key)
+    where = f"s3://{bucket}/{prefix}{MANIFEST_NAME}"
     try:
         body = client.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
-    except ClientError as e:
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        if code in ("NoSuchKey", "404", "NotFound"):
+    except Exception as e:  # noqa: BLE001 — classified, never a traceback
+        if classify_s3_error(e).kind is S3ErrorKind.NOT_FOUND:
             return None, "no manifest"
-        raise classify_client_error(e, f"reading s3://{bucket}/{prefix}{MANIFEST_NAME}") from e
-    except Exception as e:  # noqa: BLE001 — connection errors: classified, not a traceback
-        raise classify_client_error(e, f"reading s3://{bucket}/{prefix}{MANIFEST_NAME}") from e
+        raise classify_client_error(e, f"reading {where}") from e
     try:
-        manifest = Manifest.model_validate_json(body)
-        manifest.verify_key()
-    except Exception as e:  # noqa: BLE001 — an unreadable manifest is no artifact; it is replaced
-        return None, f"manifest present but invalid ({type(e).__name__}); it will be replaced"
-    if manifest.key != key:
-        return None, "manifest present but for another key; it will be replaced"
+        manifest = Manifest.parse(body, key)
+    except ManifestError as e:  # an unusable manifest is no artifact; publishing replaces it
+        return None, f"manifest present but unusable ({e.message}); it will be replaced"
     return manifest, "valid manifest"
 
 
@@ -149,8 +144,8 @@ def check_bucket(client, storage_uri: str) -> None:
     try:
         client.head_bucket(Bucket=bucket)
     except Exception as e:  # noqa: BLE001
-        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", "")) if hasattr(e, "response") else ""
-        if code in ("404", "NoSuchBucket", "NotFound"):
+        # HeadBucket has no body: a missing bucket is a bare 404.
+        if classify_s3_error(e).kind in (S3ErrorKind.NOT_FOUND, S3ErrorKind.BUCKET_NOT_FOUND):
             raise JobError(errors.STORAGE_BUCKET_NOT_FOUND, f"storage bucket {bucket!r} does not exist",
                            permanent=True) from e
         raise classify_client_error(e, f"checking bucket {bucket!r}") from e
@@ -214,7 +209,6 @@ def upload_directory(client, root: Path, storage_uri: str, key: str, stage: Stag
     parts, several files at once; files already present with the same size and sha256 are skipped.
     """
     from boto3.s3.transfer import TransferConfig
-    from botocore.exceptions import ClientError
 
     env = env if env is not None else os.environ
     bucket, prefix = artifact_prefix(storage_uri, key)
@@ -245,8 +239,8 @@ def upload_directory(client, root: Path, storage_uri: str, key: str, stage: Stag
                     skipped[0] += 1
                 meter(size)
                 return ManifestFile(path=rel.as_posix(), sizeBytes=size, sha256=digest)
-        except ClientError as e:
-            if str(e.response.get("Error", {}).get("Code", "")) not in ("404", "NoSuchKey", "NotFound"):
+        except Exception as e:  # noqa: BLE001 — only "not there yet" means upload it
+            if classify_s3_error(e).kind is not S3ErrorKind.NOT_FOUND:
                 raise
         client.upload_file(str(path), bucket, object_key, Config=transfer, Callback=meter,
                            ExtraArgs={"Metadata": {SHA256_METADATA: digest}})

@@ -9,7 +9,8 @@ Forms (``CalibrationSpec.dataset`` / ``QualityGateSpec.evalDataset``):
 - ``hf://datasets/org/name[@revision]``: its ``train`` split (or the first split), ``text``
   column, through ``datasets`` (``HF_TOKEN`` for gated sets).
 
-No torch here (the operator may call ``builtin_dataset_sha256`` to fill the artifact key).
+No torch here. The names and file hashes of the built-in sets are ``fewerbits_api.datasets``
+(the operator puts the hash into the artifact key without importing this package).
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 
+from fewerbits_api.artifact import split_s3_uri
+from fewerbits_api.datasets import BUILTIN_DATASETS
 from fewerbits_api.jobcontract import ENV_HF_TOKEN
+from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from . import errors
 from .errors import JobError
 
-BUILTIN_DATASETS = ("general-en", "general-en-heldout")
 _HF_DATASET = re.compile(r"^hf://datasets/(?P<repo>[^@]+?)(?:@(?P<rev>.+))?$")
 
 
@@ -46,11 +49,6 @@ def _builtin_bytes(name: str) -> bytes:
         raise JobError(errors.DATASET_NOT_FOUND,
                        f"unknown built-in dataset {name!r} (built-in: {', '.join(BUILTIN_DATASETS)})", permanent=True)
     return resources.files(__package__).joinpath("data", f"{name}.txt").read_bytes()
-
-
-def builtin_dataset_sha256(name: str) -> str:
-    """sha256 of a built-in dataset's file: its ``calibrationDatasetHash`` in the artifact key."""
-    return hashlib.sha256(_builtin_bytes(name)).hexdigest()
 
 
 def split_paragraphs(text: str) -> list[str]:
@@ -92,8 +90,9 @@ def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: 
     elif uri.startswith("hf://"):
         texts, details = _load_hf(uri, env, limit)
     else:
-        texts, details = split_paragraphs(_builtin_bytes(uri).decode("utf-8")), {"builtin": uri}
-        details["fileSha256"] = builtin_dataset_sha256(uri)
+        body = _builtin_bytes(uri)
+        texts = split_paragraphs(body.decode("utf-8"))
+        details = {"builtin": uri, "fileSha256": hashlib.sha256(body).hexdigest()}
     if limit is not None:
         texts = texts[:limit]
     digest = hashlib.sha256("\n\x1e".join(texts).encode()).hexdigest()
@@ -101,7 +100,7 @@ def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: 
 
 
 def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, str]]:
-    from .storage import classify_client_error, split_s3_uri
+    from .storage import classify_client_error
 
     if s3_client_factory is None:
         raise JobError(errors.DATASET_FETCH_FAILED, f"{uri}: no S3 client configured")
@@ -111,8 +110,7 @@ def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, st
         obj = client.get_object(Bucket=bucket, Key=key)
         body = obj["Body"].read()
     except Exception as e:  # noqa: BLE001
-        code = str(getattr(e, "response", {}).get("Error", {}).get("Code", "")) if hasattr(e, "response") else ""
-        if code in ("NoSuchKey", "404", "NotFound", "NoSuchBucket"):
+        if classify_s3_error(e).kind in (S3ErrorKind.NOT_FOUND, S3ErrorKind.BUCKET_NOT_FOUND):
             raise JobError(errors.DATASET_NOT_FOUND, f"{uri}: no such object", permanent=True) from e
         err = classify_client_error(e, f"reading {uri}")
         err.reason = errors.DATASET_FETCH_FAILED if err.reason == errors.STORAGE_UNAVAILABLE else err.reason

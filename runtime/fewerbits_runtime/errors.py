@@ -3,7 +3,7 @@
 The kubelet copies the file at ``terminationMessagePath`` (default ``/dev/termination-log``) into
 the container's status, so the operator can turn a failed init container into a condition that
 names the cause instead of "Init:CrashLoopBackOff". The message is one line of JSON, at most
-4 KiB (the kubelet's limit, ``fewerbits_api.jobcontract.TERMINATION_MESSAGE_MAX_BYTES``).
+4 KiB (the kubelet's limit, ``fewerbits_api.names.TERMINATION_MESSAGE_MAX_BYTES``).
 """
 
 from __future__ import annotations
@@ -12,11 +12,8 @@ import json
 import logging
 import os
 
-# The same values as fewerbits_api.jobcontract (a unit test keeps them equal), defined here so the
-# launch wrapper needs only the standard library: it runs in the vLLM image, not ours.
-TERMINATION_LOG_DEFAULT = "/dev/termination-log"
-TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
-TERMINATION_MESSAGE_MAX_BYTES = 4096
+# fewerbits_api.names is standard library only; the launch wrapper carries a copy into the vLLM image.
+from fewerbits_api.names import TERMINATION_LOG_DEFAULT, TERMINATION_LOG_ENV, TERMINATION_MESSAGE_MAX_BYTES
 
 log = logging.getLogger("fewerbits.runtime")
 

@@ -1,7 +1,7 @@
 """The vLLM launch wrapper: check that this GPU can run the artifact's format, then exec vLLM.
 
 The planner already placed the variant on a pool whose compute capability fits its format
-(DESIGN.md "Planner facts"); this is the last line of defence against a mislabelled node or a
+(the same ``cc_verdict``); this is the last line of defence against a mislabelled node or a
 hand-edited Deployment. It fails in a second with a message naming both sides instead of letting
 vLLM spend minutes loading weights and then die in a kernel check.
 
@@ -23,14 +23,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+from fewerbits_api.formats import CC, FORMAT_FACTS, QuantFormat, cc_verdict, fmt_cc
 
 from .errors import ExecFailed, GPUIncompatible, UsageError
 from .layout import DEST_MANIFEST_NAME
 
 log = logging.getLogger("fewerbits.launch")
 
-CC = tuple[int, int]
 _CC_RE = re.compile(r"^\s*(\d+)(?:\.(\d+))?\s*$")
 
 
@@ -40,10 +39,6 @@ def parse_cc(text: str) -> CC:
     if not m:
         raise ValueError(f"not a compute capability: {text!r} (expected MAJOR.MINOR, e.g. 9.0)")
     return int(m.group(1)), int(m.group(2) or 0)
-
-
-def fmt_cc(cc: CC) -> str:
-    return f"{cc[0]}.{cc[1]}"
 
 
 @dataclass(frozen=True)
@@ -65,30 +60,17 @@ class Verdict:
 
 
 def check(fmt: QuantFormat, gpu: GPUInfo) -> Verdict:
-    """Whether an artifact of ``fmt`` can run on ``gpu``, natively or through a fallback kernel."""
-    facts = FORMAT_FACTS[fmt]
-    cc = gpu.cc
-    native_min, fallback_min, native_max = facts.native_min_cc, facts.fallback_min_cc, facts.native_max_cc
-    if native_max is not None and cc > native_max:
-        need = (f"exactly {fmt_cc(native_min)}" if native_min == native_max
-                else f"{fmt_cc(native_min)} to {fmt_cc(native_max)}")
-        return Verdict(False, False, f"artifact format {fmt.value} needs compute capability {need} "
-                                     f"(its kernel exists only there); this GPU is {gpu.describe()}")
-    if cc >= native_min:
-        return Verdict(True, False, f"artifact format {fmt.value} runs natively on compute capability "
-                                    f"{gpu.describe()} (native from {fmt_cc(native_min)})")
-    if fallback_min is not None and cc >= fallback_min:
+    """Whether an artifact of ``fmt`` can run on ``gpu``, natively or through a fallback kernel
+    (``fewerbits_api.formats.cc_verdict``, the planner's verdict too)."""
+    verdict = cc_verdict(fmt, gpu.cc)
+    native_min = FORMAT_FACTS[fmt].native_min_cc
+    if verdict.kind == "refused":
+        return Verdict(False, False, f"artifact format {verdict.why}; this GPU is {gpu.describe()}")
+    if verdict.kind == "fallback":
         return Verdict(True, True, f"artifact format {fmt.value} has no native kernel on compute capability "
-                                   f"{gpu.describe()} (native from {fmt_cc(native_min)}): it "
-                                   f"{facts.fallback_note or 'runs through a fallback kernel'}")
-    if fallback_min is not None:
-        need = f"≥ {fmt_cc(fallback_min)} (native from {fmt_cc(native_min)})"
-    elif native_max is not None and native_max == native_min:
-        need = f"exactly {fmt_cc(native_min)}"
-    else:
-        need = f"≥ {fmt_cc(native_min)}"
-    return Verdict(False, False, f"artifact format {fmt.value} needs compute capability {need}; "
-                                 f"this GPU is {gpu.describe()}")
+                                   f"{gpu.describe()} (native from {fmt_cc(native_min)}): it {verdict.why}")
+    return Verdict(True, False, f"artifact format {fmt.value} runs natively on compute capability "
+                                f"{gpu.describe()} (native from {fmt_cc(native_min)})")
 
 
 def _from_nvidia_smi() -> GPUInfo | None:

@@ -4,10 +4,10 @@ Standard library only (like ``launch``, ``errors`` and ``cli``): the launch wrap
 the vLLM image, which carries neither boto3 nor a pydantic we control.
 """
 
+from fewerbits_api.names import DEST_MANIFEST_NAME
+
 MARKER_NAME = ".fewerbits-verified"
 """In dest: the digest of the manifest whose files were all verified there."""
-DEST_MANIFEST_NAME = "fewerbits-manifest.json"
-"""In dest: the artifact's manifest, for the launch wrapper (format) and for people."""
 STAGING_DIR = ".fewerbits-partial"
 """In dest: temporary files (``<path>.part``) and their part state (``<path>.state``)."""
 RESERVED_NAMES = frozenset({MARKER_NAME, DEST_MANIFEST_NAME, STAGING_DIR})

@@ -14,28 +14,13 @@ import logging
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-)
+
+from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from .errors import AccessDenied, ArtifactMissing, RuntimeFailure, StorageError
 
 for _name in ("botocore", "boto3", "urllib3", "s3transfer"):
     logging.getLogger(_name).setLevel(logging.WARNING)
-
-# Error codes that mean "these credentials are not allowed" (bad key, bad secret, no policy).
-ACCESS_DENIED_CODES = frozenset({
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken",
-    "ExpiredToken", "TokenRefreshRequired", "AllAccessDisabled", "403",
-})
-NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-NO_BUCKET_CODES = frozenset({"NoSuchBucket"})
-TRANSIENT_ERRORS = (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError)
 
 
 def make_client(endpoint: str | None, region: str | None, max_connections: int):
@@ -55,37 +40,27 @@ def make_client(endpoint: str | None, region: str | None, max_connections: int):
                                           region_name=region or None, config=config)
 
 
-def error_code(e: ClientError) -> str:
-    err = e.response.get("Error", {}) if hasattr(e, "response") else {}
-    code = str(err.get("Code") or "")
-    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") if hasattr(e, "response") else None
-    return code or (str(status) if status else "")
-
-
 def translate(e: Exception, *, what: str, where: str, key: str | None = None,
               missing: RuntimeFailure | None = None) -> RuntimeFailure:
-    """Map a boto error to a failure whose message names the object and the fix, never a secret."""
+    """Map a boto error to a failure whose message names the object and the fix, never a secret
+    (``fewerbits_api.s3errors`` decides the kind). ``details["transient"]``: a retry may succeed."""
     if isinstance(e, RuntimeFailure):
         return e
-    if isinstance(e, NoCredentialsError):
+    failure = classify_s3_error(e)
+    kind, code = failure.kind, failure.code
+    if kind is S3ErrorKind.ACCESS_DENIED and code.endswith("CredentialsError"):
         return AccessDenied(
             f"no storage credentials for {where}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
             "from the storage credentials Secret, or give the pod an identity with read access")
-    if isinstance(e, ClientError):
-        code = error_code(e)
-        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in ACCESS_DENIED_CODES or status == 403:
-            return AccessDenied(
-                f"storage refused the credentials reading {what} at {where} ({code or status}): check "
-                "the storage credentials Secret (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or the "
-                "pod identity's read permission on the bucket", code=code)
-        if code in NO_BUCKET_CODES:
-            return ArtifactMissing(f"no artifact {key} at {where}: the bucket does not exist", code=code)
-        if (code in NOT_FOUND_CODES or status == 404) and missing is not None:
-            return missing
-        return StorageError(f"storage error reading {what} at {where}: {code or status}", code=code)
-    if isinstance(e, TRANSIENT_ERRORS):
-        return StorageError(f"cannot reach storage reading {what} at {where}: {type(e).__name__}")
-    if isinstance(e, BotoCoreError):
-        return StorageError(f"storage error reading {what} at {where}: {type(e).__name__}: {e}")
-    return StorageError(f"error reading {what} at {where}: {type(e).__name__}: {e}")
+    if kind is S3ErrorKind.ACCESS_DENIED:
+        return AccessDenied(
+            f"storage refused the credentials reading {what} at {where} ({code}): check "
+            "the storage credentials Secret (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) or the "
+            "pod identity's read permission on the bucket", code=code)
+    if kind is S3ErrorKind.BUCKET_NOT_FOUND:
+        return ArtifactMissing(f"no artifact {key} at {where}: the bucket does not exist", code=code)
+    if kind is S3ErrorKind.NOT_FOUND and missing is not None:
+        return missing
+    if kind is S3ErrorKind.TRANSIENT:
+        return StorageError(f"cannot reach storage reading {what} at {where}: {code}", code=code, transient=True)
+    return StorageError(f"storage error reading {what} at {where}: {code}", code=code, transient=False)

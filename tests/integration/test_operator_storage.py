@@ -36,7 +36,7 @@ def test_manifest_lookup_found_missing_cached_and_invalid(s3, s3_bucket):
 
     other = ArtifactKeyInputs(sourceUri="hf://a/c", format="fp8-dynamic").key()
     publish(s3, storage, b"{not json", other)
-    with pytest.raises(StorageError, match="not a valid fewerbits manifest"):
+    with pytest.raises(StorageError, match="not a valid manifest"):
         store.get_manifest(storage, other, creds)
     with pytest.raises(StorageError, match="denied"):
         ObjectStore(timeout=5).get_manifest(storage, other, S3Credentials(s3.access_key, "wrong-secret-key"))

@@ -39,23 +39,23 @@ def model_dir() -> Path:
 
 def make_contract(fmt: QuantFormat, storage_uri: str, endpoint: str, model_dir: Path, *,
                   ignore: list[str] | None = None, gate: float = LOOSE_GATE, source_uri: str | None = None,
-                  calibration: dict | None = None, recipe: dict | None = None, dataset_hash: str | None = None,
+                  calibration: dict | None = None, dataset_hash: str | None = None,
                   source_revision: str | None = None) -> QuantJobContract:
     ignore = ["lm_head"] if ignore is None else ignore
-    # pvc://<claim>/<path>: the claim's root is mounted at sourceMountPath, the model is <mount>/<path>.
+    # pvc://<claim>/<path>: the claim's root is mounted at source.mountPath, the model is <mount>/<path>.
     source_uri = source_uri or f"pvc://models/{model_dir.name}"
     cal = dict(calibration or CALIBRATION)
     needs = FORMAT_FACTS[fmt].needs_calibration_data
     ki = ArtifactKeyInputs(
-        sourceUri=source_uri, sourceRevision=source_revision, format=fmt, recipe=recipe or {}, ignore=ignore,
+        sourceUri=source_uri, sourceRevision=source_revision, format=fmt, ignore=ignore,
         calibrationDataset=cal["dataset"] if needs else None, calibrationDatasetHash=dataset_hash if needs else None,
         calibrationSamples=cal["samples"] if needs else None, calibrationMaxSeqLength=cal["maxSeqLength"] if needs else None,
     )
     return QuantJobContract(
-        key=ki.key(), keyInputs=ki, source={"uri": source_uri, "revision": source_revision}, format=fmt, ignore=ignore,
-        calibration=cal, qualityGate={"maxPerplexityIncreasePercent": gate, "evalSamples": EVAL_SAMPLES},
-        storage={"uri": storage_uri, "endpoint": endpoint},
-        sourceMountPath=str(model_dir.parent) if source_uri.startswith("pvc://") else None, device="cpu",
+        key=ki.key(), keyInputs=ki,
+        source={"mountPath": str(model_dir.parent) if source_uri.startswith("pvc://") else None},
+        qualityGate={"maxPerplexityIncreasePercent": gate, "evalSamples": EVAL_SAMPLES},
+        evalMaxSeqLength=cal["maxSeqLength"], storage={"uri": storage_uri, "endpoint": endpoint}, device="cpu",
     )
 
 

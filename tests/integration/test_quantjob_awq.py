@@ -28,7 +28,9 @@ def test_awq_on_cpu_still_needs_the_pin_memory_guard():
     path = build_test_model()
     model = AutoModelForCausalLM.from_pretrained(path, dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    mods = recipes.instantiate(recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, ["lm_head"], {"nGrid": 2}))
+    specs = recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, ["lm_head"])
+    specs[0].kwargs["n_grid"] = 2  # a coarse grid: this test needs AWQ to start, not to search well
+    mods = recipes.instantiate(specs)
     data = Dataset.from_dict({"text": paragraphs(training_text())[:2]})
     with pytest.raises(RuntimeError) as e:
         oneshot(model=model, processor=tokenizer, recipe=mods, dataset=data, num_calibration_samples=2,

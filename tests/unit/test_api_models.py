@@ -172,15 +172,13 @@ def test_artifact_prefix():
 
 def test_job_contract_refuses_auto_and_wrong_key():
     inputs = ArtifactKeyInputs(sourceUri="hf://a/b", format="fp8-dynamic")
-    ok = QuantJobContract(key=inputs.key(), keyInputs=inputs, source={"uri": "hf://a/b"},
-                          format="fp8-dynamic", storage={"uri": "s3://bkt/p"})
+    ok = QuantJobContract(key=inputs.key(), keyInputs=inputs, storage={"uri": "s3://bkt/p"})
     assert QuantJobContract.model_validate_json(ok.to_json()) == ok
     with pytest.raises(ValidationError, match="key"):
-        QuantJobContract(key="1" * 64, keyInputs=inputs, source={"uri": "hf://a/b"},
-                         format="fp8-dynamic", storage={"uri": "s3://bkt/p"})
+        QuantJobContract(key="1" * 64, keyInputs=inputs, storage={"uri": "s3://bkt/p"})
+    auto = ArtifactKeyInputs(sourceUri="hf://a/b", format="auto")
     with pytest.raises(ValidationError, match="never 'auto'"):
-        QuantJobContract(key=inputs.key(), keyInputs=inputs, source={"uri": "hf://a/b"},
-                         format="auto", storage={"uri": "s3://bkt/p"})
+        QuantJobContract(key=auto.key(), keyInputs=auto, storage={"uri": "s3://bkt/p"})
 
 
 def test_tool_versions_match_the_quantjob_pins():

@@ -129,7 +129,7 @@ def test_format_preferred_over_fewer_gpus():
     "fmt, gpu, outcome, text",
     [
         (F.FP8_DYNAMIC, A100_80, "warn", "weight-only through the FP8 Marlin kernel"),
-        (F.FP8_DYNAMIC, T4, "refuse", "needs compute capability 8.0 or newer; this GPU is 7.5"),
+        (F.FP8_DYNAMIC, T4, "refuse", "needs compute capability 8.0 or newer (native from 8.9); this GPU is 7.5"),
         (F.NVFP4, H100, "warn", "FP4 Marlin fallback"),
         (F.NVFP4, T4, "refuse", "needs compute capability 8.0"),
         (F.W4AFP8, L40S, "refuse", "9.0 exactly"),

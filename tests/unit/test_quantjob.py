@@ -15,6 +15,7 @@ import pytest
 
 from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS, ArtifactKeyInputs
 from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, QuantFormat
+from fewerbits_api.datasets import BUILTIN_DATASET_SHA256
 from fewerbits_api.jobcontract import TERMINATION_MESSAGE_MAX_BYTES, QuantJobContract
 from fewerbits_quantjob import errors, job, recipes, report, textdata
 from fewerbits_quantjob.errors import JobError
@@ -64,17 +65,12 @@ def test_none_and_auto():
     assert e.value.reason == errors.RECIPE_INVALID and e.value.permanent
 
 
-def test_recipe_parameters_are_validated_and_routed():
-    specs = recipes.build_recipe_spec(QuantFormat.W8A8_INT8, ["lm_head"], {"smoothingStrength": 0.5, "dampeningFrac": 0.05})
-    assert specs[0].kwargs["smoothing_strength"] == 0.5 and specs[1].kwargs["dampening_frac"] == 0.05
-    awq = recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, [], {"duoScaling": "both", "nGrid": 5})
-    assert awq[0].kwargs == {"duo_scaling": "both", "n_grid": 5}
-    with pytest.raises(JobError, match="not accepted for format fp8-dynamic"):
-        recipes.build_recipe_spec(QuantFormat.FP8_DYNAMIC, [], {"dampeningFrac": 0.1})
-    with pytest.raises(JobError, match="expected a number in"):
-        recipes.build_recipe_spec(QuantFormat.W4A16_GPTQ, [], {"dampeningFrac": 2})
-    with pytest.raises(JobError, match="takes no recipe parameters"):
-        recipes.build_recipe_spec(QuantFormat.NONE, [], {"x": 1})
+def test_a_contract_with_recipe_parameters_is_refused():
+    # The format alone names the recipe: nothing in the contract can set a modifier argument.
+    ki = ArtifactKeyInputs(sourceUri="hf://org/model", format="fp8-dynamic", recipe={"dampeningFrac": 0.1})
+    with pytest.raises(JobError) as e:
+        job.parse_contract({"key": ki.key(), "keyInputs": ki.to_wire(), "storage": {"uri": "s3://bucket/p"}})
+    assert e.value.reason == errors.CONTRACT_INVALID and "recipe parameters" in e.value.message
 
 
 @pytest.mark.quantize
@@ -109,24 +105,40 @@ def _contract(fmt=QuantFormat.W4A16_GPTQ, **ki_overrides) -> QuantJobContract:
     ki = ArtifactKeyInputs(**{"sourceUri": "hf://org/model", "sourceRevision": "abc", "format": fmt,
                               "ignore": ["lm_head"], "calibrationDataset": "general-en", "calibrationSamples": 512,
                               "calibrationMaxSeqLength": 2048, **ki_overrides})
-    return QuantJobContract(key=ki.key(), keyInputs=ki, source={"uri": "hf://org/model", "revision": "abc"},
-                            format=fmt, storage={"uri": "s3://bucket/p"})
+    return QuantJobContract(key=ki.key(), keyInputs=ki, storage={"uri": "s3://bucket/p"})
 
 
 def test_verify_contract_accepts_a_consistent_contract():
     job.verify_contract(_contract(), dict(QUANTJOB_TOOL_VERSIONS))
 
 
-@pytest.mark.parametrize("override, needle", [
-    ({"sourceUri": "hf://org/other"}, "sourceUri"),
-    ({"sourceRevision": "def"}, "sourceRevision"),
-    ({"ignore": []}, "ignore"),
-    ({"calibrationSamples": 16}, "calibrationSamples"),
-])
-def test_verify_contract_refuses_a_key_that_describes_another_job(override, needle):
+def test_what_the_key_covers_is_stated_once():
+    # Source URI and revision, format, ignore list and calibration are read from keyInputs only:
+    # no second copy in the contract can disagree with the key.
+    fields = set(QuantJobContract.model_fields)
+    assert not fields & {"format", "ignore", "calibration", "sourceMountPath"}, fields
+    assert not set(QuantJobContract.model_fields["source"].annotation.model_fields) & {"uri", "revision"}
+    c = _contract()
+    assert c.format is c.keyInputs.format and c.calibration.samples == c.keyInputs.calibrationSamples
+
+
+def test_verify_contract_recomputes_the_key():
+    # Built without validation (as a hand-edited object could be): the Job still refuses it.
+    good = _contract()
+    forged = QuantJobContract.model_construct(**{**dict(good), "keyInputs": good.keyInputs.model_copy(
+        update={"calibrationSamples": 16})})
     with pytest.raises(JobError) as e:
-        job.verify_contract(_contract(**override), dict(QUANTJOB_TOOL_VERSIONS))
-    assert e.value.reason == errors.KEY_MISMATCH and needle in e.value.message and e.value.permanent
+        job.verify_contract(forged, dict(QUANTJOB_TOOL_VERSIONS))
+    assert e.value.reason == errors.KEY_MISMATCH and e.value.permanent
+
+
+@pytest.mark.parametrize("fmt, overrides, needle", [
+    (QuantFormat.W4A16_GPTQ, {"calibrationSamples": None}, "needs calibrationDataset"),
+    (QuantFormat.FP8_DYNAMIC, {}, "uses no calibration data"),
+])
+def test_contract_calibration_follows_the_format(fmt, overrides, needle):
+    with pytest.raises(ValueError, match=needle):
+        _contract(fmt, **overrides)
 
 
 def test_verify_contract_refuses_other_tool_versions():
@@ -216,7 +228,7 @@ def test_builtin_datasets_are_english_paragraphs_that_do_not_overlap():
     assert len(cal.texts) >= 40 and len(held.texts) >= 12
     assert all(len(t) > 100 for t in cal.texts + held.texts)
     assert not set(cal.texts) & set(held.texts)
-    assert cal.details["fileSha256"] == textdata.builtin_dataset_sha256("general-en")
+    assert cal.details["fileSha256"] == BUILTIN_DATASET_SHA256["general-en"]
     assert cal.details["fileSha256"] == hashlib.sha256(
         (REPO / "quantjob/fewerbits_quantjob/data/general-en.txt").read_bytes()).hexdigest()
     limited = textdata.load_texts("general-en", {}, limit=5)

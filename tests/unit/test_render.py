@@ -132,9 +132,9 @@ def test_startup_budget_grows_with_weights(weights, minimum):
 
 
 def test_builtin_calibration_hash_is_the_shipped_text():
-    from fewerbits_quantjob.textdata import builtin_dataset_sha256
+    from fewerbits_api.datasets import BUILTIN_DATASET_SHA256
 
-    assert key_inputs(SPEC, "w4a16-gptq").calibrationDatasetHash == builtin_dataset_sha256("general-en")
+    assert key_inputs(SPEC, "w4a16-gptq").calibrationDatasetHash == BUILTIN_DATASET_SHA256["general-en"]
 
 
 def test_pvc_source_mounts_the_claim_root():
@@ -144,7 +144,7 @@ def test_pvc_source_mounts_the_claim_root():
     j = render_job(OWNER, spec, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
     pod = j["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    assert QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"]).sourceMountPath == "/source"
+    assert QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"]).source.mountPath == "/source"
     assert {"name": "source", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
 
 
@@ -161,7 +161,7 @@ def test_every_rendered_contract_passes_the_jobs_own_checks(fmt):
     env = {e["name"]: e for e in j["spec"]["template"]["spec"]["containers"][0]["env"]}
     contract = QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"])
     verify_contract(contract, installed_tool_versions())
-    recipes.build_recipe_spec(contract.format, contract.ignore, contract.keyInputs.recipe)
+    recipes.build_recipe_spec(contract.format, contract.keyInputs.ignore)
 
 
 def test_policy_tolerations_are_added_to_the_gpu_toleration():

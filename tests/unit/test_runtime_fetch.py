@@ -18,6 +18,8 @@ from botocore.exceptions import ClientError, NoCredentialsError
 
 from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, artifact_prefix
 from fewerbits_runtime import fetch as fetch_mod
+from fewerbits_runtime import partfile
+from fewerbits_runtime.partfile import PartFile
 from fewerbits_runtime.cli import main, parse_size
 from fewerbits_runtime.errors import (
     EXIT_ACCESS_DENIED,
@@ -203,7 +205,7 @@ def test_resume_downloads_only_missing_parts(s3, published, tmp_path):
         f.seek(2 * PART)
         f.write(data[2 * PART:3 * PART])
     mf = next(m for m in manifest.files if m.path == big)
-    job = fetch_mod._FileJob(mf, dest / big, part_path, stage.with_name(big + ".state"), PART)
+    job = PartFile(mf, dest / big, part_path, stage.with_name(big + ".state"), PART)
     stage.with_name(big + ".state").write_bytes(job.header() + b"0\n2\n1")  # "1" torn: not done
     stats = Fetcher(_opts(dest, manifest.key), client=s3).run()
     _assert_copy(dest, files)
@@ -222,7 +224,7 @@ def test_resumed_file_with_bad_parts_is_downloaded_again(s3, published, tmp_path
     part_path = stage.with_name(big + ".part")
     part_path.write_bytes(b"\0" * len(files[big]))  # recorded as done, but the data never hit the disk
     mf = next(m for m in manifest.files if m.path == big)
-    job = fetch_mod._FileJob(mf, dest / big, part_path, stage.with_name(big + ".state"), PART)
+    job = PartFile(mf, dest / big, part_path, stage.with_name(big + ".state"), PART)
     stage.with_name(big + ".state").write_bytes(job.header() + b"0\n1\n")
     stats = Fetcher(_opts(dest, manifest.key), client=s3).run()
     _assert_copy(dest, files)
@@ -237,7 +239,7 @@ def test_state_from_another_part_size_is_ignored(s3, published, tmp_path):
     stage.parent.mkdir(parents=True)
     stage.with_name(big + ".part").write_bytes(b"\0" * len(files[big]))
     mf = next(m for m in manifest.files if m.path == big)
-    other = fetch_mod._FileJob(mf, dest / big, stage, stage, 2 * PART)
+    other = PartFile(mf, dest / big, stage, stage, 2 * PART)
     stage.with_name(big + ".state").write_bytes(other.header() + b"0\n1\n")
     stats = Fetcher(_opts(dest, manifest.key), client=s3).run()
     assert stats.partsResumed == 0 and stats.bytesDownloaded == manifest.totalBytes
@@ -339,7 +341,7 @@ def test_manifest_for_another_key_is_refused(s3, published, tmp_path):
     other = "c" * 64
     bucket, prefix = artifact_prefix(URI, other)
     s3.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=manifest_json(manifest))
-    with pytest.raises(ManifestInvalid, match="not the requested"):
+    with pytest.raises(ManifestInvalid, match="not the expected"):
         Fetcher(_opts(tmp_path / "d", other), client=s3).run()
 
 
@@ -356,7 +358,7 @@ def test_unsafe_paths_are_refused(s3, tmp_path, bad):
 
 def test_disk_full_before_download(s3, published, tmp_path, monkeypatch):
     manifest, _ = published
-    monkeypatch.setattr(fetch_mod, "_free_bytes", lambda p: 1000)
+    monkeypatch.setattr(fetch_mod, "free_bytes", lambda p: 1000)
     with pytest.raises(DiskFull) as e:
         Fetcher(_opts(tmp_path / "d", manifest.key), client=s3).run()
     assert e.value.details == {"neededBytes": manifest.totalBytes, "freeBytes": 1000}
@@ -465,5 +467,5 @@ def test_cli_reads_env_and_reports(s3, published, tmp_path, monkeypatch):
 
 def test_memory_is_bounded_by_chunks_not_parts():
     # A part is streamed in CHUNK-sized reads; a 32 MiB part never sits in memory whole.
-    assert fetch_mod.CHUNK <= 1 << 20 < fetch_mod.DEFAULT_PART_SIZE
+    assert partfile.CHUNK <= 1 << 20 < fetch_mod.DEFAULT_PART_SIZE
     assert os.path  # keep the import honest

@@ -82,7 +82,7 @@ def test_every_concrete_format_has_facts_the_check_understands():
 
 def test_refusal_names_format_need_and_gpu():
     v = check(QuantFormat.NVFP4, gpu("7.5", "Tesla-T4"))
-    assert v.message == ("artifact format nvfp4 needs compute capability ≥ 8.0 (native from 10.0); "
+    assert v.message == ("artifact format nvfp4 needs compute capability 8.0 or newer (native from 10.0); "
                          "this GPU is 7.5 (Tesla-T4)")
 
 
@@ -90,7 +90,7 @@ def test_w4afp8_refused_on_blackwell_and_ada():
     for cc, name in (("10.0", "NVIDIA-B200"), ("8.9", "NVIDIA-L4")):
         v = check(QuantFormat.W4AFP8, gpu(cc, name))
         assert not v.ok
-        assert "w4afp8 needs compute capability exactly 9.0" in v.message
+        assert "w4afp8 has a vLLM kernel only on compute capability 9.0 exactly" in v.message
         assert f"this GPU is {cc} ({name})" in v.message
 
 
@@ -183,7 +183,7 @@ def test_launch_refuses_with_termination_message(tmp_path):
     assert "must-not-run" not in r.stdout
     msg = json.loads((tmp_path / "termination-log").read_text())
     assert msg["reason"] == "GPUIncompatible"
-    assert msg["message"] == ("artifact format nvfp4 needs compute capability ≥ 8.0 (native from 10.0); "
+    assert msg["message"] == ("artifact format nvfp4 needs compute capability 8.0 or newer (native from 10.0); "
                               "this GPU is 7.5 (Tesla-T4)")
     assert "this GPU is 7.5 (Tesla-T4)" in r.stderr
 
@@ -206,7 +206,7 @@ def test_launch_reads_format_from_fetched_manifest(tmp_path):
     r = _run_cli(["launch", "--node-cc", "8.9", "--", "vllm-not-needed", "serve", str(model)], tmp_path,
                  env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
     assert r.returncode == EXIT_GPU_INCOMPATIBLE
-    assert "fp8-block needs compute capability ≥ 9.0; this GPU is 8.9" in r.stderr
+    assert "fp8-block needs compute capability 9.0 or newer; this GPU is 8.9" in r.stderr
 
 
 def test_launch_warns_on_fallback_then_execs(tmp_path):

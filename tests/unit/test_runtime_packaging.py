@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fewerbits_api import jobcontract
 from fewerbits_runtime import errors
-from fewerbits_runtime.install import LAUNCHER_MODULES, install_launcher
+from fewerbits_runtime.install import API_MODULES, LAUNCHER_MODULES, install_launcher
 
 RUNTIME = Path(__file__).resolve().parents[2] / "runtime" / "fewerbits_runtime"
 ALLOWED_THIRD_PARTY = {"boto3", "botocore", "pydantic", "fewerbits_api"}
@@ -42,9 +42,27 @@ def test_launcher_modules_need_only_the_standard_library():
         assert third_party <= {"fewerbits_api"}, (name, third_party)
 
 
-def test_termination_constants_match_the_job_contract():
-    assert errors.TERMINATION_LOG_ENV == jobcontract.TERMINATION_LOG_ENV
-    assert errors.TERMINATION_LOG_DEFAULT == jobcontract.TERMINATION_LOG_DEFAULT
+def _api_modules(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fewerbits_api."):
+            names.add(node.module.split(".")[1] + ".py")
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[1] + ".py" for a in node.names if a.name.startswith("fewerbits_api."))
+    return names
+
+
+def test_the_launcher_copies_every_api_module_it_imports_and_they_need_only_the_standard_library():
+    imported = set().union(*(_api_modules(RUNTIME / name) for name in LAUNCHER_MODULES))
+    assert imported <= set(API_MODULES), imported - set(API_MODULES)
+    api = Path(jobcontract.__file__).parent
+    for name in API_MODULES:
+        third_party = _imports(api / name) - set(sys.stdlib_module_names)
+        assert third_party == set(), (name, third_party)
+
+
+def test_termination_constants_are_the_job_contracts():
+    assert errors.TERMINATION_LOG_ENV is jobcontract.TERMINATION_LOG_ENV
     assert errors.TERMINATION_MESSAGE_MAX_BYTES == jobcontract.TERMINATION_MESSAGE_MAX_BYTES
 
 

@@ -1,9 +1,9 @@
 """The planner's decision rules: for each GPU pool, format, dtype, KV-cache dtype, tensor-parallel
 size and maximum length that fit and run fastest there — or the reason the pool cannot serve.
 
-Pure functions (STYLE.md rule 1): ``plan(shape, pools, request) -> PlanStatus``. Every figure
-cited below is from DESIGN.md "Planner facts"; the assumptions the planner adds are named as
-module constants.
+Pure functions: ``plan(shape, pools, request) -> PlanStatus``. The planner's facts (formats and
+their kernels in ``fewerbits_api.formats``, the formulas below) are described in
+docs/architecture.md; the assumptions the planner adds are named as module constants.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat
+from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat, cc_verdict
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, ServingTarget
 
 from .catalog import CC, GPUPool, family_from_cc
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 GIB = 1024**3
 
-# --- assumptions the planner adds to DESIGN.md's formulas -------------------------------------
+# --- assumptions the planner adds to the sizing formulas ---------------------------------------
 
 RESERVE_FIXED_GIB = 1.5
 """Per GPU, outside weights and KV: CUDA context, CUDA graphs and sampler buffers."""
@@ -57,7 +57,7 @@ GROUP_SIZE: dict[QuantFormat, int] = {
     QuantFormat.NVFP4A16: 16,
 }
 
-# DESIGN.md "Default choice per family": blackwell → nvfp4 (alt fp8-dynamic); hopper →
+# Default choice per family: blackwell → nvfp4 (alt fp8-dynamic); hopper →
 # fp8-dynamic (alt w4afp8 / w4a16-awq when memory is tight); ada-lovelace → fp8-dynamic (alt
 # w4a16-awq); ampere → w4a16-awq (w8a8-int8 for heavy batching); turing → w8a8-int8 (alt
 # w4a16-gptq). Each list is also the step-down order: the first format that fits wins. Formats
@@ -167,21 +167,12 @@ def _tokens(n: int) -> str:
 
 
 def kernel_support(fmt: QuantFormat, cc: CC) -> tuple[str, str]:
-    """Whether vLLM runs ``fmt`` on compute capability ``cc``: ("native", ""), ("fallback",
-    what the fallback means) or ("refused", why). DESIGN.md format table, via FORMAT_FACTS."""
-    facts = FORMAT_FACTS[fmt]
-    if facts.native_max_cc is not None and cc > facts.native_max_cc:
-        return "refused", (
-            f"{fmt.value} has a vLLM kernel only on compute capability {_cc(facts.native_min_cc)} exactly "
-            f"(Hopper); this GPU is {_cc(cc)}"
-        )
-    if cc >= facts.native_min_cc:
-        return "native", ""
-    if facts.fallback_min_cc is not None and cc >= facts.fallback_min_cc:
-        return "fallback", facts.fallback_note
-    lowest = facts.fallback_min_cc or facts.native_min_cc
-    exact = " exactly" if facts.native_max_cc is not None else ""
-    return "refused", f"{fmt.value} needs compute capability {_cc(lowest)}{exact} or newer; this GPU is {_cc(cc)}"
+    """Whether vLLM runs ``fmt`` on compute capability ``cc`` (``fewerbits_api.formats.cc_verdict``):
+    ("native", ""), ("fallback", what the fallback means) or ("refused", why, naming this GPU)."""
+    verdict = cc_verdict(fmt, cc)
+    if verdict.kind == "refused":
+        return "refused", f"{verdict.why}; this GPU is {_cc(cc)}"
+    return verdict.kind, verdict.why
 
 
 def _lm_head_ignored(ignore: Iterable[str]) -> bool:
@@ -227,7 +218,7 @@ class WeightEstimate:
 
 
 def estimate_weights(shape: ModelShape, fmt: QuantFormat, ignore: Iterable[str]) -> WeightEstimate:
-    """DESIGN.md "Memory fit": weights ≈ params × bits/8 (+ scales: ~3% for group-128 int4), with
+    """Memory fit: weights ≈ params × bits/8 (+ scales: ~3% for group-128 int4), with
     ignored layers (lm_head), embeddings, norms, routers and any vision encoder at 16 bits."""
     facts = FORMAT_FACTS[fmt]
     q = facts.weight_bits / 8 * (1 + facts.scale_overhead)
@@ -319,7 +310,7 @@ def fit_format(
 ) -> Fit:
     """The smallest tensor-parallel size at which ``fmt`` fits on ``pool``, and what it gives.
 
-    DESIGN.md: tensor-parallel size is the smallest power of two that divides the attention
+    Tensor-parallel size is the smallest power of two that divides the attention
     heads and leaves room for KV of maxModelLen × a minimum concurrency; usable per GPU ≈
     memory × gpu-memory-utilization minus a runtime reserve.
     """
@@ -421,12 +412,12 @@ def _no_fit_reason(
 
 
 def compute_dtype(cc: CC) -> str:
-    """DESIGN.md: bfloat16 from compute capability 8.0, float16 below."""
+    """bfloat16 from compute capability 8.0, float16 below."""
     return "bfloat16" if cc >= (8, 0) else "float16"
 
 
 def kv_cache_dtype(setting: KVCacheSetting, cc: CC) -> tuple[str, str | None]:
-    """(vLLM --kv-cache-dtype, warning). DESIGN.md: fp8 from compute capability 8.9, auto below.
+    """(vLLM --kv-cache-dtype, warning): fp8 from compute capability 8.9, auto below.
 
     An explicit `fp8` below 8.9 is served with the model dtype and a warning rather than refused:
     unlike the weight format, the KV dtype is a per-pool runtime flag that needs no other
@@ -474,7 +465,7 @@ def _variant(
     warnings: list[str],
 ) -> PlanVariant:
     assert fit.tp is not None and fit.weights is not None
-    # DESIGN.md: decode at batch 1 is memory-bound: tokens/s ≈ bandwidth / bytes read per token
+    # Decode at batch 1 is memory-bound: tokens/s ≈ bandwidth / bytes read per token
     # (weights/TP + KV read). Each GPU reads its share in parallel; the KV read is that of a
     # TYPICAL_CONTEXT_TOKENS context. No efficiency factor and no all-reduce time: an upper bound
     # (real servers reach roughly 60-80% of it).
