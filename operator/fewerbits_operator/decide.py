@@ -25,6 +25,7 @@ from typing import Any, Mapping, Union
 from fewerbits_api import conditions as C
 from fewerbits_api.conditions import Condition, Reason, set_condition
 from fewerbits_api.formats import QuantFormat
+from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import (
     AUTOSCALER_FIELDS,
@@ -197,9 +198,9 @@ def secret_refs(spec: QuantizedModelSpec) -> list[tuple[str, str]]:
 
 
 SECRET_KEYS = {
-    ("source", "hf"): ("HF_TOKEN",),
-    ("source", "s3"): ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
-    ("storage", None): ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    ("source", "hf"): (SECRET_HF_TOKEN,),
+    ("source", "s3"): (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY),
+    ("storage", None): (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY),
 }
 """The keys each Secret must have, by its role (and the source's scheme)."""
 
