@@ -67,7 +67,9 @@ buildah() { command buildah "${STORE[@]}" "$@"; }
 # The rootfs is a function of the package list (name=version, every package), the suite and the
 # mirrors, and SOURCE_DATE_EPOCH (file times): the same list gives the same tarball.
 debian_sources() { local s; for s in "${DEBIAN_SOURCES[@]}"; do printf '%s\n' "$s"; done; }
-mmdebstrap_common=(--mode=root --format=tar --aptopt='Acquire::Retries "3"'
+# merged-usr: /usr is merged before the packages are unpacked (usr-is-merged then installs, without
+# usrmerge and the perl it needs).
+mmdebstrap_common=(--mode=root --format=tar --aptopt='Acquire::Retries "3"' --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/doc/*'
   --dpkgopt='path-include=/usr/share/doc/*/copyright'
@@ -120,13 +122,13 @@ WHEELS=$CACHE/wheels/$WHEELS_KEY
 if [ ! -d "$WHEELS" ]; then
   step "wheelhouse: pip download of the pins (cache: $WHEELS)"
   mkdir -p "$CACHE/wheels" && tmp=$(mktemp -d "$CACHE/wheels/.tmp.XXXXXX")
+  # The host is the images' platform (x86_64, glibc 2.36, CPython 3.11): its pip picks their wheels.
   # shellcheck disable=SC2086
   if ! python3 -m pip download --disable-pip-version-check --no-input --progress-bar off --only-binary=:all: \
-      --platform manylinux_2_36_x86_64 --python-version 3.11 --implementation cp --abi cp311 \
       -c images/constraints.txt -d "$tmp" "pip==$PIP_VERSION" "setuptools==$SETUPTOOLS_VERSION" $REQS \
       >"$CACHE/logs/wheels.log" 2>&1; then
     tail -n 15 "$CACHE/logs/wheels.log" >&2
-    what=$(grep -oE "No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+" \
+    what=$(grep -oE "No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+|Cannot install [^ ]+" \
       "$CACHE/logs/wheels.log" | sort -u | paste -sd';' - || true)
     rm -rf "$tmp"
     die "wheelhouse: cannot fetch ${what:-the pinned wheels} (log: $CACHE/logs/wheels.log)"
