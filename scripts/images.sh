@@ -170,14 +170,14 @@ for n in "${NAMES[@]}"; do
   step "checking $tag and writing images/sbom/fewerbits-$n.cdx.json"
   out=$(mktemp -d)
   # Run as the image's own user, read-only, no network: the inventory reads the image from inside.
-  if ! podman run --rm --network none --read-only --cap-drop ALL -v "$REPO/images/steps:/steps:ro" \
-      -v "$TOOL:/sbom-tool:ro" -v "$out:/out" -e "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" --user 0 --entrypoint python3.11 "$tag" -I /steps/inventory.py /out \
+  if ! podman run --rm --network none --read-only --cap-drop ALL -v "$REPO/images/check:/check:ro" \
+      -v "$TOOL:/sbom-tool:ro" -v "$out:/out" -e "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" --user 0 --entrypoint python3.11 "$tag" -I /check/inventory.py /out \
       >"$CACHE/logs/inventory-$n.log" 2>&1; then
     cat "$CACHE/logs/inventory-$n.log" >&2
     die "inventory of $tag failed"
   fi
   user=$(podman image inspect --format '{{.Config.User}}' "$tag")
-  python3 images/steps/sbom.py --image "$tag" --user "$user" --inventory "$out/inventory.json" \
+  python3 images/check/sbom.py --image "$tag" --user "$user" --inventory "$out/inventory.json" \
     --python-sbom "$out/python.cdx.json" --out "images/sbom/fewerbits-$n.cdx.json" || die "image check of $tag failed"
   rm -rf "$out"
   read -r size id digest < <(podman image inspect --format '{{.Size}} {{.Id}} {{.Digest}}' "$tag")

@@ -51,7 +51,7 @@ def sbom(image: str, python_sbom: dict, inventory: dict) -> dict:
         d = files.get(c.get("name", "").lower())
         if d and d["licence_files"]:
             props = list(c.get("properties") or [])
-            props += [{"name": "fewerbits:licence-file", "value": f"{d['location']}/{f}"} for f in d["licence_files"]]
+            props += [{"name": "fewerbits:licence-file", "value": f} for f in d["licence_files"]]
             c = {**c, "properties": props}
         components.append(c)
     for p in inventory["debian"]:

@@ -35,11 +35,15 @@ def python_dists() -> list[dict]:
             continue  # the base image's own site-packages, if it has any
         files = [str(f) for f in dist.files or [] if LICENCE_FILE.search(str(f))]
         meta = dist.metadata
+        if not files and meta["Name"] == "fewerbits" and meta.get("License") == "Apache-2.0":
+            # The project's wheel carries no licence file; its licence's text is in every Debian
+            # image (base-files), and that is where the image has it.
+            files = ["/usr/share/common-licenses/Apache-2.0"]
         out.append({
             "name": meta["Name"], "version": dist.version, "location": str(base),
             "license": meta.get("License-Expression") or ((meta.get("License") or "").strip().splitlines() or [""])[0][:120],
             "classifiers": [c for c in meta.get_all("Classifier") or [] if c.startswith("License ::")],
-            "licence_files": sorted(f for f in files if (base / f).is_file()),
+            "licence_files": sorted(str(base / f) for f in files if (base / f).is_file()),
         })
     return sorted(out, key=lambda d: d["name"].lower())
 
