@@ -142,7 +142,7 @@ for n in "${NAMES[@]}"; do
   tag=$REGISTRY/fewerbits-$n:$VERSION
   step "building $tag FROM $BASE_IMAGE (log: $CACHE/logs/build-$n.log)"
   t0=$SECONDS
-  if ! buildah bud --layers --isolation chroot --network host --pull=never \
+  if ! buildah bud --layers --force-rm --isolation chroot --network host --pull=never \
       --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" \
       --timestamp "$SOURCE_DATE_EPOCH" --volume "$WHEELS:/wheels:ro" \
       --ignorefile "$n/Dockerfile.dockerignore" -f "$n/Dockerfile" -t "$tag" . >"$CACHE/logs/build-$n.log" 2>&1; then

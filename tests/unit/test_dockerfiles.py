@@ -379,18 +379,30 @@ def test_the_base_is_a_build_argument_with_the_public_image_as_default(image: st
 
 
 @pytest.mark.parametrize("image", IMAGES)
-def test_the_final_stage_only_copies_the_built_environment_in(image: str):
-    """No RUN in the final stage: nothing is installed or compiled there, so no pip, compiler or apt
-    reaches the image (scripts/images.sh checks the built image too)."""
-    final = load(DOCKERFILES[image])[-1]
+def test_the_final_stage_is_the_dependency_stage_plus_the_project(image: str):
+    """The final stage adds the project to the dependency stage's layers (one copy of a 6 GiB
+    environment, not two) and runs nothing; the dependency stage ran pip from the mounted wheelhouse
+    (no pip in the venv) and removed its /build helpers. scripts/images.sh checks the built image:
+    no pip, setuptools, compiler or apt in it."""
+    all_stages = load(DOCKERFILES[image])
+    by_name = {st.name: st for st in all_stages if st.name}
+    final = all_stages[-1]
+    assert final.base == "deps" and by_name["deps"].base == "python:3.11.14-slim-bookworm"
     assert not [i for i in final.instructions if i.keyword in ("RUN", "ADD")], f"{image}: the final stage runs commands"
-    copies = sorted(i.args for i in final.instructions if i.keyword == "COPY")
-    assert copies == ["/opt/fewerbits /opt/fewerbits", "/opt/fewerbits-app /opt/fewerbits-app"], copies
-    assert all(i.flags.get("from") for i in final.instructions if i.keyword == "COPY")
+    copies = [(i.flags.get("from"), i.args) for i in final.instructions if i.keyword == "COPY"]
+    assert copies == [("app", "/opt/fewerbits-app /opt/fewerbits-app")], copies
+    deps_runs = [i.args for i in by_name["deps"].instructions if i.keyword == "RUN"]
+    assert len(deps_runs) == 1 and deps_runs[0].endswith("&& rm -rf /build"), deps_runs
+    assert "venv" in deps_runs[0]
     env = " ".join(i.args for i in final.instructions if i.keyword == "ENV")
     assert "PATH=/opt/fewerbits/bin:" in env  # `python` is the venv's, whatever the base calls its own
     entry = [i for i in final.instructions if i.keyword == "ENTRYPOINT"]
     assert entry and entry[-1].exec_form == ["python", "-m", f"fewerbits_{image}"]
+
+
+def test_the_venv_is_made_without_pip():
+    helper = (ROOT / "images" / "steps" / "pip.sh").read_text()
+    assert "python3.11 -m venv --without-pip" in helper
 
 
 @pytest.mark.parametrize("image", IMAGES)
