@@ -69,7 +69,21 @@ def unwanted() -> dict:
     tools = sorted({shutil.which(t, path=":".join(path)) for t in BUILD_TOOLS} - {None})
     site = VENV / "lib" / "python3.11" / "site-packages"
     modules = sorted(m for m in INSTALLERS if (site / m).exists() or (Path("/opt/fewerbits-app") / m).exists())
-    return {"executables": tools, "venv_modules": modules}
+    # A dependency is no leftover: triton, for one, requires setuptools at run time.
+    required = {m: sorted(_required_by(m)) for m in modules}
+    return {"executables": tools, "venv_modules": [m for m in modules if not required[m]],
+            "required_installers": {m: by for m, by in required.items() if by}}
+
+
+def _required_by(module: str) -> set[str]:
+    """Distributions whose unconditional requirements name `module` (extras are not installed)."""
+    out = set()
+    for dist in md.distributions():
+        for req in dist.requires or []:
+            name = re.split(r"[\s;<>=!~\[(]", req, maxsplit=1)[0].lower()
+            if name == module and "extra ==" not in req:
+                out.add(dist.metadata["Name"])
+    return out
 
 
 def main(out: Path) -> int:

@@ -6,7 +6,8 @@ The SBOM is cyclonedx-bom's CycloneDX document of the image's Python environment
 Debian packages added as components (purl pkg:deb/debian/...), each with where its licence text
 lies in the image. The checks a user would make, each failing with what is wrong:
 - the image runs as a numeric, non-root user;
-- no pip, setuptools, wheel, compiler or apt is left in it;
+- no pip, setuptools, wheel, compiler or apt is left in it (unless an installed distribution
+  requires it to run: then it is named, not failed);
 - every Debian package has its copyright file.
 Python distributions without a licence file in their metadata are listed (the SBOM still carries
 their declared licence), not failed: that is how some upstream wheels are published.
@@ -77,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = sbom(a.image, json.loads(Path(a.python_sbom).read_text()), inventory)
     Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     no_files = [d["name"] for d in inventory["python"] if not d["licence_files"]]
+    for module, by in (inventory["unwanted"].get("required_installers") or {}).items():
+        print(f"{a.image}: {module} is there as a run-time dependency of {', '.join(by)}")
     print(f"{a.image}: user {a.user}; {len(inventory['python'])} Python distributions "
           f"({len(no_files)} without a licence file: {', '.join(no_files) or 'none'}); "
           f"{len(inventory['debian'])} Debian packages; SBOM {a.out}")
