@@ -5,6 +5,8 @@
 #   scripts/images.sh                     # all three, then the size/digest table and the SBOMs
 #   scripts/images.sh operator runtime    # only these
 #   scripts/images.sh --relock            # resolve images/base.packages again from the mirror
+#   scripts/images.sh --no-cache runtime  # rebuild without the layer cache (reproducibility check:
+#                                         #   the same inputs give the same image id and digest)
 #   eval "$(scripts/images.sh --env)"     # podman settings for using podman by hand:
 #                                         #   podman $FEWERBITS_PODMAN_ARGS images
 #
@@ -43,7 +45,14 @@ if [ "${1:-}" = --env ]; then
   exit 0
 fi
 RELOCK=0
-if [ "${1:-}" = --relock ]; then RELOCK=1; shift; fi
+NO_CACHE=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --relock) RELOCK=1; shift ;;
+    --no-cache) NO_CACHE=(--no-cache); shift ;;
+    *) break ;;
+  esac
+done
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(operator runtime quantjob)
 for n in "${NAMES[@]}"; do
@@ -142,7 +151,7 @@ for n in "${NAMES[@]}"; do
   tag=$REGISTRY/fewerbits-$n:$VERSION
   step "building $tag FROM $BASE_IMAGE (log: $CACHE/logs/build-$n.log)"
   t0=$SECONDS
-  if ! buildah bud --layers --force-rm --isolation chroot --network host --pull=never \
+  if ! buildah bud --layers "${NO_CACHE[@]}" --force-rm --isolation chroot --network host --pull=never \
       --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH" \
       --timestamp "$SOURCE_DATE_EPOCH" --volume "$WHEELS:/wheels:ro" \
       --ignorefile "$n/Dockerfile.dockerignore" -f "$n/Dockerfile" -t "$tag" . >"$CACHE/logs/build-$n.log" 2>&1; then
