@@ -107,7 +107,7 @@ if [ ! -f "$BASE_DIR/rootfs.tar" ]; then
   pkgs=$(grep -v '^#' images/base.packages | paste -sd, -)
   if ! debian_sources | SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH mmdebstrap "${mmdebstrap_common[@]}" --variant=custom \
       --include="$pkgs" "$DEBIAN_SUITE" "$tmp/rootfs.tar" - >"$CACHE/logs/base.log" 2>&1; then
-    tail -n 15 "$CACHE/logs/base.log" >&2
+    grep -E '^(E|W): ' "$CACHE/logs/base.log" | cut -c1-240 | tail -n 5 >&2
     # apt names what it cannot fetch: "Version 'V' for 'P' was not found", "Unable to locate package P".
     what=$(grep -oE "Version '[^']+' for '[^']+' was not found|Unable to locate package [^ ]+|Failed to fetch [^ ]+" \
       "$CACHE/logs/base.log" | sort -u | paste -sd';' - || true)
