@@ -31,7 +31,9 @@ PIP_VERSION=25.3
 SETUPTOOLS_VERSION=80.9.0
 CYCLONEDX_VERSION=7.5.0
 export CONTAINERS_CONF=$REPO/images/containers.conf
-STORE=(--root "$CACHE/storage" --runroot "/run/fewerbits-images-$(id -u)" --storage-driver overlay)
+# One runroot (locks, mount state, on tmpfs) per storage: two caches must not share one.
+STORE=(--root "$CACHE/storage" --runroot "/run/fewerbits-images-$(id -u)-$(printf %s "$CACHE" | sha256sum | cut -c1-8)"
+       --storage-driver overlay)
 # shellcheck disable=SC1091
 . images/base.env
 
