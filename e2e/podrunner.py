@@ -14,6 +14,12 @@ Container output goes to <state-dir>/<ns>_<pod>_<uid8>/<container>.log (there is
 The termination-message file is given to the process as $FEWERBITS_TERMINATION_LOG.
 Processes of `module`/`command` rules get $KUBECONFIG pointing at a kubeconfig that holds a token of
 the pod's ServiceAccount (TokenRequest bound to the pod), so they run with that account's RBAC.
+
+Two modes (`--mode`, default from $FEWERBITS_E2E_RUN_MODE, else `process`):
+  process — the fast default: the project's images are this interpreter running their module;
+  image   — containers of the project's images (fewerbits-operator, -quantjob, -runtime) run from
+            the images scripts/images.sh built, with podman: the pod's env, volumes and security
+            context as a kubelet gives them (e2e/images.py). vLLM stays the simulator.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e import procs, workloads
+from e2e import images, procs, workloads
 
 log = logging.getLogger("podrunner")
 
@@ -54,6 +60,14 @@ def now() -> str:
 
 class ConfigError(Exception):
     """The container cannot be created yet (missing Secret/ConfigMap key): CreateContainerConfigError."""
+
+    reason = "CreateContainerConfigError"
+
+
+class ImageNotPresent(ConfigError):
+    """Image mode: the image is not in the local storage and is never pulled."""
+
+    reason = "ErrImageNeverPull"
 
 
 # ---------------------------------------------------------------------------------------- TCP forward
@@ -131,13 +145,18 @@ class Container:
         self.backoff_until = 0.0
         self.sim_port: int | None = None
         self.vllm: workloads.VLLMArgs | None = None
+        self.podman_name = ""
+        """Image mode: the podman container now running for this container ("" otherwise)."""
+        self.image_id = ""
 
     def status(self) -> dict:
-        s = {"name": self.name, "image": self.image, "imageID": "", "ready": self.ready,
+        s = {"name": self.name, "image": self.image, "imageID": self.image_id, "ready": self.ready,
              "restartCount": self.restart_count, "started": self.started, "state": self.state}
         if self.last_state:
             s["lastState"] = self.last_state
-        if self.proc is not None:
+        if self.podman_name:
+            s["containerID"] = f"podman://{self.podman_name}"
+        elif self.proc is not None:
             s["containerID"] = f"fewerbits-e2e://{self.proc.pid}"
         return s
 
@@ -306,6 +325,8 @@ class PodRun(threading.Thread):
             else:
                 p = root / name
             p.mkdir(parents=True, exist_ok=True)
+            if self.runner.mode == "image" and ("emptyDir" in v or "persistentVolumeClaim" in v):
+                p.chmod(0o777)  # as a kubelet makes an emptyDir: the container's non-root user writes it
             if "projected" in v:
                 self._project(v["projected"], p)
             for kind, key in (("Secret", "secret"), ("ConfigMap", "configMap")):
@@ -364,21 +385,26 @@ class PodRun(threading.Thread):
             spec["audiences"] = [audience]
         return self.api.create_namespaced_service_account_token(sa, self.ns, {"spec": spec}).status.token
 
-    def _service_account_kubeconfig(self) -> Path | None:
+    def _service_account_kubeconfig(self, embed_ca: bool = False) -> Path | None:
         """A kubeconfig with the pod's ServiceAccount token, so a local process talks to the API server
         as that ServiceAccount (its RBAC applies). In-cluster config reads fixed paths under
         /var/run/secrets, which a local process cannot have; KUBECONFIG is the standard fallback."""
         spec = self.pod["spec"]
         if spec.get("automountServiceAccountToken") is False:
             return None
-        path = self.dir / "serviceaccount.kubeconfig"
+        path = self.dir / ("serviceaccount.image.kubeconfig" if embed_ca else "serviceaccount.kubeconfig")
         if not path.exists():
             r = self.runner
+            # A container cannot read the host's CA file: its kubeconfig carries the CA itself.
+            ca = ({"certificate-authority-data": base64.b64encode(Path(r.ca_file).read_bytes()).decode()}
+                  if embed_ca else {"certificate-authority": r.ca_file})
             cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
-                   "clusters": [{"name": "e2e", "cluster": {"server": r.server, "certificate-authority": r.ca_file}}],
+                   "clusters": [{"name": "e2e", "cluster": {"server": r.server, **ca}}],
                    "users": [{"name": "sa", "user": {"token": self._token()}}],
                    "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": "sa", "namespace": self.ns}}]}
             path.write_text(json.dumps(cfg, indent=1))
+            if embed_ca:
+                path.chmod(0o644)  # the container's user reads it (the pod's own token, as a kubelet mounts it)
         return path
 
     def _mounts(self, c: Container, vols: dict[str, Path]) -> list[tuple[str, Path]]:
@@ -437,6 +463,14 @@ class PodRun(threading.Thread):
         command = [_expand(x, env_pod) for x in c.spec.get("command") or []]
         args = [_expand(x, env_pod) for x in c.spec.get("args") or []]
         logf = self.dir / f"{c.name}.log"
+        if self.runner.mode == "image" and c.rule is not None and c.rule.kind == "module" \
+                and images.is_image_workload(c.image):
+            self._start_image(c, env_pod, vols, command, args, logf, term)
+            c.term_file = term
+            c.state = {"running": {"startedAt": now()}}
+            c.started = True
+            c.ready = False
+            return
         if c.rule is None or c.rule.kind == "noop":
             c.proc = None
         elif c.rule.kind == "vllm":
@@ -460,10 +494,49 @@ class PodRun(threading.Thread):
         c.started = True
         c.ready = False
 
+    def _start_image(self, c: Container, env_pod: dict[str, str], vols: dict[str, Path], command: list[str],
+                     args: list[str], logf: Path, term: Path) -> None:
+        """Image mode: `podman run` of the container's image (e2e/images.py decides the command line)."""
+        podman = self.runner.podman
+        user = podman.image_user(c.image)
+        if user is None:
+            raise ImageNotPresent(f'container image "{c.image}" is not present with pull policy of Never '
+                                  f"(scripts/images.sh builds it)")
+        spec = self.pod["spec"]
+        try:
+            security = images.security_args(spec.get("securityContext"), c.spec.get("securityContext"), user)
+        except images.SecurityError as e:
+            raise ConfigError(str(e)) from None
+        mounts = []
+        for m in c.spec.get("volumeMounts") or []:
+            if m["name"] in vols:
+                host = vols[m["name"]] / m["subPath"] if m.get("subPath") else vols[m["name"]]
+                host.mkdir(parents=True, exist_ok=True)
+                mounts.append(images.Mount(host, m["mountPath"], bool(m.get("readOnly"))))
+        term.write_text("")
+        term.chmod(0o666)
+        term_path = c.spec.get("terminationMessagePath") or "/dev/termination-log"
+        mounts.append(images.Mount(term, term_path))
+        env = {**env_pod, **self._env_overrides(c), TERMINATION_LOG_ENV: term_path, "POD_IP": self.ip,
+               "POD_NAME": self.name, "POD_NAMESPACE": self.ns}
+        if "KUBECONFIG" not in env_pod:
+            kubeconfig = self._service_account_kubeconfig(embed_ca=True)
+            if kubeconfig:
+                mounts.append(images.Mount(kubeconfig, "/var/run/fewerbits/kubeconfig", read_only=True))
+                env["KUBECONFIG"] = "/var/run/fewerbits/kubeconfig"
+        c.podman_name = images.container_name(self.ns, self.name, c.name, self.uid, c.restart_count)
+        c.image_id = podman.image_id(c.image)
+        argv = images.run_argv(podman.argv, name=c.podman_name, image=c.image, hostname=self.name[:63],
+                               security=security, mounts=mounts, env_names=sorted(env), command=command,
+                               args=args, labels={images.LABEL: str(os.getpid())})
+        c.proc = procs.spawn(argv, logf, env={**podman.env, **env}, cwd=self.dir)
+
     def _stop_container(self, c: Container, grace: float) -> None:
         for f in c.forwarders:
             f.close()
         c.forwarders.clear()
+        if c.podman_name and c.proc is not None and c.proc.poll() is None:
+            self.runner.podman.stop(c.podman_name, grace)
         if c.proc is not None and c.proc.poll() is None:
             procs.stop_group(c.proc.pid, grace, c.proc)
 
@@ -536,7 +609,7 @@ class PodRun(threading.Thread):
                 fn()
                 return True
             except ConfigError as e:
-                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
+                c.state = {"waiting": {"reason": e.reason, "message": str(e)}}
                 self._push()
                 self.deleting.wait(1.0)
         return False
@@ -664,7 +737,7 @@ def _expand(s: str, env: dict[str, str]) -> str:
 
 class Runner:
     def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str,
-                 sim_metrics: str = "fake"):
+                 sim_metrics: str = "fake", mode: str = "process"):
         from kubernetes import client, config
 
         cfg = client.Configuration()
@@ -676,6 +749,10 @@ class Runner:
         self.rules = rules
         self.sim = sim
         self.sim_metrics = sim_metrics
+        self.mode = mode
+        self.podman = images.Podman() if mode == "image" else None
+        if self.podman is not None:
+            self.podman.remove_stale()
         self._hosts = ipaddress.ip_network(cidr).hosts()
         self.runs: dict[str, PodRun] = {}
         self.lock = threading.Lock()
@@ -769,11 +846,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim", required=True, help="llm-d-inference-sim binary")
     ap.add_argument("--sim-metrics", choices=["fake", "real"], default="fake",
                     help="fake: start sims with zero fake metrics so POST /admin/config can change them")
+    ap.add_argument("--mode", choices=["process", "image"], default=os.environ.get("FEWERBITS_E2E_RUN_MODE") or "process",
+                    help="image: run the project's containers from their built images with podman")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     a.state_dir.mkdir(parents=True, exist_ok=True)
     rules = [workloads.ImageRule.from_json(r) for r in json.loads(a.images.read_text())]
-    runner = Runner(a.kubeconfig, a.state_dir, rules, a.cidr, a.sim, a.sim_metrics)
+    runner = Runner(a.kubeconfig, a.state_dir, rules, a.cidr, a.sim, a.sim_metrics, a.mode)
+    log.info("pod runner in %s mode", a.mode)
 
     def stop(*_):
         runner.shutdown()

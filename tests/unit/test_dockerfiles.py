@@ -7,12 +7,16 @@ comments, line continuations, flags, exec-form JSON), then the rules:
 - the operator image installs only the base package: no torch, no llm-compressor, no `[quantjob]`
   extra (STYLE.md rule 6); the quantjob image does install them;
 - what COPY takes from the build context exists and is not excluded by the Dockerfile's
-  `<Dockerfile>.dockerignore`.
+  `<Dockerfile>.dockerignore`;
+- the base is a build argument (`BASE_IMAGE`: the public image by default, the base made from Debian
+  packages by scripts/images.sh), the final stage only copies the built environment in (no RUN, so
+  no installer or compiler in it), and the pins each image installs agree with images/constraints.txt.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.util
 import json
 import re
 import shlex
@@ -172,6 +176,32 @@ def install_commands(stage: Stage) -> list[str]:
     return found
 
 
+def _requirements_module():
+    spec = importlib.util.spec_from_file_location("image_requirements", ROOT / "images" / "steps" / "requirements.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def requirement_groups(stages_: list[Stage]) -> list[str]:
+    """The groups the Dockerfile's RUN steps ask images/steps/requirements.py for."""
+    found = []
+    for st in stages_:
+        for ins in st.instructions:
+            if ins.keyword == "RUN":
+                found += re.findall(r"requirements\.py\s+([a-z]+)", ins.args)
+    return found
+
+
+def installed_requirements(image: str) -> list[str]:
+    """The pinned requirements an image installs (pyproject.toml through requirements.py)."""
+    import tomllib
+
+    mod = _requirements_module()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return [r for g in requirement_groups(load(DOCKERFILES[image])) for r in mod.requirements(g, pyproject)]
+
+
 def _installs_heavy(commands: list[str]) -> list[str]:
     hits = []
     for cmd in commands:
@@ -269,6 +299,9 @@ def test_operator_image_has_no_torch():
     commands = [c for st in all_stages for c in install_commands(st)]
     assert commands, "the operator image installs nothing?"
     assert _installs_heavy(commands) == []
+    reqs = installed_requirements("operator")
+    assert any(r.startswith("kubernetes==") for r in reqs), reqs
+    assert _installs_heavy([" ".join(reqs)]) == []
     final = all_stages[-1]
     entry = [i for i in final.instructions if i.keyword == "ENTRYPOINT"]
     assert entry and entry[-1].exec_form == ["python", "-m", "fewerbits_operator"]
@@ -277,12 +310,14 @@ def test_operator_image_has_no_torch():
 @_QUANTJOB_PENDING
 def test_quantjob_image_has_torch():
     commands = [c for st in load(DOCKERFILES["quantjob"]) for c in install_commands(st)]
+    commands.append(" ".join(installed_requirements("quantjob")))
     assert _installs_heavy(commands), "the quantjob image must install the [quantjob] extra (torch, llm-compressor)"
 
 
 def test_runtime_image_has_no_torch():
     commands = [c for st in load(DOCKERFILES["runtime"]) for c in install_commands(st)]
     assert _installs_heavy(commands) == []
+    assert sorted(r.split("==")[0] for r in installed_requirements("runtime")) == ["boto3", "pydantic"]
 
 
 def _dockerignore(path: Path) -> list[str] | None:
@@ -324,3 +359,112 @@ def test_copy_sources_are_in_the_build_context(image: str):
                 rel = src.strip("/").removeprefix("./")
                 assert (ROOT / rel).exists(), f"{image}: COPY {src}: no such path in the repository"
                 assert not _excluded(rel, patterns), f"{image}: COPY {src} is excluded by the .dockerignore"
+
+
+# ------------------------------------------------------------------ images built by scripts/images.sh
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_base_is_a_build_argument_with_the_public_image_as_default(image: str):
+    instructions, _ = parse(DOCKERFILES[image].read_text())
+    first_from = next(i for i, ins in enumerate(instructions) if ins.keyword == "FROM")
+    global_args = {ins.args.split("=", 1)[0]: ins.args.partition("=")[2] for ins in instructions[:first_from]
+                   if ins.keyword == "ARG"}
+    assert global_args.get("BASE_IMAGE", "").startswith("python:3.11"), global_args
+    named = {st.name for st in load(DOCKERFILES[image]) if st.name}
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            base = ins.args.split()[0]
+            assert base == "${BASE_IMAGE}" or base in named, f"{image}: FROM {base} is neither the base argument nor a stage"
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_the_final_stage_is_the_dependency_stage_plus_the_project(image: str):
+    """The final stage adds the project to the dependency stage's layers (one copy of a 6 GiB
+    environment, not two) and runs nothing; the dependency stage ran pip from the mounted wheelhouse
+    (no pip in the venv) and removed its /build helpers. scripts/images.sh checks the built image:
+    no pip, setuptools, compiler or apt in it."""
+    all_stages = load(DOCKERFILES[image])
+    by_name = {st.name: st for st in all_stages if st.name}
+    final = all_stages[-1]
+    assert final.base == "deps" and by_name["deps"].base == "python:3.11.14-slim-bookworm"
+    assert not [i for i in final.instructions if i.keyword in ("RUN", "ADD")], f"{image}: the final stage runs commands"
+    copies = [(i.flags.get("from"), i.args) for i in final.instructions if i.keyword == "COPY"]
+    assert copies == [("app", "/opt/fewerbits-app /opt/fewerbits-app")], copies
+    deps_runs = [i.args for i in by_name["deps"].instructions if i.keyword == "RUN"]
+    assert len(deps_runs) == 1 and deps_runs[0].endswith("&& rm -rf /build"), deps_runs
+    assert "venv" in deps_runs[0]
+    env = " ".join(i.args for i in final.instructions if i.keyword == "ENV")
+    assert "PATH=/opt/fewerbits/bin:" in env  # `python` is the venv's, whatever the base calls its own
+    entry = [i for i in final.instructions if i.keyword == "ENTRYPOINT"]
+    assert entry and entry[-1].exec_form == ["python", "-m", f"fewerbits_{image}"]
+
+
+def test_the_venv_is_made_without_pip():
+    helper = (ROOT / "images" / "steps" / "pip.sh").read_text()
+    assert "python3.11 -m venv --without-pip" in helper
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_installs_go_through_the_pinned_wheelhouse_helper(image: str):
+    for st in load(DOCKERFILES[image]):
+        for ins in st.instructions:
+            if ins.keyword == "RUN" and re.search(r"\bpip\s+install\b", ins.args):
+                assert ins.args.startswith(". /build/pip.sh"), f"{image}: line {ins.line} installs without images/steps/pip.sh"
+                assert "-c /build/constraints.txt" in ins.args, f"{image}: line {ins.line} installs without the constraints"
+
+
+def _constraints() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "images" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            out[name.strip().lower()] = version.strip()
+    return out
+
+
+@pytest.mark.parametrize("image", IMAGES)
+def test_pyproject_pins_agree_with_the_wheelhouse_constraints(image: str):
+    """A pin bumped in pyproject.toml and not in images/constraints.txt would fail the image build
+    with a resolver conflict: fail here first, naming the package."""
+    mod = _requirements_module()
+    constraints = _constraints()
+    for req in installed_requirements(image):
+        name, _, version = req.partition("==")
+        key = mod.name(name)
+        assert key in constraints, f"{key} is not in images/constraints.txt"
+        assert constraints[key] == version, f"{key}: pyproject.toml pins {version}, images/constraints.txt {constraints[key]}"
+
+
+def test_requirements_script_rejects_an_unknown_image():
+    import tomllib
+
+    with pytest.raises(SystemExit, match="unknown image"):
+        _requirements_module().requirements("vllm", tomllib.loads((ROOT / "pyproject.toml").read_text()))
+
+
+def test_images_script_tags_what_the_chart_runs():
+    """scripts/images.sh tags <registry>/fewerbits-<name>:<pyproject version>; the chart's values name
+    the same repositories and its appVersion (the default tag) is the same version."""
+    import tomllib
+
+    import yaml
+
+    script = (ROOT / "scripts" / "images.sh").read_text()
+    assert "REGISTRY=${FEWERBITS_IMAGE_REGISTRY:-ghcr.io/fewerbits}" in script
+    assert 'tag=$REGISTRY/fewerbits-$n:$VERSION' in script
+    values = yaml.safe_load((ROOT / "charts" / "fewerbits" / "values.yaml").read_text())
+    chart = yaml.safe_load((ROOT / "charts" / "fewerbits" / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["appVersion"] == version
+    for key, name in (("image", "operator"), ("quantjobImage", "quantjob"), ("runtimeImage", "runtime")):
+        assert values[key]["repository"] == f"ghcr.io/fewerbits/fewerbits-{name}"
+
+
+def test_base_packages_pin_every_package_to_a_version():
+    lines = [ln for ln in (ROOT / "images" / "base.packages").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert any(ln.startswith("python3.11=3.11.") for ln in lines), "the base has no Python 3.11"
+    bad = [ln for ln in lines if not re.fullmatch(r"[a-z0-9][a-z0-9+.-]*=[A-Za-z0-9.+~:-]+", ln)]
+    assert not bad, f"not name=version: {bad}"
+    names = [ln.split("=")[0] for ln in lines]
+    assert len(names) == len(set(names)), "a package is listed twice"
