@@ -343,6 +343,10 @@ class PlanVariant(ApiModel):
     """What a person should know (fallback kernels, clamped lengths...)."""
     vllmArgs: list[str] = Field(default_factory=list)
     """The vLLM arguments for this variant."""
+    servedAsIs: bool = False
+    """True when the source checkpoint already is `format` (its config.json carries a
+    `quantization_config`): no quantization Job runs; the artifact is the source itself, pinned by
+    `spec.source.revision`."""
 
 
 class RejectedPool(ApiModel):

@@ -228,10 +228,16 @@ def test_weights_scale_with_bits():
     assert fp8 == pytest.approx(s.linear_params + (s.embed_params + s.lm_head_params + s.other_params) * 2)
 
 
-def test_unknown_ignore_entries_are_warned_about():
+def test_ignore_entries_that_match_nothing_are_warned_about_and_real_ones_sized():
+    # A dense Llama has no router: the pattern keeps nothing, and is named. A real layer name is
+    # sized at 16 bits instead of being guessed.
     v = variant("llama-3.1-8b", H100, ignore=("lm_head", "re:.*mlp.gate$", "model.layers.0.self_attn.q_proj"))
     joined = " ".join(v.warnings)
-    assert "model.layers.0.self_attn.q_proj" in joined and "mlp.gate" not in joined
+    assert "'re:.*mlp.gate$' matches no layer" in joined and "q_proj" not in joined
+    s = shape("llama-3.1-8b")
+    base = estimate_weights(s, F.FP8_DYNAMIC, ["lm_head"]).total_bytes
+    more = estimate_weights(s, F.FP8_DYNAMIC, ["lm_head", "model.layers.0.self_attn.q_proj"]).total_bytes
+    assert more - base == pytest.approx(4096 * 4096 * (2 - 1))
 
 
 def test_runtime_reserve_is_documented_figure():
