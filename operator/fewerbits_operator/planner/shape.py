@@ -559,7 +559,6 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
 
     # Module names as transformers names them (what llm-compressor's ignore matches).
     prefix = "model.language_model.layers" if text is not None or model_type in _VL_FLAT_TYPES else "model.layers"
-    moe_block = "block_sparse_moe" if text_type == "mixtral" else "mlp"
     shared_name = "shared_experts" if text_type.startswith("deepseek") else "shared_expert"
     groups: list[LinearGroup] = []
     other = 0
@@ -573,7 +572,7 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         other += other_per_layer
         if is_moe:
             per_proj = hidden * moe_inter  # each of gate, up and down projections of one expert
-            groups += [LinearGroup(f"{at}.{moe_block}.experts.0.{proj}", experts * per_proj, top_k * per_proj)
+            groups += [LinearGroup(f"{at}.mlp.experts.0.{proj}", experts * per_proj, top_k * per_proj)
                        for proj in ("gate_proj", "up_proj", "down_proj")]
             if shared_inter:
                 groups += [LinearGroup(f"{at}.mlp.{shared_name}.{proj}", hidden * shared_inter, hidden * shared_inter)

@@ -1,0 +1,206 @@
+"""Load checkpoints into vLLM's own model classes with vLLM's own weight loader, on a CPU.
+
+Runs in the vLLM virtual environment (tools/vllm_check/setup.sh), never in the project's: it
+imports only the standard library, torch and vllm. For each checkpoint directory it:
+
+1. builds the engine configuration the way ``vllm serve <dir> --dtype bfloat16`` does
+   (``EngineArgs.create_engine_config``: architecture resolution, ``quantization_config`` →
+   vLLM's quantization method, with vLLM's own verification of both);
+2. initialises vLLM's distributed state for one process (gloo) and instantiates the model class
+   vLLM resolved, under that configuration (``initialize_model``: every layer's quantization
+   method and scheme creates its parameters with the shapes and dtypes it expects);
+3. runs ``DefaultModelLoader.load_weights`` (the model's own ``load_weights`` over the
+   checkpoint's safetensors) with vLLM's strict tracking on (``enable_weights_track``: every
+   parameter vLLM created must be filled from the checkpoint, or vLLM raises);
+4. checks on top that every tensor of the checkpoint reached a parameter's weight loader (none
+   silently dropped) and that integer and FP8 tensors arrived with exactly the dtype of the
+   parameter vLLM created for them (floating scales may be cast, as vLLM's loaders do).
+
+Not run: ``process_weights_after_loading`` (repacking for Marlin/CUTLASS/Machete kernels, FP8
+scale handling for the GPU GEMMs, MLA weight absorption), the forward pass and KV-cache
+allocation: those need vLLM's CUDA kernels (``vllm._C``), which a CPU machine cannot load. See
+tools/vllm_check/NOTES.md.
+
+    python load_check.py --json out.json DIR [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+# Checkpoint tensors vLLM skips on purpose, each with where it does so.
+EXPECTED_SKIPS = (
+    ("rotary_emb.inv_freq", "recomputed by vLLM's rotary embedding"),
+)
+
+
+def _storage_key(t) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 — a tensor without storage (meta) cannot be tracked
+        return -1
+
+
+def patch_cpu_only_kernel_gates() -> list[str]:
+    """Let layer construction pick vLLM's CPU FP8 block GEMM kernel on a CPU without AMX.
+
+    vLLM 0.33 chooses a GEMM kernel while it builds an FP8-block Linear (Fp8LinearMethod /
+    CompressedTensorsW8A8Fp8.create_weights → init_fp8_linear_kernel); on the CPU platform the only
+    candidates need Intel AMX tiles, so construction raises "Failed to find a kernel" on this
+    machine. The kernel object is used only by process_weights_after_loading and the forward
+    pass, neither of which this check runs; the parameters are created by the quantization method
+    itself. So the hardware gate is lifted and the run says so (``patched`` in each result)."""
+    from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_kernels
+
+    patched = []
+    for name in ("CPUFp8BlockScaledMMKernel", "CPUFp8W8A8BlockScaledMMKernel"):
+        cls = getattr(cpu_kernels, name, None)
+        if cls is not None:
+            cls.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
+            patched.append(f"{name}.is_supported")
+    return patched
+
+
+def check_one(path: str, distributed_ready: list[bool]) -> dict:
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import destroy_model_parallel, init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    started = time.monotonic()
+    engine_args = EngineArgs(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=256,
+                             load_format="safetensors", skip_tokenizer_init=True,
+                             model_loader_extra_config={"enable_weights_track": True})
+    cfg = engine_args.create_engine_config()
+    out: dict = {"path": path, "architecture": cfg.model_config.architectures[0] if cfg.model_config.architectures else None,
+                 "quantization": cfg.model_config.quantization}
+    with set_current_vllm_config(cfg):
+        if not distributed_ready[0]:
+            init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                         distributed_init_method="tcp://127.0.0.1:29561", backend="gloo")
+            distributed_ready[0] = True
+        # Model-parallel groups depend on the model (the expert-parallel group exists only for
+        # a mixture of experts): rebuilt for each checkpoint, as one vLLM process per model would.
+        destroy_model_parallel()
+        initialize_model_parallel(1, 1)
+        with set_default_torch_dtype(cfg.model_config.dtype), torch.device("cpu"):
+            model = initialize_model(vllm_config=cfg, model_config=cfg.model_config)
+        out["model_class"] = type(model).__name__
+
+        # What vLLM built per layer: its quantization method (and compressed-tensors scheme).
+        methods: dict[str, int] = {}
+        for _, module in model.named_modules():
+            qm = getattr(module, "quant_method", None)
+            if qm is None:
+                continue
+            scheme = getattr(module, "scheme", None)
+            label = type(qm).__name__ + (f"/{type(scheme).__name__}" if scheme is not None else "")
+            methods[label] = methods.get(label, 0) + 1
+        out["methods"] = dict(sorted(methods.items()))
+
+        # Every parameter's weight loader records what reaches it.
+        reached: set[int] = set()
+        dtype_errors: list[str] = []
+        casts: dict[str, int] = {}
+
+        def wrap(pname, loader):
+            @functools.wraps(loader)
+            def recording_loader(*args, **kwargs):
+                # Loaders differ in signature (param, loaded_weight, shard_id, expert_id...), and
+                # some are called with keywords: the parameter is the first nn.Parameter, the
+                # checkpoint tensor the first other tensor.
+                values = [*args, *kwargs.values()]
+                p = next((v for v in values if isinstance(v, torch.nn.Parameter)), None)
+                loaded_weight = next((v for v in values if isinstance(v, torch.Tensor)
+                                      and not isinstance(v, torch.nn.Parameter)), None)
+                if p is not None and loaded_weight is not None:
+                    reached.add(_storage_key(loaded_weight))
+                    exact = (not p.dtype.is_floating_point or p.dtype.itemsize == 1
+                             or not loaded_weight.dtype.is_floating_point or loaded_weight.dtype.itemsize == 1)
+                    if loaded_weight.dtype != p.dtype:
+                        if exact:
+                            dtype_errors.append(f"{pname}: checkpoint {loaded_weight.dtype} into {p.dtype}")
+                        else:
+                            k = f"{loaded_weight.dtype}->{p.dtype}"
+                            casts[k] = casts.get(k, 0) + 1
+                return loader(*args, **kwargs)
+            return recording_loader
+
+        for pname, param in model.named_parameters():
+            param.weight_loader = wrap(pname, getattr(param, "weight_loader", default_weight_loader))
+
+        loader = get_model_loader(cfg.load_config)
+        yielded: dict[str, int] = {}
+        original = loader.get_all_weights
+
+        def recording_weights(model_config, model_):
+            for name, tensor in original(model_config, model_):
+                yielded[name] = _storage_key(tensor)
+                yield name, tensor
+
+        loader.get_all_weights = recording_weights
+        loader.load_weights(model, cfg.model_config)  # vLLM's strict check: every parameter filled
+
+    dropped = sorted(n for n, k in yielded.items() if k not in reached)
+    unexpected = [n for n in dropped if not any(n.endswith(s) for s, _ in EXPECTED_SKIPS)]
+    out["tensors"] = len(yielded)
+    out["parameters"] = sum(1 for _ in model.named_parameters())
+    out["float_casts"] = casts
+    out["seconds"] = round(time.monotonic() - started, 1)
+    problems = []
+    if unexpected:
+        problems.append(f"{len(unexpected)} checkpoint tensors reached no parameter: {', '.join(unexpected[:6])}"
+                        + (" ..." if len(unexpected) > 6 else ""))
+    if dtype_errors:
+        problems.append(f"{len(dtype_errors)} tensors with the wrong dtype: {'; '.join(dtype_errors[:4])}")
+    out["result"] = "fails" if problems else "loads"
+    out["detail"] = ("; ".join(problems) if problems else
+                     f"{len(yielded)} tensors into {out['parameters']} parameters; "
+                     + ", ".join(f"{k}×{v}" for k, v in out["methods"].items()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+    import vllm
+
+    patched = patch_cpu_only_kernel_gates()
+    results = []
+    ready = [False]
+    for d in args.dirs:
+        try:
+            r = check_one(d, ready)
+        except Exception as e:  # noqa: BLE001 — vLLM's error is the result
+            tb = traceback.extract_tb(e.__traceback__)
+            where = next((f"{os.path.relpath(f.filename, os.path.dirname(vllm.__file__))}:{f.lineno}"
+                          for f in reversed(tb) if "/vllm/" in f.filename), "")
+            r = {"path": d, "result": "fails", "detail": f"{type(e).__name__}: {str(e)[:600]}"
+                 + (f" (vllm/{where})" if where else "")}
+        r["vllm"] = vllm.__version__
+        r["patched"] = patched
+        results.append(r)
+        print(json.dumps(r), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0 if all(r["result"] == "loads" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
