@@ -78,6 +78,22 @@ ARCHITECTURES: dict[str, tuple[KeepRule, ...]] = {
 """model_type (top level of config.json) -> the layers it keeps 16-bit."""
 
 
+QUANTIZE_BLOCKERS: dict[str, str] = {
+    "gemma3": (
+        "a quantized Gemma-3 vision-language artifact would not load in vLLM 0.33: transformers 5.17 saves its "
+        "vision tower as vision_tower.* while vLLM's Gemma3ForConditionalGeneration loads "
+        "vision_tower.vision_model.* (found by scripts/vllm-check.sh); serve it with format none, or quantize "
+        "the text-only model (model_type gemma3_text)"),
+}
+"""model_type -> why fewerbits will not quantize it (the planner refuses every format but `none`).
+Found by loading the Job's artifacts with vLLM's own loader; each entry goes when the Job writes a
+checkpoint vLLM loads."""
+
+
+def quantize_blocker(model_type: str) -> str | None:
+    return QUANTIZE_BLOCKERS.get(model_type)
+
+
 def mtp_rule(config: Mapping[str, Any]) -> KeepRule | None:
     """DeepSeek-V3's multi-token-prediction layers: indices num_hidden_layers .. +num_nextn_predict_layers."""
     n = config.get("num_nextn_predict_layers")

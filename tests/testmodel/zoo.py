@@ -74,7 +74,10 @@ ZOO: dict[str, dict[str, Any]] = {
                           "vision_config": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
                                             "num_attention_heads": 2, "image_size": 56, "patch_size": 14,
                                             "vision_use_head": False},
-                          "mm_tokens_per_image": 4, "tie_word_embeddings": True}},
+                          "mm_tokens_per_image": 4, "tie_word_embeddings": True},
+               # transformers 5.17 saves the SigLIP tower as vision_tower.*; the published Gemma-3
+               # checkpoints (and so the sources users quantize) name it vision_tower.vision_model.*
+               "hub_renames": [["vision_tower.", "vision_tower.vision_model."]]},
 }
 """name -> transformers config class, model class and config arguments."""
 
@@ -155,8 +158,25 @@ def _build(name: str, out: Path) -> None:
     model.to(torch.bfloat16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if spec.get("hub_renames"):
+        _rename_tensors(out, spec["hub_renames"])
     (out / "fewerbits-zoo.json").write_text(json.dumps({"name": name, "recipe": spec, "zoo": ZOO_VERSION},
                                                        indent=2, sort_keys=True) + "\n")
+
+
+def _rename_tensors(out: Path, renames: list[list[str]]) -> None:
+    """Rewrite the checkpoint's tensor names to the published layout (prefix renames)."""
+    from safetensors.torch import load_file, save_file
+
+    for f in sorted(out.glob("*.safetensors")):
+        tensors = load_file(f)
+        renamed = {}
+        for key, t in tensors.items():
+            for old, new in renames:
+                if key.startswith(old) and not key.startswith(new):
+                    key = new + key[len(old):]
+            renamed[key] = t
+        save_file(renamed, f, metadata={"format": "pt"})
 
 
 def _fp8_block_copy(src: Path, out: Path) -> None:

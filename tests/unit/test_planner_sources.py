@@ -31,6 +31,8 @@ def config(name: str) -> dict:
 
 
 def shape(name: str):
+    if name == "gemma-3-27b-text":
+        return shape_from_config(config("gemma-3-27b-it")["text_config"])
     return load_model_shape(CONFIGS / f"{name}.json")
 
 
@@ -82,8 +84,8 @@ def test_in_flight_tokens_follow_vllms_default_batch_per_gpu(gpu, tokens):
 
 
 @pytest.mark.parametrize(("name", "gpu", "length"), [
-    ("gemma-3-27b-it", L40S, 8192),      # 1023 + 2 x 2048 in-flight tokens < 8192
-    ("gemma-3-27b-it", H100, 32768),
+    ("gemma-3-27b-text", L40S, 8192),    # 1023 + 2 x 2048 in-flight tokens < 8192
+    ("gemma-3-27b-text", H100, 32768),
     ("mistral-7b-v0.1", H100, 32768),    # 4095 + 2 x 8192 < 32768
     ("mistral-7b-v0.1", A100_80, 16384),
 ])
@@ -97,7 +99,9 @@ def test_sliding_windows_give_more_kv_room_beyond_window_plus_in_flight_tokens(n
 
 
 def test_gemma3_on_h100_serves_its_full_128k_context_thanks_to_local_layers():
-    s = shape("gemma-3-27b-it")
+    # The text model alone (model_type gemma3_text; the vision-language one is served 16-bit).
+    s = shape_from_config(config("gemma-3-27b-it")["text_config"])
+    assert (s.model_type, s.sliding_layers) == ("gemma3_text", 52)
     v = one(s, H100)
     assert isinstance(v, PlanVariant) and v.maxModelLen == 131_072 and v.tensorParallelSize == 1
     full = one(dataclasses.replace(s, sliding_window=0, sliding_layers=0), H100)

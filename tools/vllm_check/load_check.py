@@ -59,9 +59,12 @@ def patch_cpu_only_kernel_gates() -> list[str]:
     machine. The kernel object is used only by process_weights_after_loading and the forward
     pass, neither of which this check runs; the parameters are created by the quantization method
     itself. So the hardware gate is lifted and the run says so (``patched`` in each result)."""
+    import torch
     from vllm.model_executor.kernels.linear.scaled_mm import cpu as cpu_kernels
 
-    patched = []
+    # The MoE oracles (CPUExpertsInt4 and friends) gate on the same hardware probe.
+    torch.cpu._is_amx_tile_supported = lambda: True
+    patched = ["torch.cpu._is_amx_tile_supported"]
     for name in ("CPUFp8BlockScaledMMKernel", "CPUFp8W8A8BlockScaledMMKernel"):
         cls = getattr(cpu_kernels, name, None)
         if cls is not None:
@@ -128,8 +131,10 @@ def check_one(path: str, distributed_ready: list[bool]) -> dict:
                                       and not isinstance(v, torch.nn.Parameter)), None)
                 if p is not None and loaded_weight is not None:
                     reached.add(_storage_key(loaded_weight))
-                    exact = (not p.dtype.is_floating_point or p.dtype.itemsize == 1
-                             or not loaded_weight.dtype.is_floating_point or loaded_weight.dtype.itemsize == 1)
+                    # Packed integers and FP8 must arrive exactly as vLLM created the parameter; a
+                    # floating parameter takes a cast, as vLLM's loaders do (scales bf16 -> fp32,
+                    # compressed-tensors' int64 weight_shape into the bf16 parameter vLLM makes).
+                    exact = not p.dtype.is_floating_point or p.dtype.itemsize == 1
                     if loaded_weight.dtype != p.dtype:
                         if exact:
                             dtype_errors.append(f"{pname}: checkpoint {loaded_weight.dtype} into {p.dtype}")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, ServingTarget
 
-from fewerbits_api.architectures import effective_ignore, matches
+from fewerbits_api.architectures import effective_ignore, matches, quantize_blocker
 
 from .catalog import CC, GPUPool, family_from_cc
 from .shape import LinearGroup, ModelShape
@@ -623,6 +623,12 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
 
     if shape.source_quantization is not None:
         return _plan_as_is(shape, pool, request, dtype, kv_dtype, target_len, warnings)
+    blocker = quantize_blocker(shape.model_type)
+    if blocker and request.format not in (QuantFormat.AUTO, QuantFormat.NONE):
+        return RejectedPool(pool=pool.name, reason=f"format {request.format.value}: {blocker}")
+    if blocker and request.format is QuantFormat.AUTO:
+        request = request.model_copy(update={"format": QuantFormat.NONE})
+        warnings.append(f"served at 16 bits (format none): {blocker}")
 
     if request.format is not QuantFormat.AUTO:
         fmt = request.format
