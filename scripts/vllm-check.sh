@@ -32,7 +32,9 @@ started=$(date +%s)
 quantized=$(date +%s)
 mapfile -t DIRS < <(.venv/bin/python -c "
 import json, sys
-print('\n'.join(dict.fromkeys(r['artifact'] for r in json.load(open(sys.argv[1])) if 'artifact' in r)))" "$WORK/rows.json")
+rows = json.load(open(sys.argv[1]))
+print('\n'.join(dict.fromkeys(r['artifact'] + ('@' + r['capability'] if r.get('capability') else '')
+                               for r in rows if 'artifact' in r)))" "$WORK/rows.json")
 if [[ ${#DIRS[@]} -gt 0 ]]; then
   "$VENV/bin/python" tools/vllm_check/load_check.py --json "$WORK/loads.json" "${DIRS[@]}" \
     > "$WORK/load.log" 2>&1 || true

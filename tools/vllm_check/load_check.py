@@ -21,7 +21,7 @@ scale handling for the GPU GEMMs, MLA weight absorption), the forward pass and K
 allocation: those need vLLM's CUDA kernels (``vllm._C``), which a CPU machine cannot load. See
 tools/vllm_check/NOTES.md.
 
-    python load_check.py --json out.json DIR [DIR ...]
+    python load_check.py --json out.json DIR[@CC] [DIR[@CC] ...]    # CC: 9.0, 8.0...
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 EXPECTED_SKIPS = (
     ("rotary_emb.inv_freq", "recomputed by vLLM's rotary embedding"),
 )
+
+
+BACKENDS = {k: v for k, v in (("linear_backend", os.environ.get("VLLM_CHECK_LINEAR_BACKEND", "")),
+                                ("moe_backend", os.environ.get("VLLM_CHECK_MOE_BACKEND", ""))) if v}
+"""``--linear-backend`` / ``--moe-backend`` for the check (default: vLLM's auto choice)."""
+CAPABILITY: list = [None]
+"""The compute capability vLLM's platform reports while one checkpoint is checked (see main)."""
 
 
 def _storage_key(t) -> int:
@@ -65,6 +72,43 @@ def patch_cpu_only_kernel_gates() -> list[str]:
     # The MoE oracles (CPUExpertsInt4 and friends) gate on the same hardware probe.
     torch.cpu._is_amx_tile_supported = lambda: True
     patched = ["torch.cpu._is_amx_tile_supported"]
+
+    # NVFP4 Linear: the CPU platform lists no kernel at all; vLLM's own emulation kernel
+    # (dequantize to BF16, `--linear-backend emulation` on CUDA) is offered to it.
+    from vllm.model_executor.kernels import linear as linear_kernels
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.platforms.interface import PlatformEnum
+
+    linear_kernels._POSSIBLE_NVFP4_KERNELS.setdefault(PlatformEnum.CPU, []).append(EmulationNvFp4LinearKernel)
+    patched.append("_POSSIBLE_NVFP4_KERNELS[CPU] += EmulationNvFp4LinearKernel")
+    # NVFP4A16 (weight-only) forces the FP4 Marlin kernel below compute capability 10.0/10.3 with
+    # CuTe DSL; Marlin's availability probe needs CUDA ops.
+    from vllm.model_executor.kernels.linear.nvfp4.marlin import MarlinNvFp4LinearKernel
+
+    MarlinNvFp4LinearKernel.is_supported = classmethod(lambda cls, compute_capability=None: (True, None))
+    patched.append("MarlinNvFp4LinearKernel.is_supported")
+
+    # W4A16 MoE with zero points (AWQ): no CPU backend takes them; vLLM's emulation backend is
+    # appended to the CPU's list and its device gate lifted.
+    from vllm.model_executor.layers.fused_moe.experts import int4_emulation_moe
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+
+    original_backends = int_wna16._get_priority_backends
+    int_wna16._get_priority_backends = lambda: [*original_backends(), int_wna16.WNA16MoEBackend.EMULATION]
+    int4_emulation_moe.Int4EmulationTritonExperts._supports_current_device = staticmethod(lambda: True)
+    patched += ["int_wna16 CPU backends += EMULATION", "Int4EmulationTritonExperts._supports_current_device"]
+
+    # The compute capability: None on a CPU, which vLLM's scheme selection treats as "any"
+    # except for exact matches (W4AFP8 needs 9.0 exactly). Each checkpoint is checked with the
+    # capability of the GPU family that runs its format natively (main: DIR@major.minor).
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    def get_device_capability(device_id: int = 0):
+        return DeviceCapability(*CAPABILITY[0]) if CAPABILITY[0] else None
+
+    CpuPlatform.get_device_capability = classmethod(lambda cls, device_id=0: get_device_capability(device_id))
+    patched.append("CpuPlatform.get_device_capability")
     for name in ("CPUFp8BlockScaledMMKernel", "CPUFp8W8A8BlockScaledMMKernel"):
         cls = getattr(cpu_kernels, name, None)
         if cls is not None:
@@ -86,7 +130,8 @@ def check_one(path: str, distributed_ready: list[bool]) -> dict:
     started = time.monotonic()
     engine_args = EngineArgs(model=path, dtype="bfloat16", enforce_eager=True, max_model_len=256,
                              load_format="safetensors", skip_tokenizer_init=True,
-                             model_loader_extra_config={"enable_weights_track": True})
+                             model_loader_extra_config={"enable_weights_track": True},
+                             **BACKENDS)
     cfg = engine_args.create_engine_config()
     out: dict = {"path": path, "architecture": cfg.model_config.architectures[0] if cfg.model_config.architectures else None,
                  "quantization": cfg.model_config.quantization}
@@ -188,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     patched = patch_cpu_only_kernel_gates()
     results = []
     ready = [False]
-    for d in args.dirs:
+    for spec in args.dirs:
+        d, _, cc = spec.partition("@")
+        CAPABILITY[0] = tuple(int(x) for x in cc.split(".")) if cc else None
         try:
             r = check_one(d, ready)
         except Exception as e:  # noqa: BLE001 — vLLM's error is the result
@@ -198,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             r = {"path": d, "result": "fails", "detail": f"{type(e).__name__}: {str(e)[:600]}"
                  + (f" (vllm/{where})" if where else "")}
         r["vllm"] = vllm.__version__
+        r["path"] = d
+        r["capability"] = cc or None
         r["patched"] = patched
         results.append(r)
         print(json.dumps(r), flush=True)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 
 def join(rows: list[dict], loads: list[dict]) -> list[dict]:
-    by_path = {r["path"]: r for r in loads}
+    by_path = {(r["path"], r.get("capability")): r for r in loads}
     out = []
     for row in rows:
         entry = {"architecture": row["architecture"], "format": row["format"]}
         if "result" in row:  # refused by the planner, or the quantization failed
             entry |= {"result": row["result"], "detail": row["detail"]}
         else:
-            load = by_path.get(row["artifact"])
+            load = by_path.get((row["artifact"], row.get("capability")))
             if load is None:
                 entry |= {"result": "fails", "detail": "the load check has no result for " + row["artifact"]}
             else:

@@ -521,6 +521,16 @@ def kv_cache_dtype(setting: KVCacheSetting, cc: CC) -> tuple[str, str | None]:
     return "auto", None
 
 
+FORMAT_BLOCKERS: dict[QuantFormat, str] = {
+    QuantFormat.W4AFP8: (
+        "w4afp8 artifacts do not load in vLLM 0.33: llm-compressor 0.14 saves them int-quantized (int4 values "
+        "in int8 'weight' tensors) while vLLM's W4A8-FP8 scheme loads only pack-quantized 'weight_packed' "
+        "(found by scripts/vllm-check.sh); use w4a16-awq or fp8-dynamic"),
+}
+"""Formats the planner never picks, and refuses when asked for, because the Job's artifact would
+not load in the vLLM the pools run (found by loading the Job's artifacts with vLLM's own loader)."""
+
+
 def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat], list[str]]:
     """The formats `auto` tries on a pool, in order, and notes about the policy override."""
     family = pool.family if pool.family in FAMILY_FORMATS else family_from_cc(pool.cc)
@@ -537,7 +547,7 @@ def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat],
             notes.append(f"policy formatByGPUFamily.{family} = {override.value} cannot run here ({why}); ignored")
         else:
             chain = [override] + [f for f in chain if f is not override]
-    return [f for f in chain if request.allows(f)], notes
+    return [f for f in chain if request.allows(f) and f not in FORMAT_BLOCKERS], notes
 
 
 def _variant(
@@ -635,6 +645,8 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         if not request.allows(fmt):
             allowed = ", ".join(f.value for f in request.allowed_formats or ())
             return RejectedPool(pool=pool.name, reason=f"format {fmt.value} is not allowed by the policy (allowedFormats: {allowed})")
+        if fmt in FORMAT_BLOCKERS:
+            return RejectedPool(pool=pool.name, reason=FORMAT_BLOCKERS[fmt])
         support, why = kernel_support(fmt, pool.cc)
         if support == "refused":
             return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
