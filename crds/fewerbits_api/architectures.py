@@ -78,20 +78,25 @@ ARCHITECTURES: dict[str, tuple[KeepRule, ...]] = {
 """model_type (top level of config.json) -> the layers it keeps 16-bit."""
 
 
-QUANTIZE_BLOCKERS: dict[str, str] = {
-    "gemma3": (
+QUANTIZE_BLOCKERS: dict[tuple[str, str | None], str] = {
+    ("gemma3", None): (
         "a quantized Gemma-3 vision-language artifact would not load in vLLM 0.33: transformers 5.17 saves its "
         "vision tower as vision_tower.* while vLLM's Gemma3ForConditionalGeneration loads "
         "vision_tower.vision_model.* (found by scripts/vllm-check.sh); serve it with format none, or quantize "
         "the text-only model (model_type gemma3_text)"),
+    ("deepseek_v3", "w4a16-awq"): (
+        "llm-compressor 0.14's AWQ cannot quantize DeepSeek-V3 (its mappings match the post-attention norm of a "
+        "dense and a MoE layer at once: \"AWQ needs to match a single smoothlayer for each mapping\"; found by "
+        "scripts/vllm-check.sh); use w4a16-gptq"),
 }
-"""model_type -> why fewerbits will not quantize it (the planner refuses every format but `none`).
-Found by loading the Job's artifacts with vLLM's own loader; each entry goes when the Job writes a
-checkpoint vLLM loads."""
+"""(model_type, format or None for every quantized format) -> why fewerbits will not make that
+artifact (the planner refuses it, and `auto` steps past it). Found by making the Job's artifacts
+and loading them with vLLM's own loader; each entry goes when the cause is fixed."""
 
 
-def quantize_blocker(model_type: str) -> str | None:
-    return QUANTIZE_BLOCKERS.get(model_type)
+def quantize_blocker(model_type: str, fmt: str | None = None) -> str | None:
+    """Why ``model_type`` is not quantized to ``fmt`` (a format's value), or None."""
+    return QUANTIZE_BLOCKERS.get((model_type, None)) or (QUANTIZE_BLOCKERS.get((model_type, fmt)) if fmt else None)
 
 
 def mtp_rule(config: Mapping[str, Any]) -> KeepRule | None:

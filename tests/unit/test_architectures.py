@@ -98,3 +98,14 @@ def test_a_blocked_architecture_is_refused_with_the_reason_and_served_16bit_on_a
     v = plan_pool(shape, H100, PlanRequest())
     assert isinstance(v, PlanVariant) and v.format is QuantFormat.NONE
     assert any("served at 16 bits" in w for w in v.warnings)
+
+
+def test_an_architecture_format_pair_llm_compressor_cannot_make_is_refused_and_skipped_by_auto():
+    shape = load_model_shape(CONFIGS / "deepseek-v2-lite.json")  # 16-bit MLA + MoE source
+    shape = shape.__class__(**{**shape.__dict__, "model_type": "deepseek_v3"})
+    assert quantize_blocker("deepseek_v3", "w4a16-awq") and quantize_blocker("deepseek_v3", "w4a16-gptq") is None
+    a100 = pool_from_product("NVIDIA-A100-SXM4-80GB", 8)
+    r = plan_pool(shape, a100, PlanRequest(format=QuantFormat.W4A16_AWQ))
+    assert isinstance(r, RejectedPool) and "use w4a16-gptq" in r.reason
+    v = plan_pool(shape, a100, PlanRequest())
+    assert isinstance(v, PlanVariant) and v.format is not QuantFormat.W4A16_AWQ

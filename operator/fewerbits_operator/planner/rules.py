@@ -633,12 +633,13 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
 
     if shape.source_quantization is not None:
         return _plan_as_is(shape, pool, request, dtype, kv_dtype, target_len, warnings)
-    blocker = quantize_blocker(shape.model_type)
-    if blocker and request.format not in (QuantFormat.AUTO, QuantFormat.NONE):
-        return RejectedPool(pool=pool.name, reason=f"format {request.format.value}: {blocker}")
-    if blocker and request.format is QuantFormat.AUTO:
+    if request.format not in (QuantFormat.AUTO, QuantFormat.NONE):
+        blocker = quantize_blocker(shape.model_type, request.format.value)
+        if blocker:
+            return RejectedPool(pool=pool.name, reason=f"format {request.format.value}: {blocker}")
+    elif request.format is QuantFormat.AUTO and quantize_blocker(shape.model_type):
+        warnings.append(f"served at 16 bits (format none): {quantize_blocker(shape.model_type)}")
         request = request.model_copy(update={"format": QuantFormat.NONE})
-        warnings.append(f"served at 16 bits (format none): {blocker}")
 
     if request.format is not QuantFormat.AUTO:
         fmt = request.format
@@ -668,6 +669,7 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
 
     chain, notes = _auto_chain(pool, request)
     warnings += notes
+    chain = [f for f in chain if f is QuantFormat.NONE or not quantize_blocker(shape.model_type, f.value)]
     if not chain:
         allowed = ", ".join(f.value for f in request.allowed_formats or ())
         return RejectedPool(pool=pool.name, reason=f"none of the policy's allowedFormats ({allowed}) runs on {pool.product} (compute capability {_cc(pool.cc)})")
