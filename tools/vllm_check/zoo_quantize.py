@@ -55,9 +55,11 @@ def planner_verdict(config: dict, fmt) -> tuple[bool, bool, str]:
         if isinstance(out, PlanVariant):
             return True, out.servedAsIs, ""
         reasons.append(f"{gpu[0]}: {out.reason}")
-    # One reason when all pools say the same after their name.
-    tails = {r.split(": ", 1)[1] for r in reasons}
-    return False, False, (tails.pop() if len(tails) == 1 else "; ".join(reasons))
+    # The reason most pools give (a T4's float16 refusal of Gemma is not the one to read).
+    tails = [r.split(": ", 1)[1] for r in reasons]
+    common = max(set(tails), key=tails.count)
+    others = len(tails) - tails.count(common)
+    return False, False, common + (f" (and {others} pool(s) refused for other reasons)" if others else "")
 
 
 def quantize(src: Path, fmt, ignore: list[str], out: Path) -> None:
