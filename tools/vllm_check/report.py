@@ -28,7 +28,8 @@ def join(rows: list[dict], loads: list[dict]) -> list[dict]:
             else:
                 prefix = f"{row['detail']}: " if row.get("detail") else ""
                 entry |= {"result": load["result"], "detail": prefix + load["detail"]}
-                for k in ("methods", "float_casts", "patched", "vllm"):
+                entry["capability"] = row.get("capability")
+                for k in ("methods", "float_casts", "unfilled_unread", "patched", "vllm"):
                     if k in load:
                         entry[k] = load[k]
             if row.get("artifact_ignore") is not None:
