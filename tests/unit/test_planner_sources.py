@@ -230,3 +230,15 @@ def test_an_ignore_entry_matching_nothing_is_named():
     assert isinstance(v, PlanVariant)
     named = [w for w in v.warnings if "matches no layer" in w]
     assert len(named) == 1 and "'re:.*vision.*'" in named[0]
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"quantization_config": "fp8"}, "'quantization_config' must be an object"),
+    ({"sliding_window": "wide"}, "'sliding_window' must be an integer"),
+    ({"sliding_window": True}, "'sliding_window' must be an integer"),
+])
+def test_malformed_new_fields_are_named(extra, named):
+    from fewerbits_operator.planner.shape import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=named):
+        shape_from_config(config("llama-3.1-8b") | extra)
