@@ -3,7 +3,7 @@ every format the planner could choose for it with the Job's code, loads into vLL
 classes with vLLM's weight loader, or is refused by the planner with a reason. A ``fails`` row
 fails this test.
 
-Builds the vLLM environment on first use (tools/vllm_check/setup.sh: ~8 min, 9.4 GB, cached
+Builds the vLLM environment on first use (tools/vllm_check/setup.sh: 3-8 min, 9.4 GB, cached
 under $FEWERBITS_CACHE/vllm-check, keyed by the vLLM version) and the zoo's artifacts (cached).
 """
 

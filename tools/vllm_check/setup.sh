@@ -4,8 +4,8 @@
 # ${FEWERBITS_CACHE:-~/.cache/fewerbits}/vllm-check/venv-<version>, keyed by the vLLM version;
 # a finished environment carries a .complete stamp and is reused as it is. Prints its path.
 #
-# Measured on this 2-core machine (PyPI at ~70 MB/s): cold 496 s, 9.4 GB on disk (torch 2.14
-# with its CUDA libraries); warm: 0 s.
+# Measured on this 2-core machine: cold 171 s with an empty pip cache (496 s under heavy load),
+# 9.4 GB on disk (torch 2.14 with its CUDA libraries); warm: 0 s.
 set -euo pipefail
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
 ROOT="${FEWERBITS_CACHE:-$HOME/.cache/fewerbits}/vllm-check"
