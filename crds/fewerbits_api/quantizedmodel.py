@@ -146,7 +146,13 @@ class QuantizationSpec(ApiModel):
     )
     """Layers left unquantized (module names or `re:` patterns as llm-compressor takes them).
     Default `[lm_head]`: the LM head is the most sensitive layer; it is kept at 16 bits and
-    counted so in the memory estimate."""
+    counted so in the memory estimate. The architecture adds what it needs to this list, by
+    config.json `model_type`: MoE routers (mixtral, qwen2_moe, qwen3_moe, deepseek_v2/v3),
+    Qwen shared-expert gates, DeepSeek-V3 multi-token-prediction layers, and the vision tower
+    and projector of vision-language models (qwen2_vl, qwen2_5_vl, llava, llava_next, gemma3,
+    mistral3); an unknown model type keeps only this list, with a warning. The planner sizes,
+    and the recipe gets, the same effective list. An entry matching no layer is a warning; `*`
+    or a list matching every Linear is refused (nothing would be quantized)."""
 
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     """Calibration data for formats that need it."""
@@ -346,6 +352,10 @@ class PlanVariant(ApiModel):
     vllmArgs: list[str] = Field(default_factory=list)
     """The vLLM arguments the plan implies, for display. Serving pods are rendered from the typed
     fields above, never from this list."""
+    servedAsIs: bool = False
+    """True when the source checkpoint already is `format` (its config.json carries a
+    `quantization_config`): no quantization Job runs; the artifact is the source itself, pinned by
+    `spec.source.revision`."""
 
 
 class RejectedPool(ApiModel):

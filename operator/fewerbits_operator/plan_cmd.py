@@ -248,9 +248,17 @@ def _describe_model(path: Path, shape: ModelShape) -> str:
         f"{shape.num_attention_heads} heads, MLA" if shape.mla
         else f"{shape.num_attention_heads} heads, {shape.num_kv_heads} KV heads of {shape.head_dim}"
     )
+    extra = ""
+    if shape.sliding_layers:
+        extra += (f", sliding window of {shape.sliding_window:,} tokens on {shape.sliding_layers} of "
+                  f"{shape.num_layers} layers")
+    sq = shape.source_quantization
+    if sq is not None:
+        extra += (f"; already quantized: {sq.format.value} ({sq.detail})" if sq.format is not None
+                  else f"; already quantized ({sq.detail})")
     return (
         f"Model {path.name} ({shape.model_type}): {kind}, {shape.num_layers} layers, {attn}, "
-        f"up to {shape.max_model_len:,} tokens"
+        f"up to {shape.max_model_len:,} tokens{extra}"
     )
 
 
@@ -263,7 +271,7 @@ def plan_table(status: PlanStatus, header: str, note: str | None = None, width: 
     if status.variants:
         headers = ["POOL", "GPU", "FORMAT", "DTYPE", "KV", "TP", "MAX LEN", "WEIGHTS", "KV TOKENS", "DECODE TOK/S"]
         rows = [
-            [v.pool, v.gpuProduct, v.format.value, v.dtype, v.kvCacheDtype, str(v.tensorParallelSize),
+            [v.pool, v.gpuProduct, v.format.value + (" (as-is)" if v.servedAsIs else ""), v.dtype, v.kvCacheDtype, str(v.tensorParallelSize),
              f"{v.maxModelLen:,}", f"{v.weightsGiB:.1f} GiB", f"{v.kvCacheTokens:,}", f"{v.decodeTokensPerSecond:,.0f}"]
             for v in status.variants
         ]

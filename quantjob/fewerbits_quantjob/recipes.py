@@ -25,8 +25,9 @@ anything else), so no modifier argument beyond ``ignore`` can be set from outsid
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
+from fewerbits_api.architectures import effective_ignore
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 
 from . import errors
@@ -44,8 +45,15 @@ class ModifierSpec:
     kwargs: dict[str, Any]
 
 
-def build_recipe_spec(fmt: QuantFormat, ignore: list[str]) -> list[ModifierSpec]:
-    """The modifiers for ``fmt`` as data (pure: no llm-compressor import, unit-testable)."""
+def build_recipe_spec(fmt: QuantFormat, ignore: list[str],
+                      model_config: Mapping[str, Any] | None = None) -> list[ModifierSpec]:
+    """The modifiers for ``fmt`` as data (pure: no llm-compressor import, unit-testable).
+
+    With ``model_config`` (the source's parsed config.json) the ignore list is the effective one:
+    ``ignore`` plus what the architecture requires (fewerbits_api.architectures, the table the
+    planner sizes with). Applying it to a list that already is effective changes nothing."""
+    if model_config is not None:
+        ignore = list(effective_ignore(model_config, ignore).entries)
     if fmt in (QuantFormat.AUTO,):
         raise JobError(errors.RECIPE_INVALID, "format 'auto' is resolved by the operator, never by the Job", permanent=True)
     if fmt is QuantFormat.NONE:

@@ -16,7 +16,7 @@ LLAMA8 = str(CONFIGS / "llama-3.1-8b.json")
 REPO = HERE.parents[1]
 
 VARIANT_KEYS = {"pool", "gpuProduct", "family", "format", "kvCacheDtype", "dtype", "tensorParallelSize",
-                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs"}
+                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs", "servedAsIs"}
 
 
 def run(capsys, *argv):

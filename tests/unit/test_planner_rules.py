@@ -111,10 +111,14 @@ def test_auto_steps_down_from_fp8_to_4_bit_when_fp8_does_not_fit():
     assert any("fp8-dynamic does not fit" in w and "stepped down to w4a16-awq" in w for w in v.warnings)
 
 
-def test_hopper_steps_down_to_w4afp8_when_awq_is_not_allowed():
+def test_hopper_never_steps_down_to_w4afp8_whose_artifacts_vllm_cannot_load():
+    # llm-compressor 0.14 writes w4afp8 int-quantized; vLLM 0.33 loads only pack-quantized
+    # (scripts/vllm-check.sh): the planner neither picks it nor accepts it.
     h100x1 = ("NVIDIA-H100-80GB-HBM3", 1)
-    v = variant("llama-3.1-70b", h100x1, allowed_formats=(F.FP8_DYNAMIC, F.W4AFP8))
-    assert v.format is F.W4AFP8 and v.tensorParallelSize == 1
+    r = rejected("llama-3.1-70b", h100x1, allowed_formats=(F.FP8_DYNAMIC, F.W4AFP8))
+    assert "tried fp8-dynamic)" in r.reason
+    r = rejected("llama-3.2-1b", h100x1, format=F.W4AFP8)
+    assert "do not load in vLLM 0.33" in r.reason and "pack-quantized" in r.reason
 
 
 def test_format_preferred_over_fewer_gpus():
@@ -132,9 +136,8 @@ def test_format_preferred_over_fewer_gpus():
         (F.FP8_DYNAMIC, T4, "refuse", "needs compute capability 8.0 or newer (native from 8.9); this GPU is 7.5"),
         (F.NVFP4, H100, "warn", "FP4 Marlin fallback"),
         (F.NVFP4, T4, "refuse", "needs compute capability 8.0"),
-        (F.W4AFP8, L40S, "refuse", "9.0 exactly"),
-        (F.W4AFP8, B200, "refuse", "only on compute capability 9.0 exactly"),
-        (F.W4AFP8, H100, "ok", ""),
+        (F.W4AFP8, L40S, "refuse", "do not load in vLLM 0.33"),
+        (F.W4AFP8, H100, "refuse", "do not load in vLLM 0.33"),
         (F.FP8_BLOCK, L4, "refuse", "needs compute capability 9.0"),
         (F.W4A16_GPTQ, T4, "warn", "Marlin kernel below CC 8.0"),
         (F.W8A8_INT8, T4, "ok", ""),
@@ -228,10 +231,16 @@ def test_weights_scale_with_bits():
     assert fp8 == pytest.approx(s.linear_params + (s.embed_params + s.lm_head_params + s.other_params) * 2)
 
 
-def test_unknown_ignore_entries_are_warned_about():
+def test_ignore_entries_that_match_nothing_are_warned_about_and_real_ones_sized():
+    # A dense Llama has no router: the pattern keeps nothing, and is named. A real layer name is
+    # sized at 16 bits instead of being guessed.
     v = variant("llama-3.1-8b", H100, ignore=("lm_head", "re:.*mlp.gate$", "model.layers.0.self_attn.q_proj"))
     joined = " ".join(v.warnings)
-    assert "model.layers.0.self_attn.q_proj" in joined and "mlp.gate" not in joined
+    assert "'re:.*mlp.gate$' matches no layer" in joined and "q_proj" not in joined
+    s = shape("llama-3.1-8b")
+    base = estimate_weights(s, F.FP8_DYNAMIC, ["lm_head"]).total_bytes
+    more = estimate_weights(s, F.FP8_DYNAMIC, ["lm_head", "model.layers.0.self_attn.q_proj"]).total_bytes
+    assert more - base == pytest.approx(4096 * 4096 * (2 - 1))
 
 
 def test_runtime_reserve_is_documented_figure():

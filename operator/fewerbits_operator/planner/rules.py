@@ -8,6 +8,7 @@ docs/architecture.md; the assumptions the planner adds are named as module const
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -18,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fewerbits_api.formats import FORMAT_FACTS, QUANTIZED_FORMATS, KVCacheSetting, QuantFormat, cc_verdict
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, ServingTarget
 
+from fewerbits_api.architectures import effective_ignore, matches, quantize_blocker
+
 from .catalog import CC, GPUPool, family_from_cc
-from .shape import ModelShape
+from .shape import LinearGroup, ModelShape
 from .vllm_args import plan_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,20 +75,6 @@ FAMILY_FORMATS: dict[str, tuple[QuantFormat, ...]] = {
     "turing": (QuantFormat.W8A8_INT8, QuantFormat.W4A16_GPTQ, QuantFormat.W4A16_AWQ),
     "volta": (),
 }
-
-# Layers that the planner already counts at 16 bits (so ignoring them changes nothing).
-_ALWAYS_16BIT_NAMES = (
-    "model.layers.0.mlp.gate",  # MoE routers
-    "model.layers.0.block_sparse_moe.gate",
-    "model.layers.0.mlp.shared_expert_gate",
-    "model.embed_tokens",
-    "vision_tower.vision_model.encoder.layers.0.mlp.fc1",
-    "model.vision_tower.encoder.layers.0.self_attn.q_proj",
-    "multi_modal_projector.linear_1",
-    "model.multi_modal_projector.mm_input_projection",
-    "visual.blocks.0.attn.qkv",
-)
-
 
 class PlanRequest(BaseModel):
     """What the planner is asked: the effective spec's quantization and serving settings plus the
@@ -188,25 +177,72 @@ def _lm_head_ignored(ignore: Iterable[str]) -> bool:
     return False
 
 
-def _unsized_ignores(ignore: Iterable[str]) -> list[str]:
-    """Ignore entries the planner cannot size: not the LM head, and not layers it already
-    counts at 16 bits (routers, embeddings, vision encoder)."""
-    unknown = []
-    for entry in ignore:
-        if _lm_head_ignored([entry]):
-            continue
-        if entry.startswith("re:"):
-            try:
-                pattern = re.compile(entry[3:])
-            except re.error:
-                unknown.append(entry)
-                continue
-            if any(pattern.search(n) for n in _ALWAYS_16BIT_NAMES):
-                continue
-        elif any(n.endswith(entry) or entry in n.split(".") for n in _ALWAYS_16BIT_NAMES):
-            continue
-        unknown.append(entry)
-    return unknown
+def effective_ignore_entries(shape: ModelShape, ignore: Iterable[str]) -> tuple[str, ...]:
+    """The ignore list the recipe gets for this model: the user's plus the architecture's
+    (fewerbits_api.architectures), the same function the Job's recipe uses."""
+    return _effective(tuple(shape.arch_config.items()), tuple(ignore)).entries
+
+
+@functools.lru_cache(maxsize=256)
+def _effective(arch: tuple, ignore: tuple[str, ...]):
+    return effective_ignore(dict(arch), ignore)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_params(groups: tuple[LinearGroup, ...], entries: tuple[str, ...]) -> tuple[int, int]:
+    """(parameters, active parameters) of the Linear groups an ignore list keeps at 16 bits."""
+    kept = kept_active = 0
+    for g in groups:
+        if any(matches(e, g.name) for e in entries):
+            kept += g.params
+            kept_active += g.active_params
+    return kept, kept_active
+
+
+@functools.lru_cache(maxsize=64)
+def _candidate_names(groups: tuple[LinearGroup, ...], num_experts: int) -> tuple[str, ...]:
+    """Module names an ignore entry may sensibly name: every Linear group, every routed expert,
+    routers, the LM head and the embedding."""
+    names = [g.name for g in groups]
+    for g in groups:
+        if ".experts.0." in g.name:
+            names += [g.name.replace(".experts.0.", f".experts.{e}.") for e in range(1, num_experts)]
+    if num_experts:
+        layer_prefixes = {g.name.split(".self_attn.")[0] for g in groups if ".self_attn." in g.name}
+        for lp in sorted(layer_prefixes):
+            names += [f"{lp}.mlp.gate", f"{lp}.block_sparse_moe.gate", f"{lp}.mlp.shared_expert_gate"]
+    return tuple(names + ["lm_head", "model.embed_tokens", "model.language_model.embed_tokens"])
+
+
+@dataclass(frozen=True)
+class IgnoreFindings:
+    unmatched: tuple[str, ...]
+    """User entries that match no layer of the model."""
+    nothing_quantized: bool
+    """The effective list keeps every Linear of the language model at 16 bits (or is ``*``)."""
+
+
+def ignore_findings(shape: ModelShape, ignore: Iterable[str]) -> IgnoreFindings:
+    """What the user's ignore list does to this model: entries that match nothing, and whether
+    nothing would be left to quantize."""
+    return _ignore_findings(shape.linear_groups, shape.num_experts, bool(shape.vision_params),
+                            tuple(shape.arch_config.items()), tuple(ignore))
+
+
+@functools.lru_cache(maxsize=256)
+def _ignore_findings(groups: tuple[LinearGroup, ...], num_experts: int, has_vision: bool, arch: tuple,
+                     user: tuple[str, ...]) -> IgnoreFindings:
+    # The vision encoder's group is the one with no active parameters (the text model's all have some).
+    text_groups = tuple(g for g in groups if g.active_params or not has_vision)
+    entries = _effective(arch, user).entries
+    if "*" in user:
+        return IgnoreFindings((), True)
+    if not groups:
+        return IgnoreFindings((), False)
+    names = _candidate_names(groups, num_experts)
+    unmatched = tuple(e for e in user if not any(matches(e, n) for n in names))
+    kept, _ = _kept_params(text_groups, entries)
+    return IgnoreFindings(unmatched, kept >= sum(g.params for g in text_groups))
 
 
 @dataclass(frozen=True)
@@ -218,24 +254,55 @@ class WeightEstimate:
 
 
 def estimate_weights(shape: ModelShape, fmt: QuantFormat, ignore: Iterable[str]) -> WeightEstimate:
-    """Memory fit: weights ≈ params × bits/8 (+ scales: ~3% for group-128 int4), with
-    ignored layers (lm_head), embeddings, norms, routers and any vision encoder at 16 bits."""
+    """Memory fit (docs/architecture.md): weights ≈ params × bits/8 (+ scales: ~3% for group-128
+    int4), with embeddings, norms and routers at 16 bits, and every Linear the effective ignore
+    list (the user's plus the architecture's, the list the recipe gets) names at 16 bits too."""
     facts = FORMAT_FACTS[fmt]
     q = facts.weight_bits / 8 * (1 + facts.scale_overhead)
     half = 2.0
-    lm_head_bytes_per_param = half if _lm_head_ignored(ignore) else q
+    entries = effective_ignore_entries(shape, ignore) if fmt is not QuantFormat.NONE else ()
+    lm_head_bytes_per_param = half if _lm_head_ignored(entries) else q
     lm_head = shape.lm_head_params * lm_head_bytes_per_param
-    sixteen_bit = (shape.embed_params + shape.other_params + shape.vision_params) * half
-    total = shape.linear_params * q + lm_head + sixteen_bit
+    if shape.linear_groups:
+        group_total = sum(g.params for g in shape.linear_groups)
+        group_active = sum(g.active_params for g in shape.linear_groups)
+        kept, kept_active = _kept_params(shape.linear_groups, entries)
+        linear = (group_total - kept) * q + kept * half
+        linear_read = (group_active - kept_active) * q + kept_active * half
+        vision = 0.0 if group_total > shape.linear_params else shape.vision_params * half
+    else:  # a shape built by hand, without its layer inventory
+        linear, linear_read, vision = shape.linear_params * q, shape.linear_active_params * q, shape.vision_params * half
+    sixteen_bit = (shape.embed_params + shape.other_params) * half + vision
+    total = linear + lm_head + sixteen_bit
     # Decoding reads the LM head whole (the embedding matrix, at 16 bits, when tied).
     head_read = lm_head if shape.lm_head_params else shape.embed_params * half
-    read = shape.linear_active_params * q + head_read + shape.other_params * half
+    read = linear_read + head_read + shape.other_params * half
     return WeightEstimate(total, read)
 
 
 def runtime_reserve_bytes(memory_bytes: float, tensor_parallel: int) -> float:
     """What each GPU keeps outside weights and KV (see the RESERVE_* constants)."""
     return (RESERVE_FIXED_GIB + (RESERVE_TP_GIB if tensor_parallel > 1 else 0.0)) * GIB + RESERVE_FRACTION * memory_bytes
+
+
+def in_flight_tokens(pool: GPUPool) -> int:
+    """vLLM 0.33's VllmConfig.max_in_flight_tokens for `vllm serve` on this GPU: two concurrent
+    batches (async scheduling, on by default) of the default max_num_batched_tokens, which
+    vllm/engine/arg_utils.py picks by GPU memory: 16384 from 160 GiB, 8192 from 70 GiB (not A100),
+    2048 otherwise. Sliding-window layers keep this many tokens beyond their window."""
+    mem = pool.memory_mib * 1024**2
+    if mem >= 160 * GIB:
+        batched = 16384
+    elif mem >= 70 * GIB and "a100" not in pool.product.lower():
+        batched = 8192
+    else:
+        batched = 2048
+    return 2 * batched
+
+
+def _tokens_held(free: float, length: int, seq_bytes: float) -> int:
+    """Tokens the KV cache holds in sequences of ``length`` (all of them when no layer slides)."""
+    return int(free / (seq_bytes / length)) if seq_bytes > 0 else 0
 
 
 def _kv_bytes(kv_dtype: str) -> float:
@@ -320,7 +387,6 @@ def fit_format(
     conc = request.min_concurrent_sequences
     limit = shape.max_model_len
     need_len = target_len if target_len is not None else min(limit, DEFAULT_MIN_MODEL_LEN)
-    need_tokens = conc * need_len
     candidates = tp_candidates(pool, request.max_gpus_per_replica)
     blockers: list[str] = []
     shortfall: _KVShortfall | None = None
@@ -333,19 +399,30 @@ def fit_format(
         free = usable - weights.total_bytes / tp
         if free <= 0:
             continue
-        per_token = shape.kv_bytes_per_token_per_gpu(tp, _kv_bytes(kv_dtype))
-        kv_tokens = int(free // per_token)
-        if kv_tokens < need_tokens:
-            shortfall = _KVShortfall(tp, kv_tokens, weights.total_bytes / tp, usable)
+        kvb, in_flight = _kv_bytes(kv_dtype), in_flight_tokens(pool)
+
+        def seq_bytes(length: int, tp: int = tp) -> float:
+            return shape.kv_bytes_per_sequence_per_gpu(tp, kvb, length, in_flight)
+
+        if conc * seq_bytes(need_len) > free:
+            shortfall = _KVShortfall(tp, _tokens_held(free, need_len, seq_bytes(need_len)),
+                                     weights.total_bytes / tp, usable)
             continue
         if target_len is not None:
-            return Fit(fmt, tp, weights, kv_tokens, target_len)
-        length = min(limit, kv_tokens // conc)
-        lowered = None
+            return Fit(fmt, tp, weights, _tokens_held(free, target_len, seq_bytes(target_len)), target_len)
+        # The longest length at which `conc` sequences fit (sequence bytes grow with length).
+        lo, hi = need_len, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if conc * seq_bytes(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        length, lowered = lo, None
         if length < limit:
             length = max(need_len, length // MODEL_LEN_STEP * MODEL_LEN_STEP)
             lowered = limit
-        return Fit(fmt, tp, weights, kv_tokens, length, lowered_len_from=lowered)
+        return Fit(fmt, tp, weights, _tokens_held(free, length, seq_bytes(length)), length, lowered_len_from=lowered)
     reason = _no_fit_reason(shape, pool, fmt, weights, need_len, candidates, blockers, shortfall, request, kv_dtype)
     if shortfall is not None:
         summary = (
@@ -436,6 +513,16 @@ def kv_cache_dtype(setting: KVCacheSetting, cc: CC) -> tuple[str, str | None]:
     return "auto", None
 
 
+FORMAT_BLOCKERS: dict[QuantFormat, str] = {
+    QuantFormat.W4AFP8: (
+        "w4afp8 artifacts do not load in vLLM 0.33: llm-compressor 0.14 saves them int-quantized (int4 values "
+        "in int8 'weight' tensors) while vLLM's W4A8-FP8 scheme loads only pack-quantized 'weight_packed' "
+        "(found by scripts/vllm-check.sh); use w4a16-awq or fp8-dynamic"),
+}
+"""Formats the planner never picks, and refuses when asked for, because the Job's artifact would
+not load in the vLLM the pools run (found by loading the Job's artifacts with vLLM's own loader)."""
+
+
 def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat], list[str]]:
     """The formats `auto` tries on a pool, in order, and notes about the policy override."""
     family = pool.family if pool.family in FAMILY_FORMATS else family_from_cc(pool.cc)
@@ -452,7 +539,7 @@ def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat],
             notes.append(f"policy formatByGPUFamily.{family} = {override.value} cannot run here ({why}); ignored")
         else:
             chain = [override] + [f for f in chain if f is not override]
-    return [f for f in chain if request.allows(f)], notes
+    return [f for f in chain if request.allows(f) and f not in FORMAT_BLOCKERS], notes
 
 
 def _variant(
@@ -470,7 +557,7 @@ def _variant(
     # TYPICAL_CONTEXT_TOKENS context. No efficiency factor and no all-reduce time: an upper bound
     # (real servers reach roughly 60-80% of it).
     context = min(fit.max_model_len, TYPICAL_CONTEXT_TOKENS)
-    kv_read = shape.kv_bytes_per_token_per_gpu(fit.tp, _kv_bytes(kv_dtype)) * context
+    kv_read = shape.kv_bytes_per_sequence_per_gpu(fit.tp, _kv_bytes(kv_dtype), context)
     per_gpu_bytes = fit.weights.read_per_token_bytes / fit.tp + kv_read
     decode = pool.bandwidth_gbps * 1e9 / per_gpu_bytes
     variant = PlanVariant(
@@ -516,18 +603,34 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         warnings.append(f"maxModelLen {_tokens(target_len)} is above the model's limit; clamped to {_tokens(limit)}")
         target_len = limit
 
-    unsized = _unsized_ignores(request.ignore)
-    if unsized and request.format is not QuantFormat.NONE:
-        warnings.append(
-            "ignore entries " + ", ".join(unsized) + " cannot be sized by the planner; counted as quantized, "
-            "so the weight estimate may be low"
-        )
+    if request.format is not QuantFormat.NONE:
+        findings = ignore_findings(shape, request.ignore)
+        if findings.nothing_quantized and shape.source_quantization is None:
+            return RejectedPool(pool=pool.name, reason=(
+                "spec.quantization.ignore matches every Linear layer of the model: nothing would be quantized; "
+                "name fewer layers, or set format none to serve the model at 16 bits"))
+        for entry in findings.unmatched:
+            warnings.append(f"spec.quantization.ignore entry {entry!r} matches no layer of this model "
+                            f"({shape.model_type}); it keeps nothing at 16 bits")
+        warnings.extend(_effective(tuple(shape.arch_config.items()), tuple(request.ignore)).warnings)
+
+    if shape.source_quantization is not None:
+        return _plan_as_is(shape, pool, request, dtype, kv_dtype, target_len, warnings)
+    if request.format not in (QuantFormat.AUTO, QuantFormat.NONE):
+        blocker = quantize_blocker(shape.model_type, request.format.value)
+        if blocker:
+            return RejectedPool(pool=pool.name, reason=f"format {request.format.value}: {blocker}")
+    elif request.format is QuantFormat.AUTO and quantize_blocker(shape.model_type):
+        warnings.append(f"served at 16 bits (format none): {quantize_blocker(shape.model_type)}")
+        request = request.model_copy(update={"format": QuantFormat.NONE})
 
     if request.format is not QuantFormat.AUTO:
         fmt = request.format
         if not request.allows(fmt):
             allowed = ", ".join(f.value for f in request.allowed_formats or ())
             return RejectedPool(pool=pool.name, reason=f"format {fmt.value} is not allowed by the policy (allowedFormats: {allowed})")
+        if fmt in FORMAT_BLOCKERS:
+            return RejectedPool(pool=pool.name, reason=FORMAT_BLOCKERS[fmt])
         support, why = kernel_support(fmt, pool.cc)
         if support == "refused":
             return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
@@ -549,6 +652,7 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
 
     chain, notes = _auto_chain(pool, request)
     warnings += notes
+    chain = [f for f in chain if f is QuantFormat.NONE or not quantize_blocker(shape.model_type, f.value)]
     if not chain:
         allowed = ", ".join(f.value for f in request.allowed_formats or ())
         return RejectedPool(pool=pool.name, reason=f"none of the policy's allowedFormats ({allowed}) runs on {pool.product} (compute capability {_cc(pool.cc)})")
@@ -575,6 +679,48 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         pool=pool.name,
         reason=f"does not fit at any allowed format (tried {names}); {smallest.reason}",
     )
+
+
+def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: str, kv_dtype: str,
+                target_len: int | None, warnings: list[str]) -> PlanVariant | RejectedPool:
+    """A source that is already quantized is served as it is, or not at all on this pool.
+
+    fewerbits quantizes from 16-bit weights only: quantizing an FP8 or int4 checkpoint again
+    would need a dequantization step that compounds both errors, so the source's own format is
+    the only one a pool can get. Where the pool runs that format (and it fits) the variant is
+    marked ``servedAsIs``: no quantization Job, the artifact is the source pinned by its revision.
+    Elsewhere the pool is refused with what to do (a 16-bit source, or another pool).
+    """
+    sq = shape.source_quantization
+    assert sq is not None
+    already = f"the source is already quantized ({sq.detail})"
+    if sq.format is None:
+        return RejectedPool(pool=pool.name, reason=(
+            f"{already}, which is none of the formats fewerbits serves or quantizes from "
+            f"(quantization_config.quant_method {sq.method!r}); point spec.source at the model's 16-bit original"))
+    fmt = sq.format
+    if request.format not in (QuantFormat.AUTO, fmt):
+        return RejectedPool(pool=pool.name, reason=(
+            f"{already}, i.e. {fmt.value}; format {request.format.value} would need its 16-bit original: "
+            f"set spec.quantization.format to auto or {fmt.value}, or point spec.source at the 16-bit original"))
+    if not request.allows(fmt):
+        allowed = ", ".join(f.value for f in request.allowed_formats or ())
+        return RejectedPool(pool=pool.name, reason=(
+            f"{already}, i.e. {fmt.value}, which the policy does not allow (allowedFormats: {allowed}); "
+            "point spec.source at the 16-bit original"))
+    support, why = kernel_support(fmt, pool.cc)
+    if support == "refused":
+        return RejectedPool(pool=pool.name, reason=(
+            f"{already}, i.e. {fmt.value}, and is served as it is; {why}; serve it on a pool that runs {fmt.value}, "
+            "or point spec.source at the 16-bit original so fewerbits can quantize for this GPU"))
+    if support == "fallback":
+        warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
+    fit = fit_format(shape, pool, fmt, kv_dtype, target_len, request)
+    if fit.tp is None:
+        return RejectedPool(pool=pool.name, reason=f"{already}, i.e. {fmt.value}, served as it is: {fit.reason}")
+    warnings.append(f"{already}: served as {fmt.value} as it is, no quantization Job")
+    variant = _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+    return variant.model_copy(update={"servedAsIs": True})
 
 
 def _finish(

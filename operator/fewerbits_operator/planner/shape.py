@@ -26,6 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from fewerbits_api.formats import QuantFormat
+
+
+KV_BLOCK_TOKENS = 16
+"""vLLM's default KV-cache block size on CUDA (tokens per block)."""
+
 
 class ModelConfigError(ValueError):
     """A config.json the planner cannot read; the message names the file or field."""
@@ -85,6 +91,29 @@ gemma2/3 reject float16)."""
 
 
 @dataclass(frozen=True)
+class LinearGroup:
+    """Linear layers the recipe treats alike, named by one representative module (as transformers
+    names it, which is what llm-compressor's ``ignore`` matches): one group per projection per
+    decoder layer; the routed experts of a layer are one group named by expert 0."""
+
+    name: str
+    params: int
+    active_params: int
+
+
+@dataclass(frozen=True)
+class SourceQuantization:
+    """The ``quantization_config`` a source checkpoint already carries."""
+
+    method: str
+    """``quant_method`` as written (``fp8``, ``compressed-tensors``, ``awq``, ``gptq``...)."""
+    format: "QuantFormat | None"
+    """The fewerbits format the checkpoint already is, or None when it is none of them."""
+    detail: str
+    """What was read, for messages (``quant_method fp8, weight_block_size [128, 128]``)."""
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """A decoder-only model's size and attention geometry (see the module docstring)."""
 
@@ -123,6 +152,23 @@ class ModelShape:
     mla: bool = False
     rope_scaling: Mapping[str, Any] | None = None
     notes: tuple[str, ...] = ()
+    sliding_window: int = 0
+    """Tokens a sliding-window attention layer attends to (0: none)."""
+    sliding_layers: int = 0
+    """Decoder layers with sliding-window attention (the rest attend to the full context)."""
+    linear_groups: tuple[LinearGroup, ...] = ()
+    """The Linear layers of ``linear_params`` (plus the vision encoder's, as one group per kind),
+    for sizing what an ignore list keeps at 16 bits."""
+    num_nextn_predict_layers: int = 0
+    """DeepSeek-V3's multi-token-prediction layers (not served; kept 16-bit by the recipe)."""
+    source_quantization: SourceQuantization | None = None
+    """Set when config.json carries a ``quantization_config``: the source is already quantized."""
+
+    @property
+    def arch_config(self) -> dict[str, Any]:
+        """The config.json keys the architecture table reads (fewerbits_api.architectures)."""
+        return {"model_type": self.model_type, "num_hidden_layers": self.num_layers,
+                "num_nextn_predict_layers": self.num_nextn_predict_layers}
 
     @property
     def total_params(self) -> int:
@@ -152,6 +198,22 @@ class ModelShape:
         """
         heads_per_gpu = 1 if self.mla else math.ceil(self.num_kv_heads / tensor_parallel)
         return self.kv_tensors * self.num_layers * heads_per_gpu * self.kv_head_dim * kv_bytes
+
+    def kv_bytes_per_sequence_per_gpu(self, tensor_parallel: int, kv_bytes: float, length: int,
+                                      in_flight_tokens: int = 0) -> float:
+        """KV-cache bytes one sequence of ``length`` tokens takes on each GPU, the way vLLM 0.33's
+        hybrid KV-cache manager allocates it: a full-attention layer holds every token; a
+        sliding-window layer holds ``min(window - 1 + in_flight_tokens, length)`` tokens plus one
+        block (vllm/v1/kv_cache_interface.py, SlidingWindowSpec.max_admission_blocks_per_request;
+        ``in_flight_tokens`` is VllmConfig.max_in_flight_tokens). Block rounding of the
+        full layers and the padding of KV-cache groups are left out."""
+        per_layer_token = self.kv_bytes_per_token_per_gpu(tensor_parallel, kv_bytes) / self.num_layers
+        full = self.num_layers - self.sliding_layers
+        tokens = full * length
+        if self.sliding_layers:
+            held = min(self.sliding_window - 1 + in_flight_tokens, length) + KV_BLOCK_TOKENS
+            tokens += self.sliding_layers * min(held, length + KV_BLOCK_TOKENS)
+        return per_layer_token * tokens
 
     def kv_bytes_per_token(self, kv_bytes: float) -> float:
         """KV-cache bytes one token takes in the whole replica (TP 1)."""
@@ -293,6 +355,104 @@ def _vision_params(cfg: Mapping[str, Any], text_hidden: int, where: str = "confi
     projector = h * text_hidden
     return layers * per_layer + embeddings + projector
 
+# Vision-language models whose config.json is flat (text fields at the top, a vision_config beside
+# them); transformers still nests the language model under model.language_model.
+_VL_FLAT_TYPES = {"qwen2_vl", "qwen2_5_vl"}
+# One representative Linear of each vision encoder, as transformers names it.
+_VISION_NAMES = {
+    "qwen2_vl": "model.visual.blocks.0.attn.qkv",
+    "qwen2_5_vl": "model.visual.blocks.0.attn.qkv",
+    "llava": "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+    "llava_next": "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+    "gemma3": "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj",
+    "mistral3": "model.vision_tower.transformer.layers.0.attention.q_proj",
+}
+
+
+def _sliding(cfg: Mapping[str, Any], text_type: str, layers: int, where: str) -> tuple[int, int]:
+    """(window, number of sliding-window layers), as vLLM 0.33 builds the attention layers.
+
+    vLLM reads transformers' ``layer_types`` when the config has it (Gemma-2/3, newer Qwen and
+    Mistral configs; transformers fills it in for Gemma-2: every other layer from layer 0, and
+    Gemma-3: all but every ``sliding_window_pattern``-th, default 6). Without ``layer_types`` a
+    ``sliding_window`` applies to every layer (vLLM's cache_config.sliding_window: Mistral v0.1).
+    Qwen2/3 configs carry a ``sliding_window`` that is off unless ``use_sliding_window`` is true.
+    """
+    raw = cfg.get("sliding_window")
+    if raw is None or raw is False:
+        return 0, 0
+    window = _as_int(raw, "sliding_window", where)
+    if window <= 0:
+        return 0, 0  # vLLM: 0 means no sliding window
+    types = cfg.get("layer_types")
+    if isinstance(types, (list, tuple)) and types:
+        n = sum(1 for t in list(types)[:layers] if t == "sliding_attention")
+    elif text_type == "gemma2":
+        n = (layers + 1) // 2
+    elif text_type in ("gemma3_text", "gemma3"):
+        pattern = _opt_int(cfg, "sliding_window_pattern", 6, where=where) or 6
+        n = sum(1 for i in range(layers) if (i + 1) % pattern)
+    elif text_type.startswith("qwen") and not cfg.get("use_sliding_window"):
+        n = 0
+    else:
+        n = layers
+    return (window, n) if n else (0, 0)
+
+
+# quant_method values vLLM knows that are none of fewerbits' formats: refused with their name and
+# what to do, like an unknown method.
+def source_quantization(config: Mapping[str, Any], where: str = "config.json") -> SourceQuantization | None:
+    """What the source's ``quantization_config`` says it already is (None: not quantized)."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        text = config.get("text_config")
+        qc = text.get("quantization_config") if isinstance(text, Mapping) else None
+    if qc is None:
+        return None
+    if not isinstance(qc, Mapping):
+        raise ModelConfigError(f"{where}: 'quantization_config' must be an object, got {type(qc).__name__}")
+    method = str(qc.get("quant_method") or "(none)")[:64]
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        if block:
+            return SourceQuantization(method, QuantFormat.FP8_BLOCK,
+                                      f"quant_method fp8, weight_block_size {list(block)[:4]}")
+        return SourceQuantization(method, QuantFormat.FP8_DYNAMIC,
+                                  f"quant_method fp8, activation_scheme {qc.get('activation_scheme', 'dynamic')}")
+    if method == "compressed-tensors":
+        fmt, detail = _compressed_tensors_format(qc)
+        return SourceQuantization(method, fmt, detail)
+    if method in ("awq", "gptq") and qc.get("bits") == 4:
+        fmt = QuantFormat.W4A16_AWQ if method == "awq" else QuantFormat.W4A16_GPTQ
+        return SourceQuantization(method, fmt, f"quant_method {method}, bits 4, group_size {qc.get('group_size')}")
+    return SourceQuantization(method, None, f"quant_method {method}")
+
+
+def _compressed_tensors_format(qc: Mapping[str, Any]) -> tuple[QuantFormat | None, str]:
+    groups = qc.get("config_groups")
+    fmt_name = str(qc.get("format") or "")
+    if not isinstance(groups, Mapping) or len(groups) != 1:
+        return None, f"quant_method compressed-tensors, format {fmt_name or '?'}, {len(groups or {})} config groups"
+    (group,) = groups.values()
+    w = group.get("weights") or {} if isinstance(group, Mapping) else {}
+    a = group.get("input_activations") if isinstance(group, Mapping) else None
+    wb, wt, ws = w.get("num_bits"), w.get("type"), w.get("strategy")
+    detail = (f"quant_method compressed-tensors, format {fmt_name}, weights {wt} {wb}-bit {ws}"
+              + (f", activations {a.get('type')} {a.get('num_bits')}-bit" if isinstance(a, Mapping) else ""))
+    a_bits = a.get("num_bits") if isinstance(a, Mapping) else None
+    a_type = a.get("type") if isinstance(a, Mapping) else None
+    if wt == "float" and wb == 8 and a_type == "float" and a_bits == 8:
+        return (QuantFormat.FP8_BLOCK if ws == "block" else QuantFormat.FP8_DYNAMIC), detail
+    if wt == "float" and wb == 4:
+        return (QuantFormat.NVFP4 if a_bits == 4 else QuantFormat.NVFP4A16), detail
+    if wt == "int" and wb == 4 and a is None:
+        return (QuantFormat.W4A16_GPTQ if w.get("symmetric", True) else QuantFormat.W4A16_AWQ), detail
+    if wt == "int" and wb == 4 and a_type == "float" and a_bits == 8:
+        return QuantFormat.W4AFP8, detail
+    if wt == "int" and wb == 8 and a_type == "int" and a_bits == 8:
+        return QuantFormat.W8A8_INT8, detail
+    return None, detail
+
 
 def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> ModelShape:
     """The shape of a model from its parsed ``config.json``.
@@ -361,13 +521,16 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         rope_dim = _opt_int(cfg, "qk_rope_head_dim", 64, where=where)
         v_dim = _opt_int(cfg, "v_head_dim", 128, where=where)
         q_head = nope + rope_dim
-        q_params = (hidden * q_lora + q_lora * heads * q_head) if q_lora else hidden * heads * q_head
-        attn = q_params + hidden * (kv_lora + rope_dim) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+        q_projs = ([("q_a_proj", hidden * q_lora), ("q_b_proj", q_lora * heads * q_head)] if q_lora
+                   else [("q_proj", hidden * heads * q_head)])
+        attn_projs = q_projs + [("kv_a_proj_with_mqa", hidden * (kv_lora + rope_dim)),
+                                ("kv_b_proj", kv_lora * heads * (nope + v_dim)), ("o_proj", heads * v_dim * hidden)]
         other_per_layer += kv_lora + (q_lora or 0)
         kv_cache_heads, kv_head_dim, kv_tensors = 1, kv_lora + rope_dim, 1
         head_dim = q_head
     else:
-        attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+        attn_projs = [("q_proj", hidden * heads * head_dim), ("k_proj", hidden * kv_heads * head_dim),
+                      ("v_proj", hidden * kv_heads * head_dim), ("o_proj", hidden * heads * head_dim)]
         if text_type in _QKV_BIAS_TYPES or cfg.get("attention_bias"):
             other_per_layer += (heads + 2 * kv_heads) * head_dim
         if text_type in _QK_NORM_TYPES:
@@ -394,33 +557,45 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     if not experts and not intermediate:
         raise ModelConfigError(f"{where}: missing 'intermediate_size', which the planner needs to size the MLP")
 
-    linear = linear_active = other = 0
+    # Module names as transformers names them (what llm-compressor's ignore matches).
+    prefix = "model.language_model.layers" if text is not None or model_type in _VL_FLAT_TYPES else "model.layers"
+    shared_name = "shared_experts" if text_type.startswith("deepseek") else "shared_expert"
+    groups: list[LinearGroup] = []
+    other = 0
     for layer in range(layers):
         if text_type.startswith("deepseek"):
             is_moe = experts > 0 and layer >= first_dense and layer % moe_freq == 0
         else:
             is_moe = experts > 0 and layer not in mlp_only and (layer + 1) % sparse_step == 0
-        linear += attn
-        linear_active += attn
+        at = f"{prefix}.{layer}"
+        groups += [LinearGroup(f"{at}.self_attn.{proj}", n, n) for proj, n in attn_projs]
         other += other_per_layer
         if is_moe:
-            expert = 3 * hidden * moe_inter  # gate, up and down projections
-            shared = 3 * hidden * shared_inter
-            linear += experts * expert + shared
-            linear_active += top_k * expert + shared
+            per_proj = hidden * moe_inter  # each of gate, up and down projections of one expert
+            groups += [LinearGroup(f"{at}.mlp.experts.0.{proj}", experts * per_proj, top_k * per_proj)
+                       for proj in ("gate_proj", "up_proj", "down_proj")]
+            if shared_inter:
+                groups += [LinearGroup(f"{at}.mlp.{shared_name}.{proj}", hidden * shared_inter, hidden * shared_inter)
+                           for proj in ("gate_proj", "up_proj", "down_proj")]
             other += hidden * experts  # the router
             if shared_inter and text_type.startswith("qwen"):
                 other += hidden  # Qwen's shared-expert gate
         else:
-            linear += 3 * hidden * intermediate
-            linear_active += 3 * hidden * intermediate
+            groups += [LinearGroup(f"{at}.mlp.{proj}", hidden * intermediate, hidden * intermediate)
+                       for proj in ("gate_proj", "up_proj", "down_proj")]
+    linear = sum(g.params for g in groups)
+    linear_active = sum(g.active_params for g in groups)
     other += hidden  # final norm
 
     embed = vocab * hidden
     lm_head = 0 if tie else vocab * hidden
-    vision = _vision_params(config, hidden, where) if text is not None else 0
+    vision = _vision_params(config, hidden, where) if (text is not None or model_type in _VL_FLAT_TYPES) else 0
+    vision_group = ()
     if vision:
-        notes.append(f"vision encoder (~{vision / 1e9:.2f}B parameters, estimated) kept at 16 bits")
+        vision_group = (LinearGroup(_VISION_NAMES.get(model_type, "model.vision_tower.encoder.layers.0.mlp.fc1"),
+                                    vision, 0),)
+    sliding_window, sliding_layers = _sliding(cfg, text_type, layers, where)
+    nextn = _opt_int(cfg, "num_nextn_predict_layers", where=where) if text_type == "deepseek_v3" else 0
 
     return ModelShape(
         model_type=model_type or text_type,
@@ -451,6 +626,11 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         mla=mla,
         rope_scaling=dict(rope) if rope else None,
         notes=tuple(notes),
+        sliding_window=sliding_window,
+        sliding_layers=sliding_layers,
+        linear_groups=tuple(groups) + vision_group,
+        num_nextn_predict_layers=min(nextn, 64),
+        source_quantization=source_quantization(config, where),
     )
 
 

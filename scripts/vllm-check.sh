@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# vLLM's own loader as the judge: build the zoo of tiny real architectures (cached), quantize each
+# in every format the planner could choose for it with the Job's own code (cached), load every
+# artifact into vLLM 0.33.0's model classes with vLLM's weight loader on this CPU, and print the
+# architecture × format table (loads / refused by the planner / fails with vLLM's error).
+#
+#   scripts/vllm-check.sh [--json PATH] [--only llama,mixtral] [--formats fp8-dynamic,w4a16-gptq]
+#
+# Exit status 1 when any row fails. The vLLM environment is built once by
+# tools/vllm_check/setup.sh (cold ~8 min, 9.4 GB; see README "Architectures and vLLM's loader").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JSON="" ONLY="" FORMATS=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --json) JSON="$2"; shift 2 ;;
+    --only) ONLY="$2"; shift 2 ;;
+    --formats) FORMATS="$2"; shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+if [[ ! -x .venv/bin/python ]]; then
+  python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
+fi
+VENV=$(tools/vllm_check/setup.sh)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+started=$(date +%s)
+.venv/bin/python -m tools.vllm_check.zoo_quantize --out "$WORK/rows.json" --only "$ONLY" --formats "$FORMATS" \
+  > "$WORK/quantize.log" 2>&1 || { tail -40 "$WORK/quantize.log" >&2; exit 1; }
+quantized=$(date +%s)
+mapfile -t DIRS < <(.venv/bin/python -c "
+import json, sys
+rows = json.load(open(sys.argv[1]))
+print('\n'.join(dict.fromkeys(r['artifact'] + ('@' + r['capability'] if r.get('capability') else '')
+                               for r in rows if 'artifact' in r)))" "$WORK/rows.json")
+if [[ ${#DIRS[@]} -gt 0 ]]; then
+  "$VENV/bin/python" tools/vllm_check/load_check.py --json "$WORK/loads.json" "${DIRS[@]}" \
+    > "$WORK/load.log" 2>&1 || true
+fi
+loaded=$(date +%s)
+rc=0
+.venv/bin/python -m tools.vllm_check.report "$WORK/rows.json" "$WORK/loads.json" ${JSON:+--json "$JSON"} || rc=$?
+echo "quantize $(( quantized - started )) s, vLLM load check $(( loaded - quantized )) s (${#DIRS[@]} checkpoints)"
+exit $rc
