@@ -374,6 +374,11 @@ class PlanStatus(ApiModel):
     """One entry per pool the model is served on."""
     rejected: list[RejectedPool] = Field(default_factory=list)
     """Pools left out, each with its reason."""
+    ignore: list[str] | None = None
+    """The layers kept at 16 bits: `spec.quantization.ignore` plus what the model's architecture
+    requires (routers, shared-expert gates, multi-token-prediction layers, vision towers). The
+    plan sized exactly these, and the quantization recipe gets exactly these (they are part of the
+    artifact key)."""
 
 
 class QualityStatus(ApiModel):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fewerbits_api.artifact import ArtifactKeyInputs
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
-from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelSpec
+from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec
 from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
 
 # Jobs are named by key, so two models asking for the same bytes share one Job.
@@ -39,7 +39,17 @@ def job_name(key: str) -> str:
     return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}"
 
 
-def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
+def artifact_format(variant: PlanVariant) -> QuantFormat:
+    """The format of the artifact a variant serves. A source that already is the variant's format
+    (``servedAsIs``) is published unchanged, as a `none` artifact: no quantization, no
+    calibration, but the same content-addressed copy, manifest and integrity checks as any other
+    artifact, pinned by the source revision."""
+    return QuantFormat.NONE if variant.servedAsIs else variant.format
+
+
+def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | None = None) -> ArtifactKeyInputs:
+    """``ignore``: the effective list the plan sized (``PlanStatus.ignore``: the spec's plus the
+    architecture's); the spec's own list when the plan predates it."""
     facts = FORMAT_FACTS[fmt]
     calib = spec.quantization.calibration
     uses_data = facts.needs_calibration_data
@@ -55,7 +65,7 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
         format=fmt,
         # The format names the recipe; parameters beyond it (none yet from the spec) would go here.
         recipe={},
-        ignore=list(spec.quantization.ignore) if fmt is not QuantFormat.NONE else [],
+        ignore=list(spec.quantization.ignore if ignore is None else ignore) if fmt is not QuantFormat.NONE else [],
         calibrationDataset=dataset,
         calibrationDatasetHash=dataset_hash,
         calibrationSamples=calib.samples if uses_data else None,
@@ -64,7 +74,8 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat) -> ArtifactKeyInputs:
 
 
 def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus) -> list[PlannedArtifact]:
+    """One artifact per distinct artifact format of the plan's variants."""
     by_format: dict[QuantFormat, list[str]] = {}
     for v in plan.variants:
-        by_format.setdefault(v.format, []).append(v.pool)
-    return [PlannedArtifact(fmt, key_inputs(spec, fmt), tuple(pools)) for fmt, pools in by_format.items()]
+        by_format.setdefault(artifact_format(v), []).append(v.pool)
+    return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore), tuple(pools)) for fmt, pools in by_format.items()]

@@ -42,7 +42,7 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from .artifacts import PlannedArtifact, planned_artifacts
+from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
 from .effective import Effective, effective_spec, select_policy
 from .planner import PlanRequest, plan, unmatched_targets
 from .render import (
@@ -568,7 +568,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     spec = acc.spec
     assert spec is not None
     owner = Owner(obs.name, obs.namespace, obs.uid)
-    by_format = {v.planned.format: v for v in verdicts}
+    by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
     pool_by_name = {p.name: p for p in obs.pools or ()}
     existing = obs.deployments
     current: dict[str, Mapping[str, Any]] = {}
@@ -577,7 +577,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     for pv in the_plan.variants:
         dname = deployment_name(owner.name, pv.pool)
         cur = existing.get(dname)
-        art = by_format[pv.format]
+        art = by_format[artifact_format(pv)]
         if not art.deployable or pv.pool not in pool_by_name:
             # Keep what serves (an older artifact) until a new one passes its gate.
             if cur is not None:
@@ -659,9 +659,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     if conflict:
         st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
         return
-    blocked = [v for v in the_plan.variants if not by_format[v.format].deployable]
+    blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
     if blocked:
-        gate_failed = any(by_format[v.format].passed is False for v in the_plan.variants)
+        gate_failed = any(by_format[artifact_format(v)].passed is False for v in the_plan.variants)
         st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
                f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
                ("its artifact failed the quality gate" if gate_failed else "its artifact is not published yet"))

@@ -51,6 +51,9 @@ SETTINGS = OperatorSettings(_env_file=None)
 NS, NAME, UID = "team", "m", "uid-m"
 SHAPE = shape_from_config(json.loads((CONFIGS / "llama-3.2-1b.json").read_text()), where="test")
 H100 = pool_from_product("NVIDIA-H100-80GB-HBM3", 1)
+H200X8 = pool_from_product("NVIDIA-H200", 8)
+DEEPSEEK_FP8 = shape_from_config(json.loads((CONFIGS / "deepseek-v3.json").read_text()), where="test")
+MIXTRAL = shape_from_config(json.loads((CONFIGS / "mixtral-8x7b.json").read_text()), where="test")
 A100 = pool_from_product("NVIDIA-A100-SXM4-80GB", 1)
 S3_KEYS = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"})
 
@@ -382,6 +385,26 @@ CASES = [
               lambda w: w.no_job()), {"Accepted": ("True", "Valid")}, actions=[CreateJob, CreateService],
          check=lambda o: (o.status.autoscaling.targetKVCacheUsage, o.status.autoscaling.policyMaxReplicas,
                           o.status.autoscaling.maxReplicas) == (0.5, 3, 3)),
+    Case("a source already in the pool's format is published as-is: a `none` artifact, no quantization",
+         _seq(_set(shape=DEEPSEEK_FP8, pools=[H200X8], spec=base_spec(serving={"maxModelLen": 8192})),
+              lambda w: w.no_job()),
+         {"Planned": ("True", "Planned"), "Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService],
+         check=lambda o: o.status.plan.variants[0].servedAsIs and o.status.plan.variants[0].format.value == "fp8-block"
+         and [a.format.value for a in o.status.artifacts] == ["none"]
+         and json.loads(next(e["value"] for e in o.actions[0].job["spec"]["template"]["spec"]["containers"][0]["env"]
+                             if e["name"] == "FEWERBITS_JOB_CONTRACT"))["keyInputs"]["format"] == "none"),
+    Case("the as-is artifact rolls out on the variant that serves the source's format",
+         _seq(_set(shape=DEEPSEEK_FP8, pools=[H200X8], spec=base_spec(serving={"maxModelLen": 8192})),
+              lambda w: w.publish()),
+         {"QualityGatePassed": ("True", "GatePassed"), "Deployed": ("False", "RollingOut")},
+         actions=[CreateDeployment, CreateService]),
+    Case("an MoE model's routers join the ignore list the plan sized and the key hashes",
+         _seq(_set(shape=MIXTRAL, pools=[pool_from_product("NVIDIA-H100-80GB-HBM3", 8)]), lambda w: w.no_job()),
+         {"Planned": ("True", "Planned")}, actions=[CreateJob, CreateService],
+         check=lambda o: "lm_head" in o.status.plan.ignore and len(o.status.plan.ignore) > 1
+         and all(set(o.status.plan.ignore) == set(json.loads(next(
+             e["value"] for e in a.job["spec"]["template"]["spec"]["containers"][0]["env"]
+             if e["name"] == "FEWERBITS_JOB_CONTRACT"))["keyInputs"]["ignore"]) for a in o.actions[:1])),
     Case("a spec error keeps the last accepted autoscaling",
          _seq(_set(spec=base_spec(autoscaling={"enabled": True})), _ready_world,
               _set(spec=base_spec(source={"uri": "ftp://typo"}, autoscaling={"enabled": True}), generation=2)),

@@ -14,7 +14,7 @@ import yaml
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import CONTRACT_ENV, QuantJobContract
 from fewerbits_api.policy import QuantizationJobPlacement
-from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec
+from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
 from fewerbits_operator.artifacts import job_name, key_inputs, planned_artifacts
 from fewerbits_operator.render import (
     ANNOTATION_SPEC_HASH,
@@ -53,7 +53,7 @@ def golden(name: str, obj: dict) -> None:
 
 
 def job():
-    art = planned_artifacts(SPEC, type("P", (), {"variants": [VARIANT]})())[0]
+    art = planned_artifacts(SPEC, PlanStatus(variants=[VARIANT]))[0]
     return art, render_job(OWNER, SPEC, art, QuantizationJobPlacement(nodeSelector={"pool": "calib"}),
                            QualityGateSpec(maxPerplexityIncreasePercent=2.5), SETTINGS)
 
@@ -140,7 +140,7 @@ def test_builtin_calibration_hash_is_the_shipped_text():
 def test_pvc_source_mounts_the_claim_root():
     spec = SPEC.model_copy(update={"source": SPEC.source.model_copy(update={"uri": "pvc://models/llama/8b",
                                                                           "credentialsSecret": None})})
-    art = planned_artifacts(spec, type("P", (), {"variants": [VARIANT]})())[0]
+    art = planned_artifacts(spec, PlanStatus(variants=[VARIANT]))[0]
     j = render_job(OWNER, spec, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
     pod = j["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
@@ -156,7 +156,7 @@ def test_every_rendered_contract_passes_the_jobs_own_checks(fmt):
     from fewerbits_quantjob.job import installed_tool_versions, verify_contract
 
     variant = VARIANT.model_copy(update={"format": QuantFormat(fmt)})
-    art = planned_artifacts(SPEC, type("P", (), {"variants": [variant]})())[0]
+    art = planned_artifacts(SPEC, PlanStatus(variants=[variant]))[0]
     j = render_job(OWNER, SPEC, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
     env = {e["name"]: e for e in j["spec"]["template"]["spec"]["containers"][0]["env"]}
     contract = QuantJobContract.model_validate_json(env[CONTRACT_ENV]["value"])
@@ -167,7 +167,7 @@ def test_every_rendered_contract_passes_the_jobs_own_checks(fmt):
 def test_policy_tolerations_are_added_to_the_gpu_toleration():
     from fewerbits_api.policy import Toleration
 
-    art = planned_artifacts(SPEC, type("P", (), {"variants": [VARIANT]})())[0]
+    art = planned_artifacts(SPEC, PlanStatus(variants=[VARIANT]))[0]
     placement = QuantizationJobPlacement(tolerations=[Toleration(key="team", operator="Exists")])
     j = render_job(OWNER, SPEC, art, placement, QualityGateSpec(), SETTINGS)
     keys = [t.get("key") for t in j["spec"]["template"]["spec"]["tolerations"]]

@@ -63,7 +63,6 @@ def planner_verdict(config: dict, fmt) -> tuple[bool, bool, str]:
 
 
 def quantize(src: Path, fmt, ignore: list[str], out: Path) -> None:
-    from fewerbits_api.formats import QuantFormat
     from fewerbits_quantjob import quantize as qj
     from fewerbits_quantjob import recipes
 

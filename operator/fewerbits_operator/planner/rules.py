@@ -778,4 +778,5 @@ def plan(shape: ModelShape, pools: Iterable[GPUPool], request: PlanRequest) -> P
             continue
         outcome = plan_pool(shape, pool, request)
         (variants if isinstance(outcome, PlanVariant) else rejected).append(outcome)
-    return PlanStatus(variants=variants, rejected=rejected)
+    return PlanStatus(variants=variants, rejected=rejected,
+                      ignore=list(effective_ignore_entries(shape, request.ignore)))
