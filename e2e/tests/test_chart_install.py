@@ -52,6 +52,7 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
 }
 CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
     ("fewerbits.io", "quantizationpolicies", ""): {"get", "list", "watch"},
+    ("fewerbits.io", "quantizationpolicies", "status"): {"patch"},
     ("", "nodes", ""): {"list", "watch"},
     ("", "namespaces", ""): {"get", "list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},

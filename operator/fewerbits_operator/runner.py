@@ -171,6 +171,27 @@ class Operator:
 
     def _policy_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self.request_all()
+        self._write_policy_status()
+
+    def _write_policy_status(self) -> None:
+        """Each policy's Valid condition and conflicts (policy_status.py decides; written only
+        where it changed). A failure is logged: the next policy change or start retries."""
+        from fewerbits_api.conditions import now_rfc3339
+
+        from .policy_status import policy_statuses, status_writes
+
+        kube = self.reconciler.kube if self.reconciler is not None else None
+        if kube is None or self.settings is None:
+            return
+        try:
+            raws = kube.list_policies()
+            namespaces = {o["metadata"]["namespace"] for o in kube.list_models(self.settings.namespaces)}
+            desired = policy_statuses(raws, [kube.namespace_labels(ns) for ns in sorted(namespaces)],
+                                      now_rfc3339())
+            for name, rv, status in status_writes(raws, desired):
+                kube.patch_policy_status(name, status, rv)
+        except Exception as e:  # noqa: BLE001 - status is advisory; models are governed regardless
+            log.warning("writing QuantizationPolicy status failed: %s", e)
 
     # ------------------------------------------------------------ workers
 
