@@ -28,11 +28,11 @@ class ClusterReader(Protocol):
 class KubeReader:
     """The cluster, read with the caller's own credentials (the kubeconfig's current context)."""
 
-    def __init__(self, context: str | None = None) -> None:
+    def __init__(self, context: str | None = None, kubeconfig: str | None = None) -> None:
         from kubernetes import client, config
 
         try:
-            config.load_kube_config(context=context)
+            config.load_kube_config(config_file=kubeconfig, context=context)
         except config.ConfigException:
             config.load_incluster_config()
         self.custom = client.CustomObjectsApi()
@@ -65,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="show a QuantizedModel's effective spec and the policy behind each value")
     p.add_argument("name", metavar="NAME", help="the QuantizedModel")
     p.add_argument("-n", "--namespace", default="default", help="its namespace (default: default)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=run)
@@ -149,7 +150,7 @@ def table(ex: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace, reader: ClusterReader | None = None) -> int:
     try:
-        reader = reader or KubeReader(args.context)
+        reader = reader or KubeReader(args.context, getattr(args, "kubeconfig", None))
         ex = explain(reader, args.namespace, args.name)
     except Exception as e:  # noqa: BLE001 - a CLI: the API server's answer, not a traceback
         print(f"fewerbits explain: cannot read the cluster: {e}", file=sys.stderr)
