@@ -388,8 +388,16 @@ MAX_EFFECTIVE_VALUES = 64
 
 
 def _compact(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True) if not isinstance(value, str) else value
-    return text if len(text) <= 256 else text[:253] + "..."
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _value(path: str, value: str, source: str) -> EffectiveValue:
+    """One entry, cut to the CRD's limits (a label key alone may be 253 characters)."""
+    return EffectiveValue(path=_cut(path, 256), value=_cut(value, 256), source=_cut(source, 512))
 
 
 def _leaf(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -420,25 +428,23 @@ def effective_values(eff: Effective) -> EffectivePolicies | None:
     values: list[EffectiveValue] = []
     for path, source in sorted(pol.default_sources.items()):
         if not _set_in(eff.raw_spec, path):
-            values.append(EffectiveValue(path="spec." + ".".join(path), value=_compact(_leaf(pol.defaults, path)),
-                                         source=source))
+            values.append(_value("spec." + ".".join(path), _compact(_leaf(pol.defaults, path)), source))
     if eff.spec is not None and eff.spec.quantization.qualityGate is None \
             and "maxPerplexityIncreasePercent" in pol.rule_sources:
-        values.append(EffectiveValue(path="spec.quantization.qualityGate.maxPerplexityIncreasePercent",
-                                     value=_compact(eff.gate().maxPerplexityIncreasePercent),
-                                     source=pol.rule_sources["maxPerplexityIncreasePercent"]))
+        values.append(_value("spec.quantization.qualityGate.maxPerplexityIncreasePercent",
+                             _compact(eff.gate().maxPerplexityIncreasePercent),
+                             pol.rule_sources["maxPerplexityIncreasePercent"]))
     rules = pol.rules.model_dump(mode="json")
     for path, source in sorted(pol.rule_sources.items()):
         value = _leaf(rules, pol.rule_leaves.get(path, (path,)))
-        values.append(EffectiveValue(path=f"rules.{path}", value=_compact(value), source=source))
+        values.append(_value(f"rules.{path}", _compact(value), source))
     for name, patterns in pol.source_patterns:
-        values.append(EffectiveValue(path="rules.allowedSources", value=_compact(list(patterns)), source=name))
+        values.append(_value("rules.allowedSources", _compact(list(patterns)), name))
     for name, patterns in pol.image_patterns:
-        values.append(EffectiveValue(path="rules.allowedImages", value=_compact(list(patterns)), source=name))
-    for name, dests, strict in pol.extra_args:
-        values.append(EffectiveValue(path="rules.allowedExtraArgs", value=_compact(sorted("--" + d.replace("_", "-") for d in dests)),
-                                     source=name))
+        values.append(_value("rules.allowedImages", _compact(list(patterns)), name))
+    for name, dests, _strict in pol.extra_args:
+        values.append(_value("rules.allowedExtraArgs", _compact(sorted("--" + d.replace("_", "-") for d in dests)),
+                             name))
     for family, fmt in sorted(pol.format_by_gpu_family.items()):
-        values.append(EffectiveValue(path=f"formatByGPUFamily.{family}", value=fmt.value,
-                                     source=pol.format_sources[family]))
-    return EffectivePolicies(policies=list(pol.names), values=values[:MAX_EFFECTIVE_VALUES])
+        values.append(_value(f"formatByGPUFamily.{family}", fmt.value, pol.format_sources[family]))
+    return EffectivePolicies(policies=list(pol.names)[:64], values=values[:MAX_EFFECTIVE_VALUES])

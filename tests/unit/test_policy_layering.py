@@ -198,3 +198,12 @@ def test_images_must_pass_every_policy_with_a_list():
     assert judge([IMAGES, other], serving={"image": "registry.example.com/vllm/vllm-openai:v0.11.0"}).accepted
     eff = judge([IMAGES, other], serving={"image": "registry.example.com/vllm/vllm-openai:v0.10.0"})
     assert [v.split(":")[0] for v in eff.violations] == ["policy other rule allowedImages"]
+
+
+def test_status_effective_stays_within_the_crd_limits_however_long_the_label_key():
+    key = "a" * 63 + "." + "b" * 189 + "/" + "c" * 63  # a label key as long as Kubernetes allows
+    p = qp("p" * 253, rules={"quantizationJob": {"nodeSelector": {key: "v" * 63}},
+                             "allowedSources": ["hf://" + "x" * 500]})
+    eff = effective_spec(deep_merge(SPEC, {"source": {"uri": "hf://" + "x" * 500}}), combine_policies([p]))
+    values = effective_values(eff).values
+    assert all(len(v.path) <= 256 and len(v.value) <= 256 and len(v.source) <= 512 for v in values)
