@@ -120,7 +120,7 @@ class Observer:
                 values[secret] = self.kube.secret_data(ns, secret)
         facts["secrets"] = _freeze({s: (frozenset(v) if v is not None else None) for s, v in values.items()})
         partial = Observed(**facts)
-        if effective_for(partial, self.settings, with_secrets=True).missing_secrets:
+        if effective_for(partial, self.settings).missing_secrets:
             return partial
         source_secret = values.get(spec.source.credentialsSecret or "")
         storage_creds = S3Credentials.from_secret(values.get(spec.storage.credentialsSecret or ""))
