@@ -31,6 +31,7 @@ def lua_health(obj: dict) -> tuple[str, str]:
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 SUBRESOURCES = {  # (group, resource): subresources worth asking about (the rest are covered by their parent)
     ("fewerbits.io", "quantizedmodels"): ("status", "finalizers"),
+    ("fewerbits.io", "quantizationpolicies"): ("status",),
     ("apps", "deployments"): ("scale", "status"),
     ("batch", "jobs"): ("status",),
     ("", "pods"): ("exec", "log", "attach", "portforward", "eviction", "ephemeralcontainers"),
