@@ -72,6 +72,8 @@ class Operator:
         self._failures: dict[Key, int] = {}
         self._all_due: float | None = None
         self._next_list = 0.0
+        self._model_namespaces: set[str] | None = None
+        """Namespaces holding models at the last list: policy status is recomputed when they change."""
         self._waiters: dict[Key, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         """kopf handlers waiting for the next reconcile of a key to start and finish."""
 
@@ -254,6 +256,10 @@ class Operator:
         self._next_list = now + self.settings.resync_seconds
         listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o)
                   for o in self.reconciler.kube.list_models(self.settings.namespaces)}
+        if (namespaces := {ns for ns, _ in listed}) != self._model_namespaces:
+            # A namespace gained its first model or lost its last: policies may now meet there.
+            self._model_namespaces = namespaces
+            self._write_policy_status()
         with self._lock:
             self._steady = listed
             for key in set(self._failures) - set(listed):
