@@ -82,9 +82,13 @@ def test_a_baseline_and_a_team_policy_both_constrain_a_model(run, namespace, mod
     base = run.policy("baseline", {"priority": 0, "rules": {"allowedSources": ["hf://*"]}}, baseline=True)
     team = run.policy("team", {"priority": 10, "rules": {"allowedFormats": ["fp8-dynamic"]}})
     models.apply(namespace, "both", model_spec(quantization={"format": "nvfp4"}))
-    msg = refused(models, namespace, "both")
-    assert f"policy {base} rule allowedSources: spec.source.uri s3://" in msg
-    assert f"policy {team} rule allowedFormats: spec.quantization.format nvfp4" in msg
+    # Each policy reaches the operator's cache by its own watch event: wait until both judge it.
+    wanted = (f"policy {base} rule allowedSources: spec.source.uri s3://",
+              f"policy {team} rule allowedFormats: spec.quantization.format nvfp4")
+    models.wait("both policies' violations", lambda: all(
+        w in (models.condition(namespace, "both", "Accepted") or {}).get("message", "") for w in wanted),
+        timeout=120, namespace=namespace, name="both")
+    assert models.condition(namespace, "both", "Accepted")["reason"] == "PolicyViolation"
     assert models.get(namespace, "both")["status"]["effective"]["policies"] == [team, base]
     # Disjoint allow-lists allow nothing: refused, both policies named.
     run.patch_policy(base, {"rules": {"allowedFormats": ["w4a16-awq"]}})
