@@ -61,6 +61,8 @@ from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
 """Event reason: a policy change altered a value of the model's effective spec."""
+MAX_CHANGE_EVENTS = 8
+"""EffectiveSpecChanged events per pass; one policy edit rarely changes more values."""
 LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.DEPLOYED, C.READY)
 WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
@@ -219,8 +221,8 @@ def _missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[
 
 
 def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
-    """The effective spec under the matching policy, judged by its rules and, once the Secrets
-    were read, by the Secrets it names."""
+    """The effective spec under every matching policy, combined, judged by their rules and, once
+    the Secrets were read, by the Secrets it names."""
     if not re.fullmatch(DNS1123_LABEL.strip("^$"), obs.name) or len(obs.name) > MAX_NAME:
         return Acceptance(Effective(None, errors=[
             f"metadata.name: {obs.name!r} must be a DNS label of at most {MAX_NAME} characters "
@@ -262,16 +264,19 @@ def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | No
         return
     before = {(v.path, v.source): v.value for v in old.values}
     after = {(v.path, v.source): v.value for v in (new.values if new else [])}
-    for (path, source), value in after.items():
-        if before.get((path, source)) != value:
-            was = f" (was {before[(path, source)]})" if (path, source) in before else ""
-            st.note("Normal", EFFECTIVE_SPEC_CHANGED, f"{path} = {value}{was}, set by policy {source}")
-    for (path, source), value in before.items():
-        if (path, source) not in after:
-            st.note("Normal", EFFECTIVE_SPEC_CHANGED, f"{path} no longer set by policy {source} (was {value})")
+    lines = [f"{path} = {value}" + (f" (was {before[(path, source)]})" if (path, source) in before else "") +
+             f", set by policy {source}"
+             for (path, source), value in after.items() if before.get((path, source)) != value]
+    lines += [f"{path} no longer set by policy {source} (was {value})"
+              for (path, source), value in before.items() if (path, source) not in after]
     if (new.policies if new else []) != old.policies:
-        st.note("Normal", EFFECTIVE_SPEC_CHANGED, "governing policies: " + (", ".join(new.policies) if new else "none") +
-                f" (was {', '.join(old.policies) or 'none'})")
+        lines.append("governing policies: " + (", ".join(new.policies) if new else "none") +
+                     f" (was {', '.join(old.policies) or 'none'})")
+    for line in lines[:MAX_CHANGE_EVENTS]:
+        st.note("Normal", EFFECTIVE_SPEC_CHANGED, line)
+    if len(lines) > MAX_CHANGE_EVENTS:
+        st.note("Normal", EFFECTIVE_SPEC_CHANGED, f"... and {len(lines) - MAX_CHANGE_EVENTS} more changes "
+                                                  "(see status.effective)")
 
 
 # ------------------------------------------------------------------ Planned

@@ -218,7 +218,8 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
 
 @dataclass
 class Effective:
-    """The outcome: a valid spec and the combined policy that shaped it, or the reasons it is refused."""
+    """The outcome: a valid spec and the combined policies that shaped it, or the reasons it is
+    refused."""
 
     spec: QuantizedModelSpec | None
     policy: Combined = field(default_factory=Combined)

@@ -518,3 +518,15 @@ def test_the_wave1_status_shape_still_reads():
     assert status.artifacts and all(a.failure is None for a in status.artifacts)
     assert status.autoscaling is None and status.plan and status.plan.variants
     assert all(v.gpuMemoryUtilization == 0.9 for v in status.plan.variants)
+
+
+def test_effective_spec_change_events_are_bounded():
+    w = World(policies=[baseline(maxReplicas=8)])
+    _ready_world(w)
+    w.policies = [baseline(maxReplicas=4, maxGPUsPerReplica=2, requireRevisionPin=False, maxPerplexityIncreasePercent=9,
+                           allowedSources=["s3://*"], allowedImages=["x/*"], allowedExtraArgs=["--max-num-seqs"],
+                           extraArgsMode="Strict", allowedFormats=["fp8-dynamic"], requireQualityGate=True)]
+    events = [e for e in decide(w.observed(), SETTINGS).events if e.reason == "EffectiveSpecChanged"]
+    assert len(events) == 9 and events[-1].message.startswith("... and ")
+    w.settle()
+    assert [e for e in decide(w.observed(), SETTINGS).events if e.reason == "EffectiveSpecChanged"] == []
