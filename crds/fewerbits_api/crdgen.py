@@ -181,15 +181,17 @@ def quantizedmodel_crd() -> dict[str, Any]:
 
 
 def quantizationpolicy_crd() -> dict[str, Any]:
-    schema = _root_schema(policy.QuantizationPolicy, policy.QuantizationPolicySpec, None, [])
+    schema = _root_schema(policy.QuantizationPolicy, policy.QuantizationPolicySpec, policy.QuantizationPolicyStatus, [])
     return _crd(
         plural=policy.PLURAL, kind=policy.KIND, short_names=policy.SHORT_NAMES, scope="Cluster",
         schema=schema,
         columns=[
             {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority",
-             "description": "Highest priority wins among matching policies"},
+             "description": "Layering order among matching policies (docs/policies.md)"},
             {"name": "Formats", "type": "string", "jsonPath": ".spec.rules.allowedFormats",
              "description": "Allowed formats (empty: all)"},
+            {"name": "Valid", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Valid")].status',
+             "description": "Whether the policy parses and combines with the others"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     )

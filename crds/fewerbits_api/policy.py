@@ -1,8 +1,9 @@
 """The ``QuantizationPolicy`` kind: cluster-wide defaults and rules set by a platform team.
 
-A policy applies to the QuantizedModels in namespaces its ``namespaceSelector`` matches. The
-effective spec of a model is its own spec laid over the defaults of the matching policy with the
-highest priority; that policy's rules then judge it (``Accepted=False`` names the broken rule).
+A policy applies to the QuantizedModels in namespaces its ``namespaceSelector`` matches. Every
+matching policy applies (docs/policies.md): their defaults are laid over one another by priority
+and the model's own spec over them; their rules combine so that the most restrictive wins
+(``Accepted=False`` names the broken rule and the policy that set it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .base import API_VERSION, ApiModel
+from .conditions import Condition
 from .formats import QuantFormat
 from .validation import DNS1123_SUBDOMAIN
 from .quantizedmodel import (
@@ -125,30 +127,52 @@ class PolicyRules(ApiModel):
     """What models under this policy may and may not do."""
 
     allowedFormats: Annotated[list[QuantFormat], Field(max_length=16)] | None = None
-    """Formats models may use (`auto` resolves only to these). Empty: all."""
+    """Formats models may use (`auto` resolves only to these). Unset or empty: all. With several
+    policies: the formats every policy that sets a list allows (none in common refuses the model)."""
     allowedSources: Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=64)] | None = None
-    """Glob patterns the source URI must match, e.g. `hf://meta-llama/*`, `s3://models/*`."""
+    """Glob patterns the source URI must match, e.g. `hf://meta-llama/*`, `s3://models/*`. Unset:
+    any source. With several policies, the URI must match a pattern of every policy that sets one."""
     requireRevisionPin: bool = False
-    """Require `spec.source.revision`."""
+    """Require `spec.source.revision`. Any matching policy requiring it requires it."""
     requireQualityGate: bool = False
-    """Require `spec.quantization.qualityGate` to be set explicitly."""
+    """Require `spec.quantization.qualityGate` to be set explicitly. Any matching policy requiring
+    it requires it."""
     maxPerplexityIncreasePercent: Annotated[float, Field(gt=0, le=1000)] | None = None
-    """Ceiling on `qualityGate.maxPerplexityIncreasePercent`."""
+    """Ceiling on `qualityGate.maxPerplexityIncreasePercent`; a model without a gate gets the
+    default 3% lowered to it. With several policies: the lowest."""
     maxGPUsPerReplica: Annotated[int, Field(ge=1, le=64)] | None = None
-    """Most GPUs one replica may use (caps the tensor-parallel size)."""
+    """Most GPUs one replica may use (caps the tensor-parallel size). With several policies: the
+    lowest."""
     maxReplicas: Annotated[int, Field(ge=1, le=1000)] | None = None
-    """Most replicas per variant (caps `autoscaling.maxReplicas`)."""
+    """Most replicas per variant (caps `autoscaling.maxReplicas`). With several policies: the
+    lowest."""
     allowTrustRemoteCode: bool = False
-    """Allow `spec.source.trustRemoteCode`."""
-    allowedExtraArgs: Annotated[list[Annotated[str, Field(min_length=3, max_length=128, pattern=r"^--[a-z0-9][a-z0-9-]*$")]], Field(max_length=64)] = Field(default_factory=list)
-    """vLLM flags models may pass in `serving.extraArgs` even though they change trust or
-    override the plan (e.g. `--enforce-eager`). Flags that are not plan- or trust-changing are
-    always allowed."""
+    """Allow `spec.source.trustRemoteCode`. With several policies: allowed only when one sets
+    `true` and none sets `false` explicitly (a policy that leaves it unset has no say)."""
+    allowedExtraArgs: Annotated[list[Annotated[str, Field(min_length=3, max_length=128, pattern=r"^--[a-z0-9][a-z0-9-]*$")]], Field(max_length=64)] | None = None
+    """vLLM flags models may pass in `serving.extraArgs`, compared by the setting they name in
+    vLLM's parser (so `--flag=value`, `--flag value` and `--flag_name` spellings are one flag).
+    What an unlisted flag does depends on `extraArgsMode`. Unset: this policy lists nothing; with
+    several policies, a flag must be listed by every policy that sets this list."""
+    extraArgsMode: Literal["PlanAndTrust", "Strict"] = "PlanAndTrust"
+    """`PlanAndTrust`: only flags that override the plan (e.g. `--max-model-len`,
+    `--tensor-parallel-size`) or change what the server trusts (e.g. `--trust-remote-code`,
+    `--chat-template`) must be listed in `allowedExtraArgs`; every other flag (e.g.
+    `--enforce-eager`) passes. `Strict`: only flags listed in `allowedExtraArgs` pass; with no list,
+    no flag passes. Any matching policy in `Strict` makes the model's flags strict."""
+    allowedImages: Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=64)] | None = None
+    """Glob patterns `serving.image` must match (`*` spans `/` and `:`), e.g.
+    `registry.example.com/vllm/*`, `vllm/vllm-openai:v0.11.*`, or a digest
+    `vllm/vllm-openai@sha256:<hex>`. A model that leaves `serving.image` unset runs the operator's
+    configured image and always passes. Unset: any image. With several policies, the image must
+    match a pattern of every policy that sets this list."""
     artifactRetention: Literal["Retain", "Delete"] = "Retain"
     """What happens to published artifacts when a model is deleted. `Delete` removes artifacts no
-    other model uses (the operator then adds a finalizer)."""
+    other model uses (the operator then adds a finalizer). With several policies: `Delete` only
+    when one sets it and none sets `Retain` explicitly."""
     quantizationJob: QuantizationJobPlacement = Field(default_factory=QuantizationJobPlacement)
-    """Placement and limits of quantization Jobs."""
+    """Placement and limits of quantization Jobs. With several policies, laid over one another by
+    priority field by field, like `defaults`."""
 
     def source_allowed(self, uri: str) -> bool:
         return self.allowedSources is None or any(fnmatch.fnmatchcase(uri, p) for p in self.allowedSources)
@@ -174,7 +198,10 @@ class QuantizationPolicySpec(ApiModel):
     namespaceSelector: LabelSelector = Field(default_factory=LabelSelector)
     """Namespaces this policy applies to. Empty: all."""
     priority: Annotated[int, Field(ge=0, le=1_000_000)] = 0
-    """When several policies match a namespace, the highest priority wins (ties: name order)."""
+    """Order of layering when several policies match a namespace: defaults, job placement and
+    `formatByGPUFamily` of a higher priority win over a lower one's (equal priorities: name order
+    for defaults; two different formats for one family is a conflict). Rules always combine,
+    most restrictive first, whatever the priority."""
     defaults: QuantizedModelDefaults = Field(default_factory=QuantizedModelDefaults)
     """Defaults merged under each model's spec."""
     rules: PolicyRules = Field(default_factory=PolicyRules)
@@ -184,7 +211,9 @@ class QuantizationPolicySpec(ApiModel):
         "x-kubernetes-validations": [{"rule": "self.all(k, self[k] != 'auto')",
                                       "message": "formatByGPUFamily must name a concrete format, not 'auto'"}],
     })
-    """Format the planner picks for `format: auto` on a GPU family, overriding its default."""
+    """Format the planner picks for `format: auto` on a GPU family, overriding its default. With
+    several policies, the highest priority's entry for a family wins; two different entries at
+    the same priority are a conflict reported on both policies and refuse the models they govern."""
 
     @field_validator("formatByGPUFamily")
     @classmethod
@@ -193,6 +222,27 @@ class QuantizationPolicySpec(ApiModel):
             if fmt is QuantFormat.AUTO:
                 raise ValueError(f"formatByGPUFamily.{family}: must name a concrete format, not 'auto'")
         return v
+
+
+class PolicyConflict(ApiModel):
+    """A setting this policy and another matching policy set in ways that cannot be combined."""
+
+    policy: Annotated[str, Field(max_length=253)]
+    """The other policy."""
+    message: Annotated[str, Field(max_length=1024)]
+    """What conflicts (e.g. `formatByGPUFamily.hopper: fp8-dynamic vs w4a16-awq at priority 10`)."""
+
+
+class QuantizationPolicyStatus(ApiModel):
+    """Observed state, written only by the operator."""
+
+    observedGeneration: int | None = None
+    """The generation of the spec this status describes."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """`Valid`: True when the policy parses and combines with the other policies it meets in a
+    namespace; False (`Invalid` or `Conflict`) says why."""
+    conflicts: Annotated[list[PolicyConflict], Field(max_length=64)] = Field(default_factory=list)
+    """Conflicts with other policies matching a namespace this one matches."""
 
 
 class QuantizationPolicy(ApiModel):
@@ -209,3 +259,5 @@ class QuantizationPolicy(ApiModel):
     """Standard object metadata."""
     spec: QuantizationPolicySpec = Field(default_factory=QuantizationPolicySpec)
     """Defaults and rules."""
+    status: QuantizationPolicyStatus | None = None
+    """Observed state, written only by the operator."""

@@ -472,6 +472,27 @@ AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "last
 """The fields of `status.serving[]` the autoscaler writes; reconcile keeps them as they are."""
 
 
+class EffectiveValue(ApiModel):
+    """One value of the effective spec that a policy set, and which policy."""
+
+    path: Annotated[str, Field(max_length=256)]
+    """Where the value applies: `spec.<field>` for a policy default the model leaves unset,
+    `rules.<rule>` for a binding rule (a ceiling, a cap, an allow-list)."""
+    value: Annotated[str, Field(max_length=256)]
+    """The value as compact JSON (cut at 256 characters)."""
+    source: Annotated[str, Field(max_length=512)]
+    """The QuantizationPolicy that set it (comma-separated when several allow-lists combine)."""
+
+
+class EffectivePolicies(ApiModel):
+    """What the matching QuantizationPolicies contributed to this model (`fewerbits explain`)."""
+
+    policies: Annotated[list[Annotated[str, Field(max_length=253)]], Field(max_length=64)] = Field(default_factory=list)
+    """The policies that govern the model, highest priority first."""
+    values: Annotated[list[EffectiveValue], Field(max_length=64)] = Field(default_factory=list)
+    """The values that came from policies (the model's own fields are not listed)."""
+
+
 class QuantizedModelStatus(ApiModel):
     """Observed state, written only by the operator."""
 
@@ -495,6 +516,8 @@ class QuantizedModelStatus(ApiModel):
     """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
     with the policy's replica cap. Absent while the spec is not accepted (an invalid or
     violated policy fails closed: nothing is scaled). The autoscaler reads only this."""
+    effective: EffectivePolicies | None = None
+    """The policies governing the model and the effective values they set, each with its source."""
 
 
 class ObjectMeta(ApiModel):

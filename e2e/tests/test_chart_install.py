@@ -31,6 +31,7 @@ def lua_health(obj: dict) -> tuple[str, str]:
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 SUBRESOURCES = {  # (group, resource): subresources worth asking about (the rest are covered by their parent)
     ("fewerbits.io", "quantizedmodels"): ("status", "finalizers"),
+    ("fewerbits.io", "quantizationpolicies"): ("status",),
     ("apps", "deployments"): ("scale", "status"),
     ("batch", "jobs"): ("status",),
     ("", "pods"): ("exec", "log", "attach", "portforward", "eviction", "ephemeralcontainers"),
@@ -52,6 +53,7 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
 }
 CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
     ("fewerbits.io", "quantizationpolicies", ""): {"get", "list", "watch"},
+    ("fewerbits.io", "quantizationpolicies", "status"): {"patch"},
     ("", "nodes", ""): {"list", "watch"},
     ("", "namespaces", ""): {"get", "list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},

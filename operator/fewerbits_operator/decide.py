@@ -32,6 +32,7 @@ from fewerbits_api.quantizedmodel import (
     ArtifactFailure,
     ArtifactStatus,
     EffectiveAutoscaling,
+    EffectivePolicies,
     PlanStatus,
     QualityStatus,
     QuantizedModelSpec,
@@ -43,7 +44,7 @@ from fewerbits_api.quantizedmodel import (
 from fewerbits_api.validation import DNS1123_LABEL
 
 from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
-from .effective import Effective, effective_spec, select_policy
+from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .render import (
     ANNOTATION_ARTIFACT_KEY,
@@ -59,6 +60,10 @@ from .render import (
 from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
 from .settings import OperatorSettings
 
+EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
+"""Event reason: a policy change altered a value of the model's effective spec."""
+MAX_CHANGE_EVENTS = 8
+"""EffectiveSpecChanged events per pass; one policy edit rarely changes more values."""
 LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.DEPLOYED, C.READY)
 WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
@@ -221,10 +226,10 @@ def _missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[
 
 
 def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
-    """The effective spec under the matching policy, judged by its rules and, once the Secrets
-    were read, by the Secrets it names."""
+    """The effective spec under every matching policy, combined, judged by their rules and, once
+    the Secrets were read, by the Secrets it names."""
     if not re.fullmatch(DNS1123_LABEL.strip("^$"), obs.name) or len(obs.name) > MAX_NAME:
-        return Acceptance(Effective(None, None, errors=[
+        return Acceptance(Effective(None, errors=[
             f"metadata.name: {obs.name!r} must be a DNS label of at most {MAX_NAME} characters "
             "(it names the Service and prefixes Deployment names)"]))
     broken = [f"QuantizationPolicy {b.name} applies to namespace {obs.namespace} but is invalid ({b.error}); "
@@ -233,8 +238,10 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
         # Fail closed: a policy meant for this namespace that can't be read must not leave the
         # namespace ungoverned (stored before a stricter CRD, or written by a client that skipped
         # validation).
-        return Acceptance(Effective(None, None, violations=broken))
-    policy = select_policy(list(obs.policies), dict(obs.namespace_labels))
+        return Acceptance(Effective(None, violations=broken))
+    # Every matching policy applies, combined (docs/policies.md); observe read them all at once,
+    # so one pass sees one consistent set.
+    policy = combine_policies(matching_policies(list(obs.policies), dict(obs.namespace_labels)))
     default_storage = None
     if settings.default_storage_uri:
         default_storage = StorageSpec(uri=settings.default_storage_uri, endpoint=settings.default_storage_endpoint,
@@ -250,8 +257,31 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
 def effective_autoscaling(acc: Acceptance) -> EffectiveAutoscaling | None:
     if acc.spec is None:
         return None
-    cap = acc.effective.policy.spec.rules.maxReplicas if acc.effective.policy else None
+    cap = acc.effective.policy.rules.maxReplicas
     return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap)
+
+
+def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | None, same_generation: bool,
+                      st: StatusBuilder) -> None:
+    """One `EffectiveSpecChanged` event per value a policy change altered (the model's own spec
+    unchanged since the last pass), naming the path and the policy."""
+    if old is None or not same_generation or old == new:
+        return
+    before = {(v.path, v.source): v.value for v in old.values}
+    after = {(v.path, v.source): v.value for v in (new.values if new else [])}
+    lines = [f"{path} = {value}" + (f" (was {before[(path, source)]})" if (path, source) in before else "") +
+             f", set by policy {source}"
+             for (path, source), value in after.items() if before.get((path, source)) != value]
+    lines += [f"{path} no longer set by policy {source} (was {value})"
+              for (path, source), value in before.items() if (path, source) not in after]
+    if (new.policies if new else []) != old.policies:
+        lines.append("governing policies: " + (", ".join(new.policies) if new else "none") +
+                     f" (was {', '.join(old.policies) or 'none'})")
+    for line in lines[:MAX_CHANGE_EVENTS]:
+        st.note("Normal", EFFECTIVE_SPEC_CHANGED, line)
+    if len(lines) > MAX_CHANGE_EVENTS:
+        st.note("Normal", EFFECTIVE_SPEC_CHANGED, f"... and {len(lines) - MAX_CHANGE_EVENTS} more changes "
+                                                  "(see status.effective)")
 
 
 # ------------------------------------------------------------------ Planned
@@ -295,7 +325,8 @@ def current_plan(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdic
         return old.plan, PlanVerdict(old.plan, True, Reason.PLANNED, plan_summary(old.plan) +
                                      f"; kept from an earlier pass: the source's config.json cannot be read now ({why})")
     policy = acc.effective.policy
-    request = PlanRequest.from_spec(spec, policy.spec if policy else None, default_served_model_name=obs.name)
+    request = PlanRequest.from_spec(spec, policy.policy_spec() if policy.governed else None,
+                                    default_served_model_name=obs.name)
     the_plan = plan(obs.shape, pools, request)
     if not pools:
         return the_plan, PlanVerdict(the_plan, False, Reason.NO_GPU_POOLS,
@@ -707,6 +738,8 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     # 1. Accepted: the effective spec, the policies' rules, the Secrets it names.
     acc = effective_for(obs, settings)
     eff = acc.effective
+    status.effective = effective_values(eff)
+    effective_changes(old.effective, status.effective, obs.generation == old.observedGeneration, st)
     if not eff.accepted:
         reason = Reason.INVALID_SPEC if eff.errors else Reason.POLICY_VIOLATION
         st.set(C.ACCEPTED, False, reason, "; ".join(eff.errors + eff.violations))
@@ -724,7 +757,9 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     spec = acc.spec
     assert spec is not None and spec.storage is not None
     st.set(C.ACCEPTED, True, Reason.VALID,
-           f"policy {eff.policy.metadata.name} applies" if eff.policy else "no QuantizationPolicy matches this namespace")
+           (f"policy {eff.policy.names[0]} applies" if len(eff.policy.names) == 1 else
+            f"policies {', '.join(eff.policy.names)} apply")
+           if eff.policy.governed else "no QuantizationPolicy matches this namespace")
     status.autoscaling = effective_autoscaling(acc)
 
     # 2. Planned: model shape × GPU pools, and the pools gone since the last pass.
@@ -746,7 +781,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
 
     # 3. Quantized: one artifact per format; manifest in storage or one Job per key.
-    placement = eff.policy.spec.rules.quantizationJob if eff.policy else QuantizationJobPlacement()
+    placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []
     for planned in planned_artifacts(spec, the_plan):

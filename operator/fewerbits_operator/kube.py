@@ -349,6 +349,22 @@ class Kube:
                 return
         raise ApiException(status=409, reason=f"status of {namespace}/{name} kept changing; retry next pass")
 
+    def patch_policy_status(self, name: str, status: dict[str, Any], resource_version: str | None) -> bool:
+        """Merge patch of a QuantizationPolicy's status subresource, conditional on its
+        resourceVersion: False on a conflict (the policy changed; the next pass recomputes)."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            self.custom.patch_cluster_custom_object_status(GROUP, VERSION, POLICY_PLURAL, name, body)
+            self._wrote()
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            if not _missing(e):
+                raise
+        return True
+
     def list_policies(self) -> list[dict[str, Any]]:
         if self.policies is not None and self.policies.synced.is_set():
             return self.policies.items()

@@ -72,6 +72,8 @@ class Operator:
         self._failures: dict[Key, int] = {}
         self._all_due: float | None = None
         self._next_list = 0.0
+        self._model_namespaces: set[str] | None = None
+        """Namespaces holding models at the last list: policy status is recomputed when they change."""
         self._waiters: dict[Key, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         """kopf handlers waiting for the next reconcile of a key to start and finish."""
 
@@ -171,6 +173,27 @@ class Operator:
 
     def _policy_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self.request_all()
+        self._write_policy_status()
+
+    def _write_policy_status(self) -> None:
+        """Each policy's Valid condition and conflicts (policy_status.py decides; written only
+        where it changed). A failure is logged: the next policy change or start retries."""
+        from fewerbits_api.conditions import now_rfc3339
+
+        from .policy_status import policy_statuses, status_writes
+
+        kube = self.reconciler.kube if self.reconciler is not None else None
+        if kube is None or self.settings is None:
+            return
+        try:
+            raws = kube.list_policies()
+            namespaces = {o["metadata"]["namespace"] for o in kube.list_models(self.settings.namespaces)}
+            desired = policy_statuses(raws, [kube.namespace_labels(ns) for ns in sorted(namespaces)],
+                                      now_rfc3339())
+            for name, rv, status in status_writes(raws, desired):
+                kube.patch_policy_status(name, status, rv)
+        except Exception as e:  # noqa: BLE001 - status is advisory; models are governed regardless
+            log.warning("writing QuantizationPolicy status failed: %s", e)
 
     # ------------------------------------------------------------ workers
 
@@ -233,6 +256,10 @@ class Operator:
         self._next_list = now + self.settings.resync_seconds
         listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o)
                   for o in self.reconciler.kube.list_models(self.settings.namespaces)}
+        if (namespaces := {ns for ns, _ in listed}) != self._model_namespaces:
+            # A namespace gained its first model or lost its last: policies may now meet there.
+            self._model_namespaces = namespaces
+            self._write_policy_status()
         with self._lock:
             self._steady = listed
             for key in set(self._failures) - set(listed):

@@ -179,6 +179,7 @@ NAMESPACED_RULES = {
 }
 CLUSTER_RULES = {
     ("fewerbits.io", "quantizationpolicies"): {"get", "list", "watch"},
+    ("fewerbits.io", "quantizationpolicies/status"): {"patch"},
     ("", "nodes"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }

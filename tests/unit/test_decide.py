@@ -156,6 +156,16 @@ def policy(name: str = "p", **spec: Any) -> dict[str, Any]:
             "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}}, **spec}}
 
 
+def baseline(**rules: Any) -> dict[str, Any]:
+    """A platform baseline: every namespace, low priority."""
+    return {**policy("platform"), "spec": {"namespaceSelector": {}, "priority": 0, "rules": rules,
+                                           "defaults": {"serving": {"replicas": 1}}}}
+
+
+def _values(o) -> dict[str, tuple[str, str]]:
+    return {v.path: (v.value, v.source) for v in o.status.effective.values}
+
+
 def term(exit_code: int = 12, message: str = "", **kw: Any) -> ContainerTermination:
     return ContainerTermination(pod=kw.pop("pod", "m-pod-1"), container=kw.pop("container", "fetch"),
                                 exit_code=exit_code, reason=kw.pop("reason", "Error"), message=message, **kw)
@@ -413,6 +423,36 @@ CASES = [
          _seq(_set(spec=base_spec(autoscaling={"enabled": True})), _ready_world,
               _set(policies=[policy(rules={"requireRevisionPin": True})], generation=2)),
          {"Accepted": ("False", "PolicyViolation")}, check=lambda o: o.status.autoscaling is None),
+    # ---- layered policies
+    Case("a baseline and a team policy both constrain the model",
+         _set(spec=base_spec(quantization={"format": "nvfp4"}),
+              policies=[baseline(allowedSources=["hf://*"]), policy("team", priority=10, rules={
+                  "allowedFormats": ["fp8-dynamic"]})]),
+         {"Accepted": ("False", "PolicyViolation")},
+         message={"Accepted": "policy platform rule allowedSources: spec.source.uri s3://models/llama"},
+         check=lambda o: "policy team rule allowedFormats" in o.status.conditions[0].message
+         and o.status.effective.policies == ["team", "platform"]),
+    Case("disjoint allowedFormats allow nothing: refused with both policies named",
+         _set(policies=[baseline(allowedFormats=["nvfp4"]), policy("team", priority=10, rules={
+             "allowedFormats": ["fp8-dynamic"]})]),
+         {"Accepted": ("False", "PolicyViolation")},
+         message={"Accepted": "policies team and platform conflict: rules.allowedFormats"}),
+    Case("status.effective names the policy behind each value",
+         _seq(_set(spec=base_spec(quantization={"format": "auto", "qualityGate": None}),
+                   policies=[baseline(maxPerplexityIncreasePercent=2, maxReplicas=8),
+                             policy("team", priority=10, rules={"maxReplicas": 20},
+                                    defaults={"serving": {"replicas": 2}})]), lambda w: w.no_job()),
+         {"Accepted": ("True", "Valid")}, actions=[CreateJob, CreateService],
+         message={"Accepted": "policies team, platform apply"},
+         check=lambda o: _values(o)["spec.serving.replicas"] == ("2", "team")
+         and _values(o)["rules.maxReplicas"] == ("8", "platform")
+         and _values(o)["spec.quantization.qualityGate.maxPerplexityIncreasePercent"] == ("2.0", "platform")
+         and o.status.autoscaling.policyMaxReplicas == 8),
+    Case("a policy edit that changes the effective spec is an event on the model",
+         _seq(_set(policies=[baseline(maxReplicas=8)]), _ready_world,
+              _set(policies=[baseline(maxReplicas=4)])),
+         {"Accepted": ("True", "Valid")}, events={"EffectiveSpecChanged"},
+         check=lambda o: _values(o)["rules.maxReplicas"] == ("4", "platform")),
 ]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 
@@ -501,3 +541,15 @@ def test_the_wave1_status_shape_still_reads():
     assert status.artifacts and all(a.failure is None for a in status.artifacts)
     assert status.autoscaling is None and status.plan and status.plan.variants
     assert all(v.gpuMemoryUtilization == 0.9 for v in status.plan.variants)
+
+
+def test_effective_spec_change_events_are_bounded():
+    w = World(policies=[baseline(maxReplicas=8)])
+    _ready_world(w)
+    w.policies = [baseline(maxReplicas=4, maxGPUsPerReplica=2, requireRevisionPin=False, maxPerplexityIncreasePercent=9,
+                           allowedSources=["s3://*"], allowedImages=["x/*"], allowedExtraArgs=["--max-num-seqs"],
+                           extraArgsMode="Strict", allowedFormats=["fp8-dynamic"], requireQualityGate=True)]
+    events = [e for e in decide(w.observed(), SETTINGS).events if e.reason == "EffectiveSpecChanged"]
+    assert len(events) == 9 and events[-1].message.startswith("... and ")
+    w.settle()
+    assert [e for e in decide(w.observed(), SETTINGS).events if e.reason == "EffectiveSpecChanged"] == []

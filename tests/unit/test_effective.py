@@ -6,7 +6,7 @@ import pytest
 
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import StorageSpec
-from fewerbits_operator.effective import deep_merge, effective_spec, select_policy
+from fewerbits_operator.effective import deep_merge, effective_spec, matching_policies
 
 SPEC = {"source": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "abc123"},
         "storage": {"uri": "s3://bkt/q"}}
@@ -92,13 +92,14 @@ def test_without_policy_trust_flags_are_refused():
                               "it in rules.allowedExtraArgs"]
 
 
-def test_select_policy_by_namespace_and_priority():
+def test_matching_policies_by_namespace_then_priority():
     low = policy("a-low", {"namespaceSelector": {}}, priority=1)
     high = policy("z-high", {"namespaceSelector": {"matchLabels": {"team": "ml"}}}, priority=10)
     tie = policy("b-tie", {"namespaceSelector": {}}, priority=10)
-    assert select_policy([low, high, tie], {"team": "ml"}).metadata.name == "b-tie"  # tie: name order
-    assert select_policy([low, high], {"team": "web"}).metadata.name == "a-low"
-    assert select_policy([high], {}) is None
+    names = lambda ps: [p.metadata.name for p in ps]  # noqa: E731
+    assert names(matching_policies([low, high, tie], {"team": "ml"})) == ["b-tie", "z-high", "a-low"]  # ties: name
+    assert names(matching_policies([low, high], {"team": "web"})) == ["a-low"]
+    assert matching_policies([high], {}) == []
 
 
 def test_gate_falls_back_to_default():

@@ -76,6 +76,11 @@ are never listed or watched. tests/unit/test_chart.py checks both.
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizationpolicies"]
   verbs: ["get", "list", "watch"]
+# Their status subresource: each policy's Valid condition and its conflicts with other policies
+# (runner._write_policy_status, Kube.patch_policy_status). Patch only, only where it changed.
+- apiGroups: ["fewerbits.io"]
+  resources: ["quantizationpolicies/status"]
+  verbs: ["patch"]
 # GPU inventory: a watched cache of Nodes gives the planner their GPU Feature Discovery labels and
 # allocatable GPUs (Kube.list_nodes, kube.WatchCache); list and watch instead of a list per reconcile.
 - apiGroups: [""]
