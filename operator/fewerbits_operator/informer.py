@@ -155,8 +155,6 @@ class WatchCache:
         self.synced = threading.Event()
         self.lists = 0
         self.watches = 0
-        self.alive_since: float | None = None
-        """When ``run`` started (None: not running); for the liveness check."""
 
     # ------------------------------------------------------------ the store (pure; unit-tested)
 
@@ -282,28 +280,24 @@ class WatchCache:
 
     def run(self, stop: threading.Event) -> None:
         """Thread entry: list and watch until ``stop`` is set; errors back off (1 s → 60 s) and re-list."""
-        self.alive_since = self._clock()
         backoff = 1.0
         need_list = True
-        try:
-            while not stop.is_set():
-                try:
-                    if need_list:
-                        self._list()
-                        need_list = False
-                    need_list = self._watch(stop)
-                    backoff = 1.0
-                except Exception as e:  # noqa: BLE001 — network, 403 (RBAC), 5xx: retry from a fresh list
-                    if isinstance(e, ApiException) and e.status == 403:
-                        # Without list or watch the getters keep reading live: correct, only chattier.
-                        self.synced.clear()
-                    log.warning("%s cache: %s: %s; re-listing in %.0fs", self.name, type(e).__name__,
-                                getattr(e, "reason", None) or e, backoff)
-                    need_list = True
-                    stop.wait(backoff * (0.5 + random.random()))
-                    backoff = min(backoff * 2, 60.0)
-        finally:
-            self.alive_since = None
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                need_list = self._watch(stop)
+                backoff = 1.0
+            except Exception as e:  # noqa: BLE001 — network, 403 (RBAC), 5xx: retry from a fresh list
+                if isinstance(e, ApiException) and e.status == 403:
+                    # Without list or watch the getters keep reading live: correct, only chattier.
+                    self.synced.clear()
+                log.warning("%s cache: %s: %s; re-listing in %.0fs", self.name, type(e).__name__,
+                            getattr(e, "reason", None) or e, backoff)
+                need_list = True
+                stop.wait(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 60.0)
 
     def _list(self) -> None:
         # Raw JSON, not the client's typed models: cheaper, and the same dicts the watch yields.

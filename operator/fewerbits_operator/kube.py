@@ -161,12 +161,6 @@ class Kube:
             return self.apps.list_deployment_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
         return self.apps.list_namespaced_deployment(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
 
-    def caches_alive(self) -> bool:
-        """Every watch loop started is still running (the liveness check)."""
-        loops = [c for inf in (self.models, self.jobs, self.deployments) if inf for c in inf.caches.values()]
-        loops += [c for c in (self.nodes, self.policies) if c]
-        return all(c.alive_since is not None for c in loops)
-
     def _list_policies_raw(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
 
