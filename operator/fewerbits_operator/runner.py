@@ -126,7 +126,10 @@ class Operator:
                                 status_interval_seconds=s.autoscaler_status_interval_seconds)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
         if s.health_port:
-            self._health = serve_health(s.health_port, self.healthy)
+            try:
+                self._health = serve_health(s.health_port, self.healthy)
+            except OSError as e:  # the port taken: the probe fails and says so, the operator still works
+                log.error("liveness endpoint not started on port %d: %s", s.health_port, e)
         log.info("fewerbits operator started (namespaces: %s, %d workers, resync every %ss, steady models "
                  "every %ss)", ", ".join(s.namespaces) or "all", s.workers, s.resync_seconds, s.steady_period_seconds)
 
