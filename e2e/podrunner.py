@@ -233,6 +233,7 @@ class PodRun(threading.Thread):
 
     def _get(self, kind: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             fn = self.api.read_namespaced_secret if kind == "Secret" else self.api.read_namespaced_config_map
@@ -241,7 +242,11 @@ class PodRun(threading.Thread):
         except ApiException as e:
             if e.status == 404:
                 return None
+            if e.status >= 500:  # the API server restarting: retried, as a kubelet does
+                raise ConfigError(f"{kind.lower()} {name}: {e.reason}") from e
             raise
+        except HTTPError as e:  # unreachable (restarting): retried, as a kubelet does
+            raise ConfigError(f"{kind.lower()} {name}: API server unreachable ({type(e).__name__})") from e
 
     def _key(self, kind: str, ref: dict) -> str | None:
         obj = self._get(kind, ref["name"])

@@ -40,7 +40,7 @@ SUBRESOURCES = {  # (group, resource): subresources worth asking about (the rest
     ("", "nodes"): ("proxy", "status"),
 }
 NAMESPACED = {  # in the watched namespace only (a Role there)
-    ("fewerbits.io", "quantizedmodels", ""): {"get", "list", "watch", "patch"},
+    ("fewerbits.io", "quantizedmodels", ""): {"get", "list", "watch"},
     ("fewerbits.io", "quantizedmodels", "status"): {"patch"},
     ("fewerbits.io", "quantizedmodels", "finalizers"): {"update"},
     ("", "secrets", ""): {"get"},
@@ -52,11 +52,10 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("", "events", ""): {"create"},
 }
 CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
-    ("fewerbits.io", "quantizationpolicies", ""): {"get", "list", "watch"},
+    ("fewerbits.io", "quantizationpolicies", ""): {"list", "watch"},
     ("fewerbits.io", "quantizationpolicies", "status"): {"patch"},
     ("", "nodes", ""): {"list", "watch"},
-    ("", "namespaces", ""): {"get", "list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"list", "watch"},
+    ("", "namespaces", ""): {"get"},
     # Granted to every authenticated user by the API server's default system:basic-user role.
     ("authorization.k8s.io", "selfsubjectaccessreviews", ""): {"create"},
     ("authorization.k8s.io", "selfsubjectrulesreviews", ""): {"create"},

@@ -1,4 +1,5 @@
-"""The one module that talks to the Kubernetes API server (STYLE.md rule 1).
+"""The one module that talks to the Kubernetes API server (STYLE.md rule 1): the API verbs. The
+watched caches it reads through live in informer.py.
 
 Everything else computes; this reads and writes. AlreadyExists on create and NotFound on delete
 are success (STYLE.md rule 2). Secrets are read only to check they exist and, for the operator's
@@ -9,15 +10,13 @@ never leave this process (not logged, not in status, not in events).
 from __future__ import annotations
 
 import base64
-import copy
 import fnmatch
-import json
+import functools
 import logging
-import random
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -26,9 +25,15 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
+from .informer import (GONE, ChangeHandler, Informer, ListHandler, TTLCache, WatchCache, any_change,
+                       model_relevant, node_facts, node_relevant, policy_relevant, selector_matches,
+                       without_managed_fields)
+
 log = logging.getLogger("fewerbits.kube")
 COMPONENT = "fewerbits-operator"
 CONFLICT_RETRIES = 3
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=fewerbits"
+"""The Jobs and Deployments the operator creates carry this label (render.py); only they are watched."""
 
 
 def load_config() -> client.ApiClient:
@@ -41,7 +46,7 @@ def load_config() -> client.ApiClient:
 
 
 def namespace_watched(namespace: str, patterns: list[str]) -> bool:
-    """kopf's rule: included by any positive pattern (or all when there is none), excluded by any `!pattern`."""
+    """Included by any positive pattern (or all when there is none), excluded by any `!pattern`."""
     positive = [p for p in patterns if not p.startswith("!")]
     negative = [p[1:] for p in patterns if p.startswith("!")]
     included = not positive or any(fnmatch.fnmatchcase(namespace, p) for p in positive)
@@ -52,208 +57,35 @@ def _missing(e: ApiException) -> bool:
     return e.status == 404
 
 
-# ---------------------------------------------------------------- watched caches (informers)
-
-ChangeHandler = Callable[[dict[str, Any] | None, dict[str, Any] | None], None]
-"""Called with (old, new) for a relevant change; old is None on add, new is None on delete."""
-
-
-def node_facts(node: dict[str, Any]) -> dict[str, Any]:
-    """What the planner reads of a Node (planner/catalog.py ``_node_gpu``): labels (GPU Feature
-    Discovery's, and any a target's nodeSelector names), ``spec.unschedulable`` and
-    ``status.allocatable``. The cache keeps only this, and only a change of it is a change:
-    heartbeats (``status.conditions``), images and addresses are not."""
-    md, spec, st = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
-    return {
-        "metadata": {"name": md.get("name"), "labels": dict(md.get("labels") or {}),
-                     "resourceVersion": md.get("resourceVersion")},
-        "spec": {"unschedulable": bool(spec.get("unschedulable"))},
-        "status": {"allocatable": dict(st.get("allocatable") or {})},
-    }
+def plain_names(namespaces: list[str]) -> bool:
+    """Namespace names only (no glob or `!` pattern, not empty): each can be listed and watched on
+    its own, which is all the chart's namespaced RBAC (a Role per namespace) allows."""
+    return bool(namespaces) and not any(set(ns) & set("*?[!") for ns in namespaces)
 
 
-def node_relevant(node: dict[str, Any]) -> Any:
-    facts = node_facts(node)
-    return (facts["metadata"]["labels"], facts["spec"], facts["status"])
-
-
-def policy_relevant(policy: dict[str, Any]) -> Any:
-    """A policy decides through its spec (and is found by name); its status and bookkeeping
-    annotations do not change any model."""
-    return policy.get("spec")
-
-
-class WatchCache:
-    """One kind, listed once and then kept current by a watch (what client-go calls an informer).
-
-    ``run`` LISTs, then WATCHes from the list's resourceVersion with bookmarks; when the watch
-    ends it resumes from the last resourceVersion seen, and re-LISTs when the server says that
-    version is gone (410) or the connection failed. ``on_change`` is called, outside the lock,
-    only when ``relevant(obj)`` differs (or an object came or went); a re-LIST compares with what
-    was held, so a change missed while disconnected is still reported. Until the first LIST has
-    landed ``synced`` is False and callers read live instead.
-    """
-
-    def __init__(self, name: str, list_fn: Callable[..., Any], *, relevant: Callable[[dict[str, Any]], Any],
-                 slim: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                 on_change: ChangeHandler | None = None, watch_timeout_seconds: int = 300):
-        self.name = name
-        self._list_fn = list_fn
-        self._relevant = relevant
-        self._slim = slim or (lambda o: o)
-        self.on_change = on_change
-        self.watch_timeout_seconds = watch_timeout_seconds
-        self._lock = threading.Lock()
-        self._objs: dict[str, dict[str, Any]] = {}
-        self._rv: str | None = None
-        self.synced = threading.Event()
-        self.lists = 0
-        self.watches = 0
-
-    # ------------------------------------------------------------ the store (pure; unit-tested)
-
-    @staticmethod
-    def key(obj: dict[str, Any]) -> str:
-        md = obj.get("metadata") or {}
-        return f"{md.get('namespace') or ''}/{md.get('name')}"
-
-    def items(self) -> list[dict[str, Any]]:
-        """Deep copies: callers may keep or change what they get."""
-        with self._lock:
-            return [copy.deepcopy(o) for o in self._objs.values()]
-
-    def replace(self, objs: list[dict[str, Any]], resource_version: str | None) -> None:
-        """The result of a LIST. Reports what differs from what was held (nothing on the first)."""
-        changes: list[tuple[dict[str, Any] | None, dict[str, Any] | None]] = []
-        new = {self.key(o): self._slim(o) for o in objs}
-        with self._lock:
-            if self.synced.is_set():
-                for k in set(self._objs) | set(new):
-                    old_o, new_o = self._objs.get(k), new.get(k)
-                    if old_o is None or new_o is None or self._relevant(old_o) != self._relevant(new_o):
-                        changes.append((old_o, new_o))
-            self._objs, self._rv = new, resource_version
-            self.synced.set()
-        self._report(changes)
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> bool:
-        """One watch event; True when it was a relevant change (and reported)."""
-        rv = (obj.get("metadata") or {}).get("resourceVersion")
-        if event_type == "BOOKMARK":
-            with self._lock:
-                self._rv = rv or self._rv
-            return False
-        k = self.key(obj)
-        slim = self._slim(obj)
-        with self._lock:
-            old = self._objs.get(k)
-            if event_type == "DELETED":
-                self._objs.pop(k, None)
-                change = (old, None) if old is not None else None
-            elif event_type in ("ADDED", "MODIFIED"):
-                self._objs[k] = slim
-                change = (old, slim) if old is None or self._relevant(old) != self._relevant(slim) else None
-            else:
-                return False
-            self._rv = rv or self._rv
-        if change is None:
-            return False
-        self._report([change])
-        return True
-
-    def _report(self, changes: list[tuple[dict[str, Any] | None, dict[str, Any] | None]]) -> None:
-        if not changes or self.on_change is None:
-            return
-        for old, new in changes:
-            try:
-                self.on_change(old, new)
-            except Exception as e:  # noqa: BLE001 — a handler's bug must not stop the watch
-                log.warning("%s cache: change handler failed: %s: %s", self.name, type(e).__name__, e)
-
-    # ------------------------------------------------------------ the I/O loop
-
-    def run(self, stop: threading.Event) -> None:
-        """Thread entry: list and watch until ``stop`` is set; errors back off (1 s → 60 s) and re-list."""
-        backoff = 1.0
-        need_list = True
-        while not stop.is_set():
-            try:
-                if need_list:
-                    self._list()
-                    need_list = False
-                need_list = self._watch(stop)
-                backoff = 1.0
-            except Exception as e:  # noqa: BLE001 — network, 403 (RBAC), 5xx: retry from a fresh list
-                if isinstance(e, ApiException) and e.status == 403:
-                    # Without list or watch the getters keep reading live: correct, only chattier.
-                    self.synced.clear()
-                log.warning("%s cache: %s: %s; re-listing in %.0fs", self.name, type(e).__name__,
-                            getattr(e, "reason", None) or e, backoff)
-                need_list = True
-                stop.wait(backoff * (0.5 + random.random()))
-                backoff = min(backoff * 2, 60.0)
-
-    def _list(self) -> None:
-        # Raw JSON, not the client's typed models: cheaper, and the same dicts the watch yields.
-        resp = self._list_fn(_preload_content=False, _request_timeout=60)
-        self.lists += 1
-        body = json.loads(resp.data)
-        self.replace(body.get("items") or [], (body.get("metadata") or {}).get("resourceVersion"))
-
-    def _watch(self, stop: threading.Event) -> bool:
-        """One watch request; returns True when a re-list is needed (410 Gone)."""
-        from kubernetes.watch.watch import iter_resp_lines
-
-        with self._lock:
-            rv = self._rv
-        self.watches += 1
-        resp = self._list_fn(watch=True, resource_version=rv, allow_watch_bookmarks=True,
-                             timeout_seconds=self.watch_timeout_seconds, _preload_content=False,
-                             _request_timeout=self.watch_timeout_seconds + 30)
-        try:
-            for line in iter_resp_lines(resp):
-                if stop.is_set():
-                    return False
-                if not line or not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    if status.get("code") == 410:
-                        return True
-                    raise ApiException(status=status.get("code"), reason=status.get("message"))
-                self.apply(event.get("type", ""), event.get("object") or {})
-        finally:
-            resp.close()
-            resp.release_conn()
-        return False
-
-
-class TTLCache:
-    """Values kept for ``ttl`` seconds (0: not kept)."""
-
-    def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic):
-        self.ttl = ttl
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._values: dict[Any, tuple[float, Any]] = {}
-
-    def get(self, key: Any, load: Callable[[], Any]) -> Any:
-        if self.ttl <= 0:
-            return load()
-        now = self._clock()
-        with self._lock:
-            hit = self._values.get(key)
-            if hit is not None and hit[0] > now:
-                return copy.deepcopy(hit[1])
-        value = load()
-        with self._lock:
-            self._values[key] = (now + self.ttl, value)
-        return copy.deepcopy(value)
+def _rv(obj: Any) -> str | None:
+    """The resourceVersion of a raw object or of one of the client's typed objects."""
+    if isinstance(obj, dict):
+        md = obj.get("metadata")
+        rv = md.get("resourceVersion") if isinstance(md, dict) else None
+    else:
+        rv = getattr(getattr(obj, "metadata", None), "resource_version", None)
+    return rv if isinstance(rv, str) else None
 
 
 class Kube:
-    """Typed verbs over the API objects the operator touches."""
+    """Typed verbs over the API objects the operator touches.
+
+    Reads of QuantizedModels, managed Jobs and Deployments, Nodes and policies are served from
+    watched caches once ``start_caches`` ran and they synced; until then, for a namespace no cache
+    covers, and for a key whose cache is behind what this process last wrote or read, they go to
+    the API server. "Behind" is exact: every write notes the resourceVersion the server answered
+    (``Informer.note``) and the cache serves that key again only once its watch delivered that
+    version or a later one; a conflicting conditional status write marks the model's cache entry
+    stale, so the reconcile's retry (reconcile.py retries a ``StatusConflict`` 3 times, re-reading
+    through ``get_model``) reads the model live and converges whatever the watch's lag. Reads
+    from a cache are raw API JSON (camelCase keys, RFC 3339 timestamps), like the live ones.
+    """
 
     def __init__(self, api: client.ApiClient | None = None):
         self.api = api or load_config()
@@ -264,28 +96,70 @@ class Kube:
         self._lock = threading.Lock()
         self.writes = 0
         """API writes made by this process (for metrics and the 'no writes at rest' check)."""
+        self.namespaces: list[str] = []
+        """The namespace patterns the caches cover (``start_caches``)."""
         self.nodes: WatchCache | None = None
         self.policies: WatchCache | None = None
+        self.models: Informer | None = None
+        self.jobs: Informer | None = None
+        self.deployments: Informer | None = None
         self._namespace_labels = TTLCache(0)
 
-    def start_caches(self, stop: threading.Event, *, on_node_change: ChangeHandler | None = None,
+    def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
+                     on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
+                     on_child_change: ChangeHandler | None = None, on_node_change: ChangeHandler | None = None,
                      on_policy_change: ChangeHandler | None = None, namespace_ttl_seconds: float = 0,
-                     wait_seconds: float = 10) -> None:
-        """Serve ``list_nodes`` and ``list_policies`` from watched caches, and namespace labels
-        for ``namespace_ttl_seconds``. Every reconcile reads all three; without the caches each
-        one LISTs every Node and policy. Waits up to ``wait_seconds`` for the first lists (the
-        getters read live until then)."""
+                     wait_seconds: float = 10) -> list[threading.Thread]:
+        """Start the watched caches; returns their threads. Nodes and policies (cluster-scoped)
+        always; QuantizedModels and the managed Jobs and Deployments when ``namespaces`` is given
+        (the operator's scope: [] is the whole cluster, patterns are watched cluster-wide and
+        filtered, plain names one watch each). Namespace labels are kept for
+        ``namespace_ttl_seconds``. Waits up to ``wait_seconds`` for the first lists (the getters
+        read live until then)."""
         self.nodes = WatchCache("nodes", self.core.list_node, relevant=node_relevant, slim=node_facts,
                                 on_change=on_node_change)
         self.policies = WatchCache("quantizationpolicies", self._list_policies_raw, relevant=policy_relevant,
                                    on_change=on_policy_change)
+        informers = [Informer({None: self.nodes}), Informer({None: self.policies})]
+        if namespaces is not None:
+            self.namespaces = list(namespaces)
+            self.models = self._informer("quantizedmodels", self._list_models_raw, model_relevant,
+                                         on_model_change, on_models_listed)
+            self.jobs = self._informer("jobs", self._list_jobs_raw, any_change, on_child_change, None)
+            self.deployments = self._informer("deployments", self._list_deployments_raw, any_change,
+                                              on_child_change, None)
+            informers += [self.models, self.jobs, self.deployments]
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
-        for cache in (self.nodes, self.policies):
-            threading.Thread(target=cache.run, args=(stop,), name=f"fewerbits-cache-{cache.name}",
-                             daemon=True).start()
+        threads = [t for inf in informers for t in inf.start(stop)]
         deadline = time.monotonic() + wait_seconds
-        for cache in (self.nodes, self.policies):
-            cache.synced.wait(max(0.0, deadline - time.monotonic()))
+        for inf in informers:
+            inf.wait_synced(max(0.0, deadline - time.monotonic()))
+        return threads
+
+    def _informer(self, name: str, list_raw: Any, relevant: Any, on_change: ChangeHandler | None,
+                  on_list: ListHandler | None) -> Informer:
+        make = functools.partial(WatchCache, name, relevant=relevant, slim=without_managed_fields,
+                                 on_change=on_change, on_list=on_list)
+        if plain_names(self.namespaces):
+            return Informer({ns: make(functools.partial(list_raw, ns)) for ns in dict.fromkeys(self.namespaces)})
+        patterns = self.namespaces
+        return Informer({None: make(functools.partial(list_raw, None), accept=lambda o: namespace_watched(
+            (o.get("metadata") or {}).get("namespace") or "", patterns))})
+
+    def _list_models_raw(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL, **kwargs)
+        return self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, **kwargs)
+
+    def _list_jobs_raw(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.batch.list_job_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
+        return self.batch.list_namespaced_job(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
+
+    def _list_deployments_raw(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.apps.list_deployment_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
+        return self.apps.list_namespaced_deployment(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
 
     def _list_policies_raw(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
@@ -297,16 +171,27 @@ class Kube:
     # ------------------------------------------------------------ QuantizedModel / Policy
 
     def get_model(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The model from the watched cache when it holds what this process last wrote or read of
+        it (see the class), else a GET (noted, so the cache serves it again once it caught up)."""
+        if self.models is not None and self.models.fresh(namespace, name):
+            return self.models.get(namespace, name)
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, name)
+            obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, name)
         except ApiException as e:
             if _missing(e):
+                if self.models is not None:
+                    self.models.note(namespace, name, GONE)
                 return None
             raise
+        if self.models is not None:
+            self.models.note(namespace, name, _rv(obj))
+        return obj
 
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        """Models in the watched namespaces: all when empty; names or glob patterns (as kopf takes
-        them: `team-*`, `!team-test`)."""
+        """Models in the watched namespaces: all when empty; names or glob patterns (`team-*`,
+        `!team-test`). From the watched cache when it covers exactly these namespaces."""
+        if self.models is not None and namespaces == self.namespaces and self.models.synced():
+            return self.models.items()
         if not namespaces or any(set(ns) & set("*?[!") for ns in namespaces):
             items = self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL).get("items", [])
             return [o for o in items if namespace_watched(o["metadata"]["namespace"], namespaces)]
@@ -324,13 +209,18 @@ class Kube:
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, QM_PLURAL, name, body)
+            out = self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, QM_PLURAL, name, body)
             self._wrote()
         except ApiException as e:
             if e.status == 409:
+                if self.models is not None:
+                    self.models.invalidate(namespace, name)  # the next get_model reads live
                 return False
             if not _missing(e):
                 raise
+            return True
+        if self.models is not None:
+            self.models.note(namespace, name, _rv(out))
         return True
 
     def patch_serving_status(self, namespace: str, name: str, updates: dict[str, dict[str, Any]]) -> None:
@@ -405,12 +295,22 @@ class Kube:
     # ------------------------------------------------------------ Jobs and pods
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A managed Job from the watched cache (as ``get_model``), else a GET. A Job of that name
+        without the managed-by label is not in the cache: the operator's create then meets
+        AlreadyExists, as it would have found it."""
+        if self.jobs is not None and self.jobs.fresh(namespace, name):
+            return self.jobs.get(namespace, name)
         try:
-            return self.api.sanitize_for_serialization(self.batch.read_namespaced_job(name, namespace))
+            job = self.api.sanitize_for_serialization(self.batch.read_namespaced_job(name, namespace))
         except ApiException as e:
             if _missing(e):
+                if self.jobs is not None:
+                    self.jobs.note(namespace, name, GONE)
                 return None
             raise
+        if self.jobs is not None:
+            self.jobs.note(namespace, name, _rv(job))
+        return job
 
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a Job, Deployment or Service; returns None when it already existed."""
@@ -429,18 +329,28 @@ class Kube:
                 return None
             raise
         self._wrote()
-        return self.api.sanitize_for_serialization(out)
+        created = self.api.sanitize_for_serialization(out)
+        self._noted(kind, ns, body["metadata"].get("name"), _rv(created))
+        return created
+
+    def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
+        """A write of ours: the watched cache of that kind serves the object again once it has it."""
+        informer = {"Job": self.jobs, "Deployment": self.deployments}.get(kind)
+        if informer is not None and name:
+            informer.note(namespace, name, resource_version)
 
     def add_owner(self, kind: str, namespace: str, name: str, owner_refs: list[dict[str, Any]]) -> None:
         patch = {"metadata": {"ownerReferences": owner_refs}}
         try:
-            if kind == "Job":
-                self.batch.patch_namespaced_job(name, namespace, patch)
+            if kind != "Job":
+                raise ValueError(f"cannot add an owner to a {kind}")
+            out = self.batch.patch_namespaced_job(name, namespace, patch)
         except ApiException as e:
             if _missing(e):
                 return  # removed meanwhile (TTL): nothing to own
             raise
         self._wrote()
+        self._noted(kind, namespace, name, _rv(out))
 
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
         return self.list_pods(namespace, f"job-name={job_name}")
@@ -452,19 +362,32 @@ class Kube:
     # ------------------------------------------------------------ Deployments and Services
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        deps = self.apps.list_namespaced_deployment(namespace, label_selector=selector)
-        return [self.api.sanitize_for_serialization(d) for d in deps.items]
+        """Deployments matching an equality selector, from the watched cache of managed ones when
+        it holds every write of ours in the namespace; else a LIST. Every Deployment the operator
+        creates carries the managed-by label (render.py), so the cache has all it can ask for."""
+        if self.deployments is not None and self.deployments.fresh_namespace(namespace):
+            if selector_matches(selector, {}) is not None:  # a form it reads
+                return self.deployments.items(namespace, lambda d: bool(selector_matches(
+                    selector, (d.get("metadata") or {}).get("labels") or {})))
+        deps = [self.api.sanitize_for_serialization(d)
+                for d in self.apps.list_namespaced_deployment(namespace, label_selector=selector).items]
+        for d in deps:
+            self._noted("Deployment", namespace, (d.get("metadata") or {}).get("name"), _rv(d))
+        return deps
 
     def replace_deployment(self, body: dict[str, Any]) -> bool:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile (e.g. scaled)."""
         md = body["metadata"]
         try:
-            self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
+            out = self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
         except ApiException as e:
             if e.status == 409:
+                if self.deployments is not None:
+                    self.deployments.invalidate(md["namespace"], md["name"])
                 return False
             raise
         self._wrote()
+        self._noted("Deployment", md["namespace"], md["name"], _rv(out))
         return True
 
     def read_scale(self, namespace: str, name: str) -> int | None:
@@ -479,9 +402,10 @@ class Kube:
 
     def patch_scale(self, namespace: str, name: str, replicas: int) -> None:
         """The autoscaler's only Deployment write: the scale subresource, never the spec."""
-        self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": int(replicas)}},
-                                                    _content_type="application/merge-patch+json")
+        out = self.apps.patch_namespaced_deployment_scale(name, namespace, {"spec": {"replicas": int(replicas)}},
+                                                          _content_type="application/merge-patch+json")
         self._wrote()
+        self._noted("Deployment", namespace, name, _rv(out))
 
     def delete_deployment(self, namespace: str, name: str) -> None:
         try:
@@ -490,6 +414,7 @@ class Kube:
         except ApiException as e:
             if not _missing(e):
                 raise
+        self._noted("Deployment", namespace, name, GONE)
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

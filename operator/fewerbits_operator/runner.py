@@ -1,24 +1,35 @@
-"""The operator's process-level parts: kopf settings, the work queue and its workers, the resync
-scheduler, the watched caches, the autoscaler thread and metrics.
+"""The operator's runtime: the watched caches, the work queue and its workers, the resync
+scheduler, the autoscaler thread, metrics and the liveness endpoint. ``python -m
+fewerbits_operator`` runs ``Operator.run`` (one replica: nothing here elects a leader).
 
-Every trigger — a model created, changed or resumed, an event of a Job or Deployment it owns, a
-GPU-relevant Node change, a policy change, the periodic resync — only *enqueues* the model's key.
+Every trigger only *enqueues* a model's key:
+
+* a QuantizedModel added, deleted, or changed in what the operator acts on (spec generation,
+  deletion, labels, annotations; not status) — ``informer.model_relevant``;
+* every model once after each LIST of models (start-up, and every re-list after a watch broke):
+  what changed while nobody watched is reconciled;
+* any change of a Job or Deployment labelled ``app.kubernetes.io/managed-by=fewerbits``: its
+  QuantizedModel owners (``ownerReferences``);
+* a GPU-relevant Node change or a QuantizationPolicy spec change: every model, once, debounced;
+* the periodic resync: a steady model (Ready at its generation) every ``steady_period_seconds``,
+  others every ``resync_seconds``, spread over the period (``next_resync``).
+
 ``workers`` threads drain the queue (workqueue.py): a key is queued once however many events
-name it, never reconciled by two threads at once, and re-run once if it changed meanwhile. kopf's
-handlers therefore return at once and never queue behind a slow reconcile.
+name it, never reconciled by two threads at once, and re-run once if it changed meanwhile; a
+failing reconcile is retried with back-off. Reads go through Kube's watched caches (kube.py,
+informer.py), so a reconcile at rest costs the reads no watch serves (a Secret, a Service, Pods).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import signal
 import threading
 import time
 import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import kopf
 from prometheus_client import start_http_server
 
 from . import metrics
@@ -30,13 +41,13 @@ from .storage import ObjectStore
 from .workqueue import WorkQueue, run_worker
 
 log = logging.getLogger("fewerbits.operator")
-PREFIX = "fewerbits.io"
 Key = tuple[str, str]
 ALL_DEBOUNCE_SECONDS = 1.0
 """A pool of N nodes added is N watch events: reconcile every model once, a second after the first."""
 MAX_BACKOFF_SECONDS = 60.0
 """Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
-HANDLER_WAIT_SECONDS = 120.0
+STOP_SECONDS = 10.0
+"""On SIGTERM, how long running reconciles may take to finish before the process exits."""
 
 
 def next_resync(key: Key, now: float, period: float) -> float:
@@ -74,35 +85,41 @@ class Operator:
         self._next_list = 0.0
         self._model_namespaces: set[str] | None = None
         """Namespaces holding models at the last list: policy status is recomputed when they change."""
-        self._waiters: dict[Key, list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
-        """kopf handlers waiting for the next reconcile of a key to start and finish."""
+        self._health: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self, kopf_settings: kopf.OperatorSettings) -> None:
-        s = self.settings = get_settings()
-        # kopf's bookkeeping goes to annotations under our prefix, never into status.
-        kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-        kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=PREFIX, key="last-handled-configuration")
-        kopf_settings.persistence.finalizer = f"{PREFIX}/finalizer"
-        # We post our own events on real transitions; kopf's per-handler events are noise and writes.
-        kopf_settings.posting.enabled = False
-        kopf_settings.watching.server_timeout = 300
-        # The handlers only enqueue (async, on kopf's loop); reconciles run on our own workers.
-        kopf_settings.execution.max_workers = 2
-        kube = Kube()
+    def run(self) -> int:
+        """The process: start, serve until SIGTERM or SIGINT, stop. Returns the exit status."""
+        done = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: done.set())
+        self.start()
+        while not done.wait(1.0):
+            pass
+        log.info("stopping: waiting up to %.0fs for running reconciles", STOP_SECONDS)
+        self.stop()
+        self.join(STOP_SECONDS)
+        return 0
+
+    def start(self, settings: OperatorSettings | None = None, kube: Kube | None = None) -> None:
+        s = self.settings = settings or get_settings()
+        kube = kube or Kube()
         self.reconciler = Reconciler(kube, ObjectStore(timeout=s.storage_timeout_seconds), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
-        # Nodes and policies from watches; namespace labels kept for one resync period.
-        kube.start_caches(self._stop, on_node_change=self._node_changed, on_policy_change=self._policy_changed,
-                          namespace_ttl_seconds=s.resync_seconds)
         self.start_workers(s.workers)
         self._spawn(self._resync_loop, "fewerbits-resync")
+        # Models, their Jobs and Deployments, Nodes and policies from watches (each LIST of models
+        # enqueues every model); namespace labels kept for one resync period.
+        self._threads += kube.start_caches(
+            self._stop, namespaces=s.namespaces, on_model_change=self._model_changed,
+            on_models_listed=self._models_listed, on_child_change=self._child_changed,
+            on_node_change=self._node_changed, on_policy_change=self._policy_changed,
+            namespace_ttl_seconds=s.resync_seconds)
         if s.autoscaler_enabled:
             source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
                       if s.autoscaler_metrics_source == "prometheus"
@@ -110,6 +127,11 @@ class Operator:
             scaler = Autoscaler(kube, source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
+        if s.health_port:
+            try:
+                self._health = serve_health(s.health_port, self.healthy)
+            except OSError as e:  # the port taken: the probe fails and says so, the operator still works
+                log.error("liveness endpoint not started on port %d: %s", s.health_port, e)
         log.info("fewerbits operator started (namespaces: %s, %d workers, resync every %ss, steady models "
                  "every %ss)", ", ".join(s.namespaces) or "all", s.workers, s.resync_seconds, s.steady_period_seconds)
 
@@ -123,9 +145,24 @@ class Operator:
         t.start()
         self._threads.append(t)
 
+    def healthy(self) -> tuple[bool, str]:
+        """Alive while every thread started (workers, resync, autoscaler, every watch loop) runs."""
+        dead = [t.name for t in self._threads if not t.is_alive()]
+        if self._stop.is_set():
+            return False, "stopping"
+        return (not dead, "ok" if not dead else "stopped: " + ", ".join(dead))
+
     def stop(self) -> None:
         self._stop.set()
         self.queue.shut_down()
+        if self._health is not None:
+            self._health.shutdown()
+            self._health = None
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------ triggers (never raise, never block)
 
@@ -136,21 +173,6 @@ class Operator:
             if changed or key not in self._steady:
                 self._steady[key] = False
         self.queue.add(key)
-
-    async def reconcile_soon(self, namespace: str, name: str, timeout: float = HANDLER_WAIT_SECONDS) -> None:
-        """kopf's create/update/resume handler: enqueue, then wait (without a thread) until a
-        reconcile that started after this call has finished, succeeded or not. kopf writes its
-        bookkeeping annotation on the model when the handler returns; returning before the
-        reconcile's conditional status write would make that write conflict and be redone.
-        Never raises: a failed reconcile is retried by the queue with back-off, not by kopf."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future = loop.create_future()
-        key = (namespace, name)
-        with self._lock:
-            self._waiters.setdefault(key, []).append((loop, fut))
-        self.enqueue(namespace, name, changed=True)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
 
     def enqueue_owners(self, body: Any) -> None:
         """A child changed: enqueue each QuantizedModel that owns it."""
@@ -164,6 +186,29 @@ class Operator:
         with self._lock:
             if self._all_due is None:
                 self._all_due = self.clock() + ALL_DEBOUNCE_SECONDS
+
+    def _model_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        md = (new or old or {}).get("metadata") or {}
+        key = (md.get("namespace"), md.get("name"))
+        if new is None:  # deleted: one last reconcile forgets its metrics; no resync after it
+            with self._lock:
+                self._steady.pop(key, None)
+                self._failures.pop(key, None)
+            self.queue.add(key)
+            return
+        self.enqueue(*key, changed=True)
+
+    def _models_listed(self, models: list[dict[str, Any]]) -> None:
+        """After every LIST of models (start-up, a re-list after the watch broke): reconcile each
+        once, as nothing watched them meanwhile."""
+        listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o) for o in models}
+        with self._lock:
+            self._steady.update(listed)
+        log.info("%d models listed: reconciling each once", len(listed))
+        self.queue.add_many(listed)
+
+    def _child_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        self.enqueue_owners(new or old or {})
 
     def _node_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         name = ((new or old or {}).get("metadata") or {}).get("name")
@@ -199,16 +244,11 @@ class Operator:
 
     def _process(self, key: Key) -> None:
         assert self.reconciler is not None
-        with self._lock:
-            waiters = self._waiters.pop(key, [])
         started = time.monotonic()
         try:
             self.reconciler.reconcile(*key)
         finally:
             metrics.observe_reconcile_max(time.monotonic() - started)
-            for loop, fut in waiters:
-                with contextlib.suppress(RuntimeError):  # the loop closed: kopf is shutting down
-                    loop.call_soon_threadsafe(_resolve, fut)
         with self._lock:
             self._failures.pop(key, None)
             steady = self._steady.get(key)
@@ -242,8 +282,8 @@ class Operator:
                 log.warning("resync failed: %s: %s", type(e).__name__, e)
 
     def resync_tick(self) -> None:
-        """List the models when a list is due (every ``resync_seconds``) or every model was asked
-        for; learn which exist and which are steady; give each known model without a pending
+        """Read the models (from the watched cache; a LIST until it synced) when that is due
+        (every ``resync_seconds``) or every model was asked for; learn which exist and which are steady; give each known model without a pending
         reconcile its next resync; enqueue all of them when asked."""
         assert self.reconciler is not None and self.settings is not None
         now = self.clock()
@@ -272,6 +312,27 @@ class Operator:
                 self.queue.add_after(key, self._resync_delay(key, steady))
 
 
-def _resolve(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
+def serve_health(port: int, healthy) -> ThreadingHTTPServer:
+    """``GET /healthz`` on ``port``: 200 while ``healthy()`` says so, else 503 with the reason (the
+    chart's livenessProbe; a stopped worker or watch loop gets the pod restarted)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 — the http.server API
+            if self.path.split("?")[0] != "/healthz":
+                self.send_error(404)
+                return
+            ok, why = healthy()
+            body = why.encode()
+            self.send_response(200 if ok else 503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:  # the kubelet probes every few seconds: no log line each
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="fewerbits-health", daemon=True).start()
+    return server

@@ -17,8 +17,9 @@ class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FEWERBITS_", extra="ignore")
 
     namespaces: list[str] = Field(default_factory=list)
-    """Namespaces to watch (JSON list in the environment); glob patterns as kopf takes them
-    (`team-*`, `!team-test`). Empty: the whole cluster."""
+    """Namespaces to watch (JSON list in the environment): names, or glob patterns (`team-*`,
+    `!team-test`; watched cluster-wide and filtered, so they need cluster-wide RBAC). Empty: the
+    whole cluster."""
     quantjob_image: str = f"ghcr.io/fewerbits/fewerbits-quantjob:{__version__}"
     """Image of the quantization Job."""
     runtime_image: str = f"ghcr.io/fewerbits/fewerbits-runtime:{__version__}"

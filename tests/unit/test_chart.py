@@ -163,10 +163,10 @@ def test_schema_rejects(helm: list[str], values: list[str], complaint: str):
 
 # ------------------------------------------------------------------ RBAC
 
-# What the operator does, from operator/fewerbits_operator/kube.py (the autoscaler uses it too) and kopf
-# (see templates/_rbac.tpl for the why of each line). Changing RBAC means changing this table.
+# What the operator does, from operator/fewerbits_operator/kube.py (the autoscaler uses it too; the
+# watched caches list and watch through it) (see templates/_rbac.tpl for the why of each line). Changing RBAC means changing this table.
 NAMESPACED_RULES = {
-    ("fewerbits.io", "quantizedmodels"): {"get", "list", "watch", "patch"},
+    ("fewerbits.io", "quantizedmodels"): {"get", "list", "watch"},
     ("fewerbits.io", "quantizedmodels/status"): {"patch"},
     ("fewerbits.io", "quantizedmodels/finalizers"): {"update"},
     ("", "secrets"): {"get"},
@@ -178,10 +178,10 @@ NAMESPACED_RULES = {
     ("", "events"): {"create"},
 }
 CLUSTER_RULES = {
-    ("fewerbits.io", "quantizationpolicies"): {"get", "list", "watch"},
+    ("fewerbits.io", "quantizationpolicies"): {"list", "watch"},
     ("fewerbits.io", "quantizationpolicies/status"): {"patch"},
     ("", "nodes"): {"list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"get"},
 }
 
 
@@ -210,7 +210,7 @@ def test_every_rule_says_why(helm: list[str]):
     for mode in ("defaults", "cluster"):
         lines = template_text(helm, MODES[mode]).splitlines()
         rules = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
-        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + 1  # + namespaces
+        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES)
         for i in rules:
             assert lines[i - 1].lstrip().startswith("#"), f"{mode}: rule without a comment: {lines[i]} {lines[i + 1]}"
 
@@ -219,7 +219,7 @@ def test_rbac_namespaced_scope(helm: list[str]):
     objs = render(helm, MODES["two-namespaces"])
     sa = f"{RELEASE}-fewerbits"
     (cluster_role,) = by_kind(objs, "ClusterRole")
-    assert _grants(cluster_role) == CLUSTER_RULES | {("", "namespaces"): {"get", "list", "watch"}}
+    assert _grants(cluster_role) == CLUSTER_RULES
     roles = by_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
     for role in roles:
@@ -241,7 +241,7 @@ def test_rbac_cluster_scope(helm: list[str]):
     objs = render(helm, MODES["cluster"])
     assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
     (cluster_role,) = by_kind(objs, "ClusterRole")
-    assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES | {("", "namespaces"): {"get"}}
+    assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES
     (binding,) = by_kind(objs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == "[]"
@@ -279,7 +279,7 @@ def test_operator_deployment(helm: list[str]):
     objs = render(helm, [])
     dep = operator_deployment(objs)
     assert dep["metadata"]["namespace"] == NAMESPACE
-    assert dep["spec"]["replicas"] == 1, "kopf runs standalone: one replica"
+    assert dep["spec"]["replicas"] == 1, "no leader election: one replica"
     assert dep["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
     pod = dep["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True

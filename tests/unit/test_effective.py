@@ -120,7 +120,7 @@ def test_unknown_builtin_dataset_is_named():
     assert eff.errors[0].startswith("spec.quantization.calibration.dataset: 'wikitext' is not a built-in dataset")
 
 
-def test_namespace_patterns_follow_kopf():
+def test_namespace_patterns_include_and_exclude():
     from fewerbits_operator.kube import namespace_watched
 
     assert namespace_watched("t-abc", ["t-*"]) and not namespace_watched("demo", ["t-*"])

@@ -6,7 +6,8 @@ import json
 import threading
 from unittest import mock
 
-from fewerbits_operator.kube import Kube, TTLCache, WatchCache, node_facts, node_relevant, policy_relevant
+from fewerbits_operator.informer import TTLCache, WatchCache, node_facts, node_relevant, policy_relevant
+from fewerbits_operator.kube import Kube
 
 
 def node(name: str, rv: str, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: str = "8",

@@ -318,43 +318,6 @@ def test_node_or_policy_changes_reconcile_every_model_once_after_a_debounce():
     assert rec.kube.lists == 1 and sorted(rec.calls) == [("a", f"m{i}") for i in range(5)]
 
 
-def test_the_kopf_handler_returns_after_a_reconcile_that_started_after_it_never_raises():
-    """kopf patches its bookkeeping annotation when the handler returns: that must come after the
-    reconcile's conditional status write, as when the handler reconciled inline."""
-    import asyncio
-
-    op, clock, rec = operator()
-    stop = threading.Event()
-    gate = threading.Event()
-    rec.fail.add(("a", "m"))  # a failure still releases the handler (the queue retries, not kopf)
-
-    def slow(ns: str, name: str) -> None:
-        gate.wait(5)
-        FakeReconciler.reconcile(rec, ns, name)
-
-    rec.reconcile = slow  # type: ignore[method-assign]
-    worker = threading.Thread(target=run_worker, args=(op.queue, op._process, op._failed, stop))
-    worker.start()
-
-    async def handler() -> float:
-        t = asyncio.get_running_loop().time()
-        await op.reconcile_soon("a", "m", timeout=5)
-        return asyncio.get_running_loop().time() - t
-
-    async def main() -> float:
-        task = asyncio.create_task(handler())
-        await asyncio.sleep(0.2)
-        assert not task.done(), "returned before the reconcile finished"
-        gate.set()
-        return await task
-
-    waited = asyncio.run(main())
-    stop.set()
-    op.queue.shut_down()
-    worker.join(5)
-    assert 0.15 < waited < 4 and rec.calls == [("a", "m")]
-
-
 def test_the_steady_period_is_at_most_ten_resyncs():
     assert OperatorSettings(resync_seconds=30, steady_resync_seconds=300).steady_period_seconds == 300
     assert OperatorSettings(resync_seconds=3, steady_resync_seconds=300).steady_period_seconds == 30
