@@ -1,6 +1,6 @@
 """Catalog of GPU node pools and the kwok Node manifests that stand in for them.
 
-Labels are the ones NVIDIA GPU Feature Discovery writes (DESIGN.md, "Planner facts"): the operator
+Labels are the ones NVIDIA GPU Feature Discovery writes (docs/architecture.md, "Planner facts"): the operator
 derives pools from these alone, so nothing here adds a custom label that behaviour could depend on.
 Memory figures are what GFD reports (`nvidia.com/gpu.memory`, MiB, from NVML).
 """

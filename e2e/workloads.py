@@ -148,7 +148,7 @@ ZERO_FAKE_METRICS = '{"kv-cache-usage":0,"running-requests":0,"waiting-requests"
 
 def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int, metrics: str = "fake") -> list[str]:
     # The simulator's --model must not be a real hub model and needs the dummy tokenizer, or it
-    # reaches for the internet (HARNESS.md). The served names are what clients see.
+    # reaches for the internet (e2e/README.md). The served names are what clients see.
     argv = [sim_binary, "--port", str(listen_port), "--model", v.served_model_names[0],
             "--served-model-name", *v.served_model_names, "--force-dummy-tokenizer"]
     if v.max_num_seqs:

@@ -1,5 +1,5 @@
 """Conditions in the ``metav1.Condition`` shape, one generic helper for every kind, and the
-reason constants in one place (STYLE.md: conditions only, each with observedGeneration)."""
+reason constants in one place (conditions only, each with observedGeneration: docs/architecture.md, house rule 3)."""
 
 from __future__ import annotations
 

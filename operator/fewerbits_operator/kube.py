@@ -1,8 +1,8 @@
-"""The one module that talks to the Kubernetes API server (STYLE.md rule 1): the API verbs. The
+"""The one module that talks to the Kubernetes API server (docs/architecture.md, house rule 1): the API verbs. The
 watched caches it reads through live in informer.py.
 
 Everything else computes; this reads and writes. AlreadyExists on create and NotFound on delete
-are success (STYLE.md rule 2). Secrets are read only to check they exist and, for the operator's
+are success (docs/architecture.md, house rule 2). Secrets are read only to check they exist and, for the operator's
 own look-ups in object storage and the model source, for their credential values; those values
 never leave this process (not logged, not in status, not in events).
 """

@@ -38,7 +38,7 @@ from .planner import (
 )
 
 DEFAULT_GPU_COUNTS = (1, 8)
-# The DESIGN.md table's products (not every catalog variant) for the no-pools overview.
+# The products of the GPU table in docs/architecture.md (not every catalog variant) for the no-pools overview.
 DEFAULT_PRODUCTS = (
     "Tesla-T4", "NVIDIA-A10G", "NVIDIA-L4", "NVIDIA-L40S", "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB",
     "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-B200",

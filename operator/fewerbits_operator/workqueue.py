@@ -10,7 +10,7 @@ every Kubernetes controller relies on:
 * ``add_after`` schedules a key for later (retry back-off, periodic resync); an earlier schedule
   of the same key wins, and an ``add`` makes it ready at once.
 
-Reconcile is level-triggered (STYLE.md rule 2), so running a key once for many events loses nothing.
+Reconcile is level-triggered (docs/architecture.md, house rule 2), so running a key once for many events loses nothing.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ comments, line continuations, flags, exec-form JSON), then the rules:
 - every FROM names a tag that is not `latest` (or a digest);
 - the final stage runs as a numeric, non-root USER (the chart's runAsNonRoot can check it);
 - the operator image installs only the base package: no torch, no llm-compressor, no `[quantjob]`
-  extra (STYLE.md rule 6); the quantjob image does install them;
+  extra (docs/architecture.md, house rule 6); the quantjob image does install them;
 - what COPY takes from the build context exists and is not excluded by the Dockerfile's
   `<Dockerfile>.dockerignore`;
 - the base is a build argument (`BASE_IMAGE`: the public image by default, the base made from Debian

@@ -55,7 +55,7 @@ def test_llama_geometry_and_kv_bytes():
     assert (s.hidden_size, s.vocab_size, s.model_type) == (4096, 128256, "llama")
     assert s.architectures == ("LlamaForCausalLM",) and s.torch_dtype == "bfloat16"
     assert not s.tie_word_embeddings and s.lm_head_params == s.embed_params
-    # DESIGN.md: 2 × layers × kv_heads × head_dim × bytes = 2×32×8×128×2 = 128 KiB at 16 bits.
+    # docs/architecture.md: 2 × layers × kv_heads × head_dim × bytes = 2×32×8×128×2 = 128 KiB at 16 bits.
     assert s.kv_bytes_per_token(2) == 131072
     assert s.kv_bytes_per_token(1) == 65536
     # TP 2 splits the 8 KV heads; TP 16 would replicate (at least one head per GPU).

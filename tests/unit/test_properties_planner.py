@@ -2,7 +2,7 @@
 
 Whatever the config.json and the pools, the planner raises nothing but its documented
 ModelConfigError, every variant it plans fits the memory it claims, splits the model the way
-vLLM can, follows the compute-capability facts (DESIGN.md) and passes vLLM 0.33's argument
+vLLM can, follows the compute-capability facts (docs/architecture.md) and passes vLLM 0.33's argument
 check; more GPU memory never makes a fitting model stop fitting.
 """
 
@@ -149,7 +149,7 @@ def test_every_variant_fits_splits_evenly_follows_the_facts_and_parses(cfg, pool
         assert abs(v.weightsGiB - weights.total_bytes / GIB) < 0.01
         assert v.kvCacheTokens >= request.min_concurrent_sequences * v.maxModelLen
         assert v.maxModelLen <= shape.max_model_len
-        # The compute-capability facts (DESIGN.md): bfloat16 from 8.0, FP8 KV from 8.9, and a
+        # The compute-capability facts (docs/architecture.md): bfloat16 from 8.0, FP8 KV from 8.9, and a
         # format only where vLLM has a kernel for it (native or the documented fallback).
         assert v.dtype == ("bfloat16" if pool.cc >= (8, 0) else "float16")
         assert v.kvCacheDtype in ("fp8", "auto")

@@ -1,4 +1,4 @@
-"""The scaling decision for one variant, as a pure function (STYLE.md rule 1): figures in, a
+"""The scaling decision for one variant, as a pure function (docs/architecture.md, house rule 1): figures in, a
 decision out, no clock and no I/O. The loop feeds it; tests and the bench drive it directly.
 
 Rules (each answers a known failure of an existing LLM autoscaler):

@@ -3,7 +3,7 @@ Prometheus server. Each pod yields a typed ``PodSample`` or a typed ``ScrapeFail
 exception, so one bad pod cannot stop a variant's decision (the algorithm treats a failure as
 missing data and never scales down on it).
 
-DESIGN.md: vLLM exposes ``vllm:kv_cache_usage_perc`` (0-1; named ``vllm:gpu_cache_usage_perc``
+docs/architecture.md: vLLM exposes ``vllm:kv_cache_usage_perc`` (0-1; named ``vllm:gpu_cache_usage_perc``
 before 0.10/0.11 -- AIBrix's KV autoscaler silently lost its signal on that rename, so we accept
 both and prefer the new name), ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:num_preemptions_total``, each labelled ``model_name`` (and ``engine`` with data parallel).

@@ -1,6 +1,6 @@
 """GPU catalog and GPU pools, read from GPU Feature Discovery (GFD) node labels.
 
-DESIGN.md "Planner facts": GFD labels ``nvidia.com/gpu.product``, ``.family``,
+docs/architecture.md "Planner facts": GFD labels ``nvidia.com/gpu.product``, ``.family``,
 ``.compute.major``/``.minor``, ``.memory`` (MiB) and ``.count``; compute capability is compared
 numerically as a tuple (10.0 > 9.0), never as a string. The catalog adds what labels do not
 carry (memory bandwidth, TFLOPS) for known products; an unknown product still plans from its
@@ -30,7 +30,7 @@ CC = tuple[int, int]
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """What the catalog knows about one GPU product (DESIGN.md GPU table)."""
+    """What the catalog knows about one GPU product (docs/architecture.md, "Planner facts" GPU table)."""
 
     key: str
     """Short catalog name, e.g. ``h100-sxm``."""
@@ -47,7 +47,7 @@ class GPUSpec:
     fp8_tflops: float | None = None
 
 
-# DESIGN.md "Planner facts" GPU table; H100 PCIe / NVL, A100 PCIe and H200 NVL from NVIDIA's
+# docs/architecture.md "Planner facts" GPU table; H100 PCIe / NVL, A100 PCIe and H200 NVL from NVIDIA's
 # data sheets (same architecture rows, different memory systems).
 CATALOG: tuple[GPUSpec, ...] = (
     GPUSpec("t4", "Tesla-T4", "turing", (7, 5), 15360, 320, 65),

@@ -4,7 +4,7 @@ Everything the planner needs to size a model without downloading its weights: pa
 (total and, for mixture-of-experts models, active per token), split into the buckets that
 quantization treats differently, and the attention geometry that sizes the KV cache.
 
-Parameter buckets (DESIGN.md "Memory fit": weights ≈ params × bits/8 with ignored layers at
+Parameter buckets (docs/architecture.md "Memory fit": weights ≈ params × bits/8 with ignored layers at
 16 bits):
 
 * ``linear_params`` — the decoder's Linear layers (attention projections, MLP, experts): what a
@@ -86,7 +86,7 @@ _ROPE_ALREADY_SCALED = ("default", "su", "longrope", "llama3", "yarn", "deepseek
 
 FLOAT16_UNSUPPORTED_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 """Architectures vLLM refuses to run in float16 (vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS:
-numerical instability); they need bfloat16, i.e. compute capability 8.0 or newer (DESIGN.md:
+numerical instability); they need bfloat16, i.e. compute capability 8.0 or newer (docs/architecture.md:
 gemma2/3 reject float16)."""
 
 
@@ -191,7 +191,7 @@ class ModelShape:
     def kv_bytes_per_token_per_gpu(self, tensor_parallel: int, kv_bytes: float) -> float:
         """KV-cache bytes one token takes on each GPU of a replica.
 
-        DESIGN.md: KV bytes per token = 2 × layers × kv_heads × head_dim × bytes(kv dtype).
+        docs/architecture.md: KV bytes per token = 2 × layers × kv_heads × head_dim × bytes(kv dtype).
         Under tensor parallelism vLLM splits the KV heads across GPUs, and replicates them when
         there are fewer KV heads than GPUs (so each GPU holds at least one); MLA's single
         latent is replicated on every GPU.
