@@ -144,3 +144,44 @@ def test_a_list_cannot_allow_what_is_refused_always():
 ])
 def test_endpoint_globs_never_span_a_slash(url, pattern, ok):
     assert endpoint_matches(url, pattern) is ok
+
+
+# ------------------------------------------------------------------ the Job and the fetcher
+
+
+def _resolve_to_metadata(host: str) -> list[str]:
+    return ["169.254.169.254"]
+
+
+def _job_contract(**storage: Any):
+    from fewerbits_api.artifact import ArtifactKeyInputs
+    from fewerbits_api.formats import QuantFormat
+    from fewerbits_api.jobcontract import QuantJobContract
+
+    ki = ArtifactKeyInputs(sourceUri="s3://models/m", format=QuantFormat.FP8_DYNAMIC)
+    return QuantJobContract(key=ki.key(), keyInputs=ki, storage={"uri": "s3://bucket/p", **storage})
+
+
+def test_the_job_refuses_before_connecting():
+    from fewerbits_quantjob import errors, job
+    from fewerbits_quantjob.errors import JobError
+
+    job.verify_endpoints(_job_contract(endpoint="http://127.0.0.1:9000"), {})
+    with pytest.raises(JobError) as e:
+        job.verify_endpoints(_job_contract(endpoint="http://store.example:9000"), {}, resolve=_resolve_to_metadata)
+    assert e.value.reason == errors.ENDPOINT_REFUSED and e.value.permanent
+    assert e.value.message == ("storage.endpoint: http://store.example:9000 is refused: store.example resolves to "
+                               "169.254.169.254, a cloud metadata service address")
+    with pytest.raises(JobError, match="^FEWERBITS_SOURCE_S3_ENDPOINT: http://169.254.1.1 is refused"):
+        job.verify_endpoints(_job_contract(), {"FEWERBITS_SOURCE_S3_ENDPOINT": "http://169.254.1.1"})
+
+
+def test_the_fetcher_refuses_before_connecting():
+    from fewerbits_runtime.errors import UsageError
+    from fewerbits_runtime.storage import make_client
+
+    with pytest.raises(UsageError, match=r"^--endpoint \(FEWERBITS_STORAGE_ENDPOINT\): http://\[fd00:ec2::254\]"):
+        make_client("http://[fd00:ec2::254]", None, 4)
+    with pytest.raises(UsageError, match="store.example resolves to 169.254.169.254"):
+        make_client("http://store.example:9000", None, 4, resolve=_resolve_to_metadata)
+    assert make_client("http://127.0.0.1:9000", None, 4).meta.endpoint_url == "http://127.0.0.1:9000"
