@@ -17,14 +17,16 @@ FP8 = {"format": "fp8-dynamic", "qualityGate": {"maxPerplexityIncreasePercent": 
 
 
 def ready_at(models, namespace: str, name: str, generation: int, timeout: float = 600):
-    """Ready=True as observed for ``generation`` (not a Ready left from an earlier one)."""
+    """Quantized=True and Ready=True as observed for ``generation`` (a model keeps serving its
+    earlier artifact while the new one is made, so Ready alone is not the new artifact)."""
     def check():
         status = models.get(namespace, name).get("status") or {}
-        ready = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
-        return status if ready and ready["status"] == "True" and ready.get("observedGeneration") == generation \
-            and status.get("observedGeneration") == generation else None
-    return models.wait(f"Ready=True at generation {generation} on {namespace}/{name}", check, timeout=timeout,
-                       namespace=namespace, name=name)
+        conds = {c["type"]: c for c in status.get("conditions") or []}
+        done = all(t in conds and conds[t]["status"] == "True" and conds[t].get("observedGeneration") == generation
+                   for t in ("Quantized", "Ready"))
+        return status if done and status.get("observedGeneration") == generation else None
+    return models.wait(f"Quantized and Ready at generation {generation} on {namespace}/{name}", check,
+                       timeout=timeout, namespace=namespace, name=name)
 
 
 def test_same_bytes_in_two_storage_locations_are_two_jobs(cluster, gpu_pool, namespace, models, model_spec):
@@ -66,5 +68,11 @@ def test_a_ready_model_whose_storage_moves_is_ready_again_at_the_new_location(cl
     assert new["job"] != old["job"] and not new.get("cacheHit")
     assert {j.metadata.name for j in models.jobs(namespace)} == {old["job"], new["job"]}
     assert_manifest_complete(cluster, f"{namespace}/new", new["key"])
-    quantized = next(c for c in after["conditions"] if c["type"] == "Quantized")
-    assert quantized["status"] == "True" and quantized["observedGeneration"] == 2
+    # Serving fetches from the new location.
+    (dep,) = models.deployments(namespace, "mover")
+    fetch = next(c for c in dep.spec.template.spec.init_containers if "fetch" in (c.args or []))
+    assert fetch.args[fetch.args.index("--storage-uri") + 1] == f"s3://{ARTIFACT_BUCKET}/{namespace}/new"
+    models.wait("the Deployment rolled out at the new location",
+                lambda: (d := models.deployments(namespace, "mover")[0]).status.ready_replicas == 1
+                and d.status.updated_replicas == 1 and d.status.observed_generation == d.metadata.generation,
+                timeout=300, namespace=namespace, name="mover")
