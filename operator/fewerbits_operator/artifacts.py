@@ -56,6 +56,11 @@ def job_name(key: str, storage_uri: str, storage_endpoint: str | None = None) ->
     need two Jobs, else the second finds the first's Job succeeded and no manifest at its own
     location. Models asking for the same bytes in the same place still share one Job.
 
+    The same key already published in another location is quantized again, not copied: a Job
+    holds the credentials of its own storage only (two locations may be two stores, two
+    accounts), and the manifest's integrity and quality figures stay those of bytes that Job
+    wrote and measured itself.
+
     Upgrades: Jobs created before the destination was part of the name were named
     ``fewerbits-quantize-<key[:24]>``. Observe looks Jobs up by the new name only. A model whose
     manifest is published never creates a Job (decide creates one only when no manifest is at the

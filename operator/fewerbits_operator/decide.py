@@ -782,7 +782,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     status.plan = the_plan
     status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
 
-    # 3. Quantized: one artifact per format; manifest in storage or one Job per key.
+    # 3. Quantized: one artifact per format; manifest in storage or one Job per key and storage location.
     placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []
