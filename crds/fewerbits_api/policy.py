@@ -166,6 +166,12 @@ class PolicyRules(ApiModel):
     `vllm/vllm-openai@sha256:<hex>`. A model that leaves `serving.image` unset runs the operator's
     configured image and always passes. Unset: any image. With several policies, the image must
     match a pattern of every policy that sets this list."""
+    allowedEndpoints: Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=64)] | None = None
+    """Glob patterns `spec.source.endpoint` and `spec.storage.endpoint` must match (`*` matches
+    any run of characters but `/`, so a host pattern cannot be satisfied by a path), e.g. `https://minio.storage.svc:9000`, `https://*.r2.cloudflarestorage.com`. An unset
+    endpoint (the provider's public service) always passes. Link-local and cloud metadata
+    addresses are refused whatever this list says. Unset: any other endpoint. With several
+    policies, an endpoint must match a pattern of every policy that sets this list."""
     artifactRetention: Literal["Retain", "Delete"] = "Retain"
     """What happens to published artifacts when a model is deleted. `Delete` removes artifacts no
     other model uses (the operator then adds a finalizer). With several policies: `Delete` only

@@ -7,6 +7,7 @@ count, sequence length, and the tool versions.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from fewerbits_api.artifact import ArtifactKeyInputs
@@ -14,9 +15,11 @@ from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec
 from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
 
-# Jobs are named by key, so two models asking for the same bytes share one Job.
+# Jobs are named by key and destination, so two models asking for the same bytes in the same
+# storage location share one Job, and a model publishing elsewhere gets its own.
 JOB_PREFIX = "fewerbits-quantize-"
 JOB_KEY_CHARS = 24
+JOB_DESTINATION_CHARS = 10
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,9 @@ class PlannedArtifact:
     inputs: ArtifactKeyInputs
     variants: tuple[str, ...]
     """Pools that will serve it."""
+    storage_uri: str = ""
+    """Where its Job publishes (`spec.storage.uri`); part of the Job's name, never of the key."""
+    storage_endpoint: str | None = None
 
     @property
     def key(self) -> str:
@@ -32,11 +38,39 @@ class PlannedArtifact:
 
     @property
     def job_name(self) -> str:
-        return job_name(self.key)
+        return job_name(self.key, self.storage_uri, self.storage_endpoint)
 
 
-def job_name(key: str) -> str:
-    return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}"
+def destination_digest(storage_uri: str, storage_endpoint: str | None) -> str:
+    """A short, stable digest of where a Job publishes: the storage URI (trailing `/` ignored) and
+    endpoint (unset and empty are one)."""
+    where = f"{storage_uri.rstrip('/')}\n{(storage_endpoint or '').rstrip('/')}"
+    return hashlib.sha256(where.encode()).hexdigest()[:JOB_DESTINATION_CHARS]
+
+
+def job_name(key: str, storage_uri: str, storage_endpoint: str | None = None) -> str:
+    """``fewerbits-quantize-<key[:24]>-<destination[:10]>`` (54 characters, a DNS label).
+
+    The key alone names the bytes, but a Job also decides where they land: two models with the
+    same source and recipe but different ``spec.storage`` (or one model whose storage changed)
+    need two Jobs, else the second finds the first's Job succeeded and no manifest at its own
+    location. Models asking for the same bytes in the same place still share one Job.
+
+    The same key already published in another location is quantized again, not copied: a Job
+    holds the credentials of its own storage only (two locations may be two stores, two
+    accounts), and the manifest's integrity and quality figures stay those of bytes that Job
+    wrote and measured itself.
+
+    Upgrades: Jobs created before the destination was part of the name were named
+    ``fewerbits-quantize-<key[:24]>``. Observe looks Jobs up by the new name only. A model whose
+    manifest is published never creates a Job (decide creates one only when no manifest is at the
+    key), so a finished old Job changes nothing. A Job still running under the old name when the
+    operator is upgraded is not adopted: the model gets a second Job under the new name, which
+    publishes the same content-addressed key (the manifest is written last, so a reader sees one
+    complete artifact; a Job that finds a valid manifest already there ends at its cache check);
+    the old Job ends on its own and its TTL removes it. At worst one duplicate quantization per
+    Job in flight at the upgrade, once."""
+    return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}-{destination_digest(storage_uri, storage_endpoint)}"
 
 
 def artifact_format(variant: PlanVariant) -> QuantFormat:
@@ -78,4 +112,7 @@ def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus) -> list[Planne
     by_format: dict[QuantFormat, list[str]] = {}
     for v in plan.variants:
         by_format.setdefault(artifact_format(v), []).append(v.pool)
-    return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore), tuple(pools)) for fmt, pools in by_format.items()]
+    storage_uri = spec.storage.uri if spec.storage is not None else ""
+    storage_endpoint = spec.storage.endpoint if spec.storage is not None else None
+    return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore), tuple(pools), storage_uri, storage_endpoint)
+            for fmt, pools in by_format.items()]

@@ -500,8 +500,10 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                     reason=Reason.JOB_FAILED, message=job_failure_text(job), job=job.name)
     elif job.state is JobState.SUCCEEDED:
         v.failure = ArtifactFailure(generation=obs.generation or 0, reason=Reason.JOB_FAILED, job=job.name,
+                                    # The Job is named by key and destination (artifacts.job_name), so it
+                                    # published here: the artifact was removed since.
                                     message=f"Job {job.name} succeeded but no manifest is at the artifact key; "
-                                            "the storage location may differ from the Job's")
+                                            "was the artifact removed after publishing?")
     elif job.state is JobState.ACTIVE:
         phases = ", ".join(job.pod_phases)
         v.waiting = f"Job {job.name} running ({f'pod {phases}' if phases else 'no pod yet'})"
@@ -780,7 +782,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     status.plan = the_plan
     status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
 
-    # 3. Quantized: one artifact per format; manifest in storage or one Job per key.
+    # 3. Quantized: one artifact per format; manifest in storage or one Job per key and storage location.
     placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fewerbits_api.datasets import BUILTIN_DATASETS
+from fewerbits_api.endpoints import endpoint_matches, endpoint_refusal
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import PolicyRules, QuantizationPolicy, QuantizationPolicySpec
@@ -71,12 +72,14 @@ class Combined:
     """Leaf path under `spec` (e.g. `("serving", "replicas")`) → the policy that set it."""
     rules: PolicyRules = field(default_factory=PolicyRules)
     """The single-valued rules (ceilings, caps, permissions, allowed formats, job placement) as
-    combined; the pattern lists are checked per policy (`source_patterns`, `image_patterns`)."""
+    combined; the pattern lists are checked per policy (`source_patterns`, `image_patterns`,
+    `endpoint_patterns`)."""
     rule_sources: dict[str, str] = field(default_factory=dict)
     """Rule path (e.g. `maxReplicas`, `quantizationJob.nodeSelector`) → the policy (or policies,
     comma-separated) that set its combined value."""
     source_patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     image_patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    endpoint_patterns: tuple[tuple[str, tuple[str, ...]], ...] = ()
     rule_leaves: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Rule path → its path in the rules as tuple (for job placement leaves, whose keys hold dots)."""
     extra_args: tuple[tuple[str, frozenset[str], bool], ...] = ()
@@ -211,6 +214,8 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
                               if p.spec.rules.allowedSources is not None),
         image_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedImages)) for p in matching
                              if p.spec.rules.allowedImages is not None),
+        endpoint_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedEndpoints)) for p in matching
+                                if p.spec.rules.allowedEndpoints is not None),
         extra_args=extra_args, format_by_gpu_family=by_family, format_sources=family_sources,
         conflicts=tuple(conflicts))
 
@@ -302,6 +307,11 @@ def effective_spec(
                       "or the operator's FEWERBITS_DEFAULT_STORAGE_URI")
     if spec.source.scheme != "s3" and (spec.source.endpoint or spec.source.region):
         errors.append("spec.source.endpoint: only s3:// sources take an endpoint or region")
+    # Checked here, before observe reads anything from them (literal addresses and known names:
+    # no DNS, so deciding stays pure; the Job and the fetcher also check what names resolve to).
+    for field_name, endpoint in endpoints(spec):
+        if why := endpoint_refusal(endpoint):
+            errors.append(f"{field_name}: {endpoint} is refused: {why}")
     for field_name, dataset in (("spec.quantization.calibration.dataset", spec.quantization.calibration.dataset),
                                 ("spec.quantization.qualityGate.evalDataset",
                                  spec.quantization.qualityGate.evalDataset if spec.quantization.qualityGate else None)):
@@ -312,6 +322,14 @@ def effective_spec(
     errors += [f"spec.serving.extraArgs: {e}" for e in check_vllm_args(spec.serving.extraArgs)]
     return Effective(spec, policy, errors=bounded(errors), violations=bounded(check_rules(spec, raw, policy)),
                      raw_spec=raw)
+
+
+def endpoints(spec: QuantizedModelSpec) -> list[tuple[str, str]]:
+    """(field, URL) of each endpoint the operator and its workloads will connect to for a model."""
+    out = [("spec.source.endpoint", spec.source.endpoint)]
+    if spec.storage is not None:
+        out.append(("spec.storage.endpoint", spec.storage.endpoint))
+    return [(f, e) for f, e in out if e]
 
 
 def _arg_flags(args: list[str]) -> list[tuple[int, str]]:
@@ -365,6 +383,10 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
             if not any(fnmatch.fnmatchcase(spec.serving.image, p) for p in patterns):
                 broke("allowedImages", f"spec.serving.image {spec.serving.image} matches none of "
                                        f"{', '.join(patterns)}", name)
+    for name, patterns in policy.endpoint_patterns:
+        for field_name, endpoint in endpoints(spec):
+            if not any(endpoint_matches(endpoint, p) for p in patterns):
+                broke("allowedEndpoints", f"{field_name} {endpoint} matches none of {', '.join(patterns)}", name)
     if rules.requireRevisionPin and not spec.source.revision:
         broke("requireRevisionPin", "spec.source.revision must pin the revision to quantize")
     explicit_gate = ((raw_spec.get("quantization") or {}).get("qualityGate")) is not None
@@ -442,6 +464,8 @@ def effective_values(eff: Effective) -> EffectivePolicies | None:
         values.append(_value("rules.allowedSources", _compact(list(patterns)), name))
     for name, patterns in pol.image_patterns:
         values.append(_value("rules.allowedImages", _compact(list(patterns)), name))
+    for name, patterns in pol.endpoint_patterns:
+        values.append(_value("rules.allowedEndpoints", _compact(list(patterns)), name))
     for name, dests, _strict in pol.extra_args:
         values.append(_value("rules.allowedExtraArgs", _compact(sorted("--" + d.replace("_", "-") for d in dests)),
                              name))

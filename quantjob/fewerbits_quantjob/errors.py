@@ -23,6 +23,7 @@ class JobError(Exception):
 
 # Reasons (one place, so the operator can import and match them).
 CONTRACT_INVALID = "ContractInvalid"
+ENDPOINT_REFUSED = "EndpointRefused"
 KEY_MISMATCH = "KeyMismatch"
 TOOL_VERSION_MISMATCH = "ToolVersionMismatch"
 RECIPE_INVALID = "RecipeInvalid"

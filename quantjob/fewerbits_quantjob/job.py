@@ -29,6 +29,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from fewerbits_api.artifact import Manifest, QualityReport, artifact_prefix
+from fewerbits_api.endpoints import EndpointRefused, check_endpoint, resolve_host
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
@@ -104,6 +105,18 @@ def verify_contract(contract: QuantJobContract, installed: Mapping[str, str]) ->
                        permanent=True)
 
 
+def verify_endpoints(contract: QuantJobContract, env: Mapping[str, str], resolve=resolve_host) -> None:
+    """Refuse a link-local or cloud metadata endpoint (the name as resolved here) before any
+    connection: the same check the operator made of the spec (fewerbits_api.endpoints)."""
+    for field, url in (("source.endpoint", contract.source.endpoint),
+                       ("FEWERBITS_SOURCE_S3_ENDPOINT", env.get("FEWERBITS_SOURCE_S3_ENDPOINT")),
+                       ("storage.endpoint", contract.storage.endpoint)):
+        try:
+            check_endpoint(url, field, resolve)
+        except EndpointRefused as e:
+            raise JobError(errors.ENDPOINT_REFUSED, str(e), permanent=True) from None
+
+
 def verify_dataset_hash(expected: str | None, loaded, uri: str) -> None:
     """``keyInputs.calibrationDatasetHash``, when set, must match what was read: the file's
     sha256 (built-in, S3), the S3 ETag, or the hash of the samples used."""
@@ -130,6 +143,7 @@ def run(contract: QuantJobContract | str | dict, env: Mapping[str, str] | None =
             key = contract.key
             installed = installed_tool_versions()
             verify_contract(contract, installed)
+            verify_endpoints(contract, env)
             specs = recipes.build_recipe_spec(contract.format, contract.keyInputs.ignore)
             progress.note(f"key={contract.key} format={contract.format.value} "
                           f"source={redact(contract.keyInputs.sourceUri)} "

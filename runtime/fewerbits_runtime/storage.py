@@ -15,16 +15,23 @@ import logging
 import boto3
 from botocore.config import Config
 
+from fewerbits_api.endpoints import EndpointRefused, check_endpoint, resolve_host
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
-from .errors import AccessDenied, ArtifactMissing, RuntimeFailure, StorageError
+from .errors import AccessDenied, ArtifactMissing, RuntimeFailure, StorageError, UsageError
 
 for _name in ("botocore", "boto3", "urllib3", "s3transfer"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
-def make_client(endpoint: str | None, region: str | None, max_connections: int):
-    """One thread-safe client shared by all download threads (its pool sized to the threads)."""
+def make_client(endpoint: str | None, region: str | None, max_connections: int, resolve=resolve_host):
+    """One thread-safe client shared by all download threads (its pool sized to the threads). A
+    link-local or cloud metadata endpoint (the name as resolved here) is refused before any
+    connection, as the operator refuses it in the spec (fewerbits_api.endpoints)."""
+    try:
+        check_endpoint(endpoint, "--endpoint (FEWERBITS_STORAGE_ENDPOINT)", resolve)
+    except EndpointRefused as e:
+        raise UsageError(str(e)) from None
     config = Config(
         max_pool_connections=max(10, max_connections + 2),
         retries={"max_attempts": 5, "mode": "standard"},

@@ -19,7 +19,7 @@ from fewerbits_api.artifact import Manifest, QualityReport
 from fewerbits_api.conditions import CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
-from fewerbits_operator.artifacts import planned_artifacts
+from fewerbits_operator.artifacts import job_name, planned_artifacts
 from fewerbits_operator.decide import (
     AddJobOwner,
     CreateDeployment,
@@ -171,6 +171,34 @@ def term(exit_code: int = 12, message: str = "", **kw: Any) -> ContainerTerminat
                                 exit_code=exit_code, reason=kw.pop("reason", "Error"), message=message, **kw)
 
 
+def _moved_job(o) -> None:
+    job = next(a.job for a in o.actions if isinstance(a, CreateJob))
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env["FEWERBITS_JOB_CONTRACT"])["storage"]["uri"] == "s3://artifacts/moved"
+    key = o.status.artifacts[0].key
+    assert job["metadata"]["name"] == job_name(key, "s3://artifacts/moved", "http://127.0.0.1:9000")
+    assert job["metadata"]["name"] != job_name(key, "s3://artifacts/p", "http://127.0.0.1:9000")
+    assert o.status.artifacts[0].uri == f"s3://artifacts/moved/{key}/"
+
+
+def _not_the_shared_job(o) -> None:
+    job = next(a.job for a in o.actions if isinstance(a, CreateJob))
+    key = o.status.artifacts[0].key
+    assert job["metadata"]["name"] != job_name(key, "s3://artifacts/p", "http://127.0.0.1:9000")
+
+
+def _old_job_name(key: str) -> str:
+    return "fewerbits-quantize-" + key[:24]
+
+
+def _old_job_name_in_status(w: World) -> None:
+    """As an operator that named Jobs by key alone left the status: the Job is long gone (TTL)."""
+    for a in w.status["artifacts"]:
+        a["job"], a["cacheHit"] = _old_job_name(a["key"]), False
+    w.status["conditions"] = [{**c, "reason": "JobSucceeded"} if c["type"] == "Quantized" else c
+                              for c in w.status["conditions"]]
+
+
 # ------------------------------------------------------------------ the cases
 
 
@@ -235,6 +263,11 @@ CASES = [
     Case("invalid spec names the field", _set(spec=base_spec(source={"uri": "ftp://x"})),
          {"Accepted": ("False", "InvalidSpec"), "Planned": ("False", "Blocked")},
          message={"Accepted": "spec.source.uri"}),
+    Case("a cloud metadata endpoint is refused before anything is read",
+         _set(spec=base_spec(storage={"endpoint": "http://169.254.169.254"})),
+         {"Accepted": ("False", "InvalidSpec"), "Quantized": ("False", "Blocked")},
+         message={"Accepted": "spec.storage.endpoint: http://169.254.169.254 is refused"},
+         check=lambda o: not o.actions),
     Case("no storage anywhere", _set(spec={k: v for k, v in base_spec().items() if k != "storage"}),
          {"Accepted": ("False", "InvalidSpec")}, message={"Accepted": "spec.storage"}),
     Case("policy forbids the format", _set(spec=base_spec(quantization={"format": "nvfp4"}),
@@ -317,6 +350,19 @@ CASES = [
     Case("Job succeeded but storage has no manifest", lambda w: w.job(JobState.SUCCEEDED),
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "no manifest is at the artifact key"},
          actions=[CreateService]),
+    Case("a Ready model's storage moved: a Job of its own publishes at the new location",
+         _seq(_ready_world, _set(spec=base_spec(storage={"uri": "s3://artifacts/moved"}), generation=2),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending"), "Ready": ("True", "AllVariantsReady")},
+         actions=[CreateJob], events={"QuantizationStarted"}, check=_moved_job),
+    Case("another model's Job for the same key elsewhere is not this one's",
+         _seq(_set(spec=base_spec(storage={"uri": "s3://artifacts/team-b"})), lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService], check=_not_the_shared_job),
+    Case("upgrade: the status names a Job by its old name and the manifest is published: nothing re-runs",
+         _seq(_ready_world, _old_job_name_in_status),
+         {"Quantized": ("True", "JobSucceeded"), "Ready": ("True", "AllVariantsReady")},
+         check=lambda o: not o.actions and o.status.artifacts[0].job == _old_job_name(o.status.artifacts[0].key)
+         and o.status.artifacts[0].cacheHit is False),
     Case("storage unreachable", lambda w: [w.artifacts.__setitem__(a.key, ArtifactFacts(
         storage_error="storage s3://artifacts unreachable")) for a in w.planned()[2]],
          {"Quantized": ("False", "StorageUnavailable")}, message={"Quantized": "unreachable"},

@@ -309,7 +309,8 @@ def test_artifact_keys_are_deterministic_sensitive_and_safe(inputs, changed):
     key = inputs.key()
     assert key == ArtifactKeyInputs.model_validate(inputs.to_wire()).key()
     assert re.fullmatch(r"[0-9a-f]{64}", key)  # a safe path segment and S3 key part, always
-    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", job_name(key)) and len(job_name(key)) <= 63
+    name = job_name(key, "s3://" + "b" * 60 + "/" + "p" * 400, "https://" + "e" * 500)
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
     other = inputs.model_copy(update={changed: CHANGES[changed](getattr(inputs, changed))})
     assert other.key() != key
 

@@ -72,7 +72,7 @@ def test_job_carries_a_valid_contract_and_no_secret_values():
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}}
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "s3"
     assert all("value" not in e for e in env.values() if "KEY" in e["name"] or "TOKEN" in e["name"])
-    assert j["metadata"]["name"] == job_name(art.key) and len(j["metadata"]["name"]) <= 63
+    assert j["metadata"]["name"] == job_name(art.key, "s3://bkt/q", "http://minio.storage:9000") and len(j["metadata"]["name"]) <= 63
     pod = j["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] is False
@@ -172,3 +172,19 @@ def test_policy_tolerations_are_added_to_the_gpu_toleration():
     j = render_job(OWNER, SPEC, art, placement, QualityGateSpec(), SETTINGS)
     keys = [t.get("key") for t in j["spec"]["template"]["spec"]["tolerations"]]
     assert keys == ["nvidia.com/gpu", "team"]
+
+
+def test_job_name_names_the_destination_too():
+    """Same bytes, another storage location: another Job (else the second model would find the
+    first's Job succeeded and no manifest at its own location). Same location: the same Job."""
+    art = planned_artifacts(SPEC, PlanStatus(variants=[VARIANT]))[0]
+    moved = SPEC.model_copy(update={"storage": SPEC.storage.model_copy(update={"uri": "s3://bkt/other"})})
+    other_endpoint = SPEC.model_copy(update={"storage": SPEC.storage.model_copy(update={"endpoint": "http://b:9000"})})
+    trailing = SPEC.model_copy(update={"storage": SPEC.storage.model_copy(update={"uri": "s3://bkt/q/"})})
+    names = {planned_artifacts(s, PlanStatus(variants=[VARIANT]))[0].job_name for s in (moved, other_endpoint)}
+    assert art.job_name not in names and len(names) == 2
+    assert planned_artifacts(trailing, PlanStatus(variants=[VARIANT]))[0].job_name == art.job_name
+    assert {planned_artifacts(s, PlanStatus(variants=[VARIANT]))[0].key for s in (moved, other_endpoint)} == {art.key}
+    assert art.job_name.startswith("fewerbits-quantize-" + art.key[:24] + "-") and len(art.job_name) <= 63
+    rendered = render_job(OWNER, SPEC, art, QuantizationJobPlacement(), QualityGateSpec(), SETTINGS)
+    assert rendered["metadata"]["annotations"]["fewerbits.io/artifact-key"] == art.key
