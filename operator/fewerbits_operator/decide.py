@@ -504,9 +504,12 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                     # published here: the artifact was removed since.
                                     message=f"Job {job.name} succeeded but no manifest is at the artifact key; "
                                             "was the artifact removed after publishing?")
+    elif job.state is JobState.ACTIVE and job.pod_phases and set(job.pod_phases) != {"Pending"}:
+        v.waiting = f"Job {job.name} running (pod {', '.join(job.pod_phases)})"
     elif job.state is JobState.ACTIVE:
-        phases = ", ".join(job.pod_phases)
-        v.waiting = f"Job {job.name} running ({f'pod {phases}' if phases else 'no pod yet'})"
+        # Active in the Job's count, but no pod of it has started: it waits for the scheduler.
+        v.pending, v.waiting = True, f"Job {job.name} pending (pod {', '.join(job.pod_phases) or 'not created yet'}: " \
+                                     "waiting for a node with room)"
     else:
         v.pending, v.waiting = True, pending_text(job.name)
     return v

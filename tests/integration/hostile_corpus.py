@@ -284,7 +284,7 @@ QM_CONDITION = [
     # model configs the planner cannot use (hostile config.json files in object storage)
     _qm_condition("qm-pvc-source-unplannable", NO_CONFIG, ("pvc://",),
                   lambda c: {**c.spec(), "source": {"uri": "pvc://claim/models/x"}}),
-    _qm_condition("qm-source-without-config", NO_CONFIG, ("config.json", "NoSuchKey"),
+    _qm_condition("qm-source-without-config", NO_CONFIG, ("no-such-model/config.json", "does not exist"),
                   lambda c: c.spec(source={**c.spec()["source"], "uri": "s3://base-models/no-such-model"})),
     _qm_condition("qm-config-trillion-layers", NO_CONFIG, ("num_hidden_layers",),
                   _hostile_source("qm-config-trillion-layers"), _config(num_hidden_layers=10**12)),
