@@ -555,12 +555,12 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
     if gate_failed := [v for v in verdicts if v.ready and v.passed is False]:
         st.set(C.QUALITY_GATE_PASSED, False, Reason.GATE_FAILED, "; ".join(
             f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
-            f"(+{v.quality.increasePercent:.2f}%) exceeds the gate of {gate:g}%; not rolled out"
+            f"({v.quality.increasePercent:+.2f}%) exceeds the gate of {gate:g}%; not rolled out"
             if v.quality else f"{v.planned.format.value}: no quality figures in the manifest; not rolled out"
             for v in gate_failed))
     elif all(v.deployable for v in verdicts):
         st.set(C.QUALITY_GATE_PASSED, True, Reason.GATE_PASSED, ", ".join(
-            f"{v.planned.format.value}: +{v.quality.increasePercent:.2f}% ≤ {gate:g}%" if v.quality
+            f"{v.planned.format.value}: {v.quality.increasePercent:+.2f}% ≤ {gate:g}%" if v.quality
             else f"{v.planned.format.value}: unquantized" for v in verdicts))
     else:
         st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "waiting for the quantized artifacts")
