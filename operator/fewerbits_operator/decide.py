@@ -210,7 +210,7 @@ SECRET_KEYS = {
 """The keys each Secret must have, by its role (and the source's scheme)."""
 
 
-def _missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[str, frozenset[str] | None]
+def missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[str, frozenset[str] | None]
                      ) -> tuple[str, ...]:
     out = []
     for role, secret in secret_refs(spec):
@@ -251,7 +251,7 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
     if not eff.accepted or obs.secrets is None:
         return Acceptance(eff)
     assert eff.spec is not None
-    return Acceptance(eff, _missing_secrets(eff.spec, obs.namespace, obs.secrets))
+    return Acceptance(eff, missing_secrets(eff.spec, obs.namespace, obs.secrets))
 
 
 def effective_autoscaling(acc: Acceptance) -> EffectiveAutoscaling | None:

@@ -23,7 +23,7 @@ from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import planned_artifacts
-from .decide import current_plan, effective_for, secret_refs
+from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
 from .planner import pools_from_nodes, shape_from_config
@@ -119,9 +119,8 @@ class Observer:
             if secret not in values:  # one GET when source and storage share a Secret
                 values[secret] = self.kube.secret_data(ns, secret)
         facts["secrets"] = _freeze({s: (frozenset(v) if v is not None else None) for s, v in values.items()})
-        partial = Observed(**facts)
-        if effective_for(partial, self.settings).missing_secrets:
-            return partial
+        if missing_secrets(spec, ns, facts["secrets"]):
+            return Observed(**facts)  # decide says which; nothing further is read
         source_secret = values.get(spec.source.credentialsSecret or "")
         storage_creds = S3Credentials.from_secret(values.get(spec.storage.credentialsSecret or ""))
 
