@@ -24,8 +24,9 @@ __all__ = ["FILES_DIR", "MANIFEST_NAME", "ArtifactKeyInputs", "Manifest", "Manif
 
 MANIFEST_SCHEMA_VERSION = 1
 
-# The tools baked into the quantjob image; they decide the bytes, so they are part of the key.
-# Kept equal to the [quantjob] pins in pyproject.toml (a unit test checks it).
+# The tools baked into the quantjob image. Kept equal to the [quantjob] pins in pyproject.toml (a
+# unit test checks it). They are recorded in every manifest (`Manifest.tools`) but are not part of
+# new keys: an upgrade of the image re-quantizes nothing by itself (docs/artifacts.md).
 QUANTJOB_TOOL_VERSIONS: dict[str, str] = {
     "llmcompressor": "0.14.0.1",
     "compressed-tensors": "0.19.0",
@@ -35,7 +36,8 @@ QUANTJOB_TOOL_VERSIONS: dict[str, str] = {
 
 class ArtifactKeyInputs(ApiModel):
     """Everything that decides an artifact's bytes, and nothing else (not the storage location,
-    not the serving settings, not the quality gate threshold)."""
+    not the serving settings, not the quality gate threshold, not the tool versions: those are
+    recorded in the manifest, and re-quantizing with newer tools is asked for with ``rebuild``)."""
 
     sourceUri: str
     """Base model URI."""
@@ -56,17 +58,36 @@ class ArtifactKeyInputs(ApiModel):
     """Number of calibration samples (None without calibration data)."""
     calibrationMaxSeqLength: int | None = None
     """Calibration sequence length (None without calibration data)."""
-    tools: dict[str, str] = Field(default_factory=lambda: dict(QUANTJOB_TOOL_VERSIONS))
-    """Versions of llm-compressor, compressed-tensors and transformers."""
+    tools: dict[str, str] | None = None
+    """Legacy keys only: releases before keys stopped depending on tool versions hashed the
+    versions of llm-compressor, compressed-tensors and transformers here. New keys leave it unset
+    (absent from the canonical JSON), so a manifest published under an old key still verifies."""
+    rebuild: str | None = None
+    """`spec.quantization.requantize`: an opaque token that asks for a new artifact made by the
+    current tools. Unset: absent from the canonical JSON."""
 
     def canonical_json(self) -> str:
-        """Sorted keys, no whitespace, ASCII: the same inputs give the same bytes everywhere."""
-        return json.dumps(self.model_dump(mode="json", by_alias=True), sort_keys=True,
-                          separators=(",", ":"), ensure_ascii=True)
+        """Sorted keys, no whitespace, ASCII: the same inputs give the same bytes everywhere. The
+        optional fields added after keys were first computed (``tools`` once it became optional,
+        ``rebuild``) are left out when unset, so every key published before them hashes the same."""
+        doc = self.model_dump(mode="json", by_alias=True)
+        for optional in KEY_FIELDS_OMITTED_WHEN_UNSET:
+            if doc.get(optional) is None:
+                doc.pop(optional, None)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    def without_legacy_tools(self) -> "ArtifactKeyInputs":
+        """These inputs as a current key names them: the tool versions a legacy key hashed are
+        dropped. A legacy artifact whose inputs, so stripped, hash to a planned key holds the bytes
+        that key asks for (made by older tools) and keeps serving it."""
+        return self.model_copy(update={"tools": None})
 
     def key(self) -> str:
         """The artifact key: sha256 hex of the canonical JSON."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+
+KEY_FIELDS_OMITTED_WHEN_UNSET = ("tools", "rebuild")
 
 
 class ManifestModel(ApiModel):

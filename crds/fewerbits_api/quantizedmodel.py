@@ -161,6 +161,14 @@ class QuantizationSpec(ApiModel):
     """The quality gate. Evaluation always runs; without this field the gate of the matching
     policy, or 3% perplexity increase, applies."""
 
+    requantize: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] | None = None
+    """Ask for a new artifact made by the tools of the operator's current quantization image: any
+    new value (e.g. `2026-11`, `llmcompressor-0.15`) is part of the artifact key, so it starts one
+    Job per artifact; the artifact in use keeps serving until the new one passes its gate.
+    Unset: upgrading fewerbits (and so llm-compressor) never re-quantizes an existing artifact;
+    `status.artifacts[].tools` shows the versions that made it. A policy default sets it for
+    every model the policy governs."""
+
 
 class StorageSpec(ApiModel):
     """Object storage for artifacts, content-addressed: `<uri>/<key>/files/...` and

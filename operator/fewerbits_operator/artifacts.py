@@ -2,7 +2,8 @@
 
 The key hashes everything that decides the bytes: source URI and revision,
 format and recipe parameters, ignore list, calibration dataset identity and content hash, sample
-count, sequence length, and the tool versions.
+count, sequence length, and `spec.quantization.requantize` when set. Not the tool versions: they
+are recorded in the manifest (docs/artifacts.md, "Upgrades").
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from fewerbits_api.artifact import ArtifactKeyInputs
+from fewerbits_api.artifact import ArtifactKeyInputs, Manifest
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
-from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec
+from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
 from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
 
 # Jobs are named by key and destination, so two models asking for the same bytes in the same
@@ -104,6 +105,7 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | N
         calibrationDatasetHash=dataset_hash,
         calibrationSamples=calib.samples if uses_data else None,
         calibrationMaxSeqLength=calib.maxSeqLength if uses_data else None,
+        rebuild=spec.quantization.requantize,
     )
 
 
@@ -116,3 +118,27 @@ def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus) -> list[Planne
     storage_endpoint = spec.storage.endpoint if spec.storage is not None else None
     return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore), tuple(pools), storage_uri, storage_endpoint)
             for fmt, pools in by_format.items()]
+
+
+# ---- artifacts published under a legacy key (one that hashed the tool versions)
+
+
+def legacy_candidates(old: QuantizedModelStatus, planned: PlannedArtifact) -> list[str]:
+    """Keys this model used before for the planned artifact's format, other than the planned key:
+    where an artifact published under a legacy key (tool versions hashed in) may be. Status is the
+    memory: a model never reconciled by a release that recorded its key has none."""
+    return [a.key for a in old.artifacts if a.format is planned.format and a.key != planned.key]
+
+
+def serves_planned(manifest: Manifest, planned: PlannedArtifact) -> bool:
+    """A manifest under another key holds the bytes the planned key asks for: its inputs, without
+    the tool versions a legacy key hashed, are the planned inputs (a `requantize` token in the plan
+    never matches, so asking for re-quantization always makes a new artifact)."""
+    return manifest.keyInputs.tools is not None and manifest.keyInputs.without_legacy_tools().key() == planned.key
+
+
+def outdated_tools(manifest: Manifest, current: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """tool -> (version that made the artifact, version of the current quantization image), for
+    the keyed tools that differ."""
+    return {t: (manifest.tools.get(t, "?"), v) for t, v in sorted(current.items())
+            if manifest.tools.get(t) not in (None, v)}

@@ -17,6 +17,7 @@ artifact in ``job``. Condition messages are written for people and never read ba
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass, field
@@ -43,7 +44,7 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
+from .artifacts import PlannedArtifact, artifact_format, outdated_tools, planned_artifacts
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .render import (
@@ -387,6 +388,8 @@ class ArtifactVerdict:
     """Its Job has no running pod yet."""
     passed: bool | None = None
     quality: QualityStatus | None = None
+    outdated_tools: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Tools whose version differs from the current quantization image's (made, current)."""
 
     @property
     def ready(self) -> bool:
@@ -457,6 +460,10 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     spec = acc.spec
     assert spec is not None
     owner = Owner(obs.name, obs.namespace, obs.uid)
+    if facts.manifest is not None and facts.manifest.key != planned.key:
+        # Published under a legacy key (tool versions hashed in) with the planned bytes: it keeps
+        # serving under its own key; nothing is re-quantized (observe checked serves_planned).
+        planned = dataclasses.replace(planned, inputs=facts.manifest.keyInputs)
     v = ArtifactVerdict(planned)
     previous = next((a for a in obs.old_status.artifacts if a.key == planned.key), None)
     if facts.storage_error is not None:
@@ -465,6 +472,7 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     job = facts.job
     if facts.manifest is not None:
         v.manifest = facts.manifest
+        v.outdated_tools = outdated_tools(facts.manifest, settings.quantjob_tools)
         # A cache hit: published before this model asked for it, by no Job it owns (another
         # model's Job for the same key may still be there until its TTL).
         owns_job = job is not None and any(r.get("uid") == obs.uid for r in job.owner_refs)
@@ -531,6 +539,16 @@ def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
     )
 
 
+def tools_note(verdicts: list[ArtifactVerdict]) -> str:
+    """Said, not acted on: an upgrade re-quantizes only when asked (`spec.quantization.requantize`)."""
+    older = sorted({f"{t} {made}" for v in verdicts for t, (made, _) in v.outdated_tools.items()})
+    if not older:
+        return ""
+    current = sorted({f"{t} {now}" for v in verdicts for t, (_, now) in v.outdated_tools.items()})
+    return (f"; made with {', '.join(older)}, the quantization image has {', '.join(current)}: set "
+            "spec.quantization.requantize to re-quantize")
+
+
 def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: StatusBuilder) -> None:
     if not verdicts:
         st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
@@ -546,7 +564,7 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
         hits = [v for v in verdicts if v.cache_hit]
         st.set(C.QUANTIZED, True, Reason.CACHE_HIT if len(hits) == len(verdicts) else Reason.JOB_SUCCEEDED,
                ", ".join(f"{v.planned.format.value}: {v.planned.key[:12]}{' (cache hit)' if v.cache_hit else ''}"
-                         for v in verdicts))
+                         for v in verdicts) + tools_note(verdicts))
     else:
         waiting = [v for v in verdicts if not v.ready]
         reason = Reason.JOB_PENDING if all(v.pending for v in waiting) else Reason.JOB_RUNNING

@@ -22,7 +22,7 @@ from fewerbits_api.errors import format_validation_error
 from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
-from .artifacts import planned_artifacts
+from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
@@ -139,6 +139,8 @@ class Observer:
             except StorageError as e:
                 artifacts[planned.key] = ArtifactFacts(storage_error=str(e))
                 continue
+            if manifest is None:
+                manifest = self._legacy_manifest(spec.storage, planned, old, storage_creds)
             if manifest is not None:
                 job = self.kube.get_job(ns, planned.job_name)
                 artifacts[planned.key] = ArtifactFacts(manifest=manifest,
@@ -163,6 +165,19 @@ class Observer:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
         return Observed(**facts)
+
+    def _legacy_manifest(self, storage, planned, old: QuantizedModelStatus, creds):
+        """The manifest of an artifact this model used under a legacy key that holds the planned
+        bytes (docs/artifacts.md, "Upgrades"); None when there is none (one read per candidate,
+        only while the planned key has no manifest)."""
+        for key in legacy_candidates(old, planned):
+            try:
+                manifest = self.store.get_manifest(storage, key, creds)
+            except StorageError:
+                continue
+            if manifest is not None and serves_planned(manifest, planned):
+                return manifest
+        return None
 
     def _job(self, namespace: str, job: dict[str, Any], pods: bool = True) -> JobFacts:
         name = job["metadata"]["name"]

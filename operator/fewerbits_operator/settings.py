@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS
+
 from . import __version__
 
 
@@ -22,6 +24,11 @@ class OperatorSettings(BaseSettings):
     whole cluster."""
     quantjob_image: str = f"ghcr.io/fewerbits/fewerbits-quantjob:{__version__}"
     """Image of the quantization Job."""
+    quantjob_tools: dict[str, str] = Field(default_factory=lambda: dict(QUANTJOB_TOOL_VERSIONS))
+    """The versions of llm-compressor, compressed-tensors and transformers in `quantjob_image`
+    (JSON in the environment; default: this release's pins). Not part of any artifact key: an
+    artifact made by other versions keeps serving, and its Quantized condition says so, until a
+    model asks for `spec.quantization.requantize`."""
     runtime_image: str = f"ghcr.io/fewerbits/fewerbits-runtime:{__version__}"
     """Image of the serving pod's fetch init container (it also carries the launch wrapper)."""
     vllm_image: str = "vllm/vllm-openai:v0.33.0"

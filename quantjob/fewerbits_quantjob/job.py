@@ -93,10 +93,13 @@ def installed_tool_versions() -> dict[str, str]:
 def verify_contract(contract: QuantJobContract, installed: Mapping[str, str]) -> None:
     """The key must describe what this Job will produce. Everything that decides the bytes is in
     ``keyInputs`` and nowhere else in the contract, so the check is: the key recomputed from
-    keyInputs equals the key, and the tool versions it names are the ones baked into this image."""
+    keyInputs equals the key, and the tool versions a legacy key names (current keys name none)
+    are the ones baked into this image."""
     ki = contract.keyInputs
     if ki.key() != contract.key:
         raise JobError(errors.KEY_MISMATCH, KEY_MISMATCH_MESSAGE, permanent=True)
+    if ki.tools is None:
+        return  # a current key names no tool versions: the manifest records the ones used
     wrong = {t: (ki.tools.get(t), installed.get(t)) for t in KEYED_TOOLS if ki.tools.get(t) != installed.get(t)}
     if wrong:
         detail = ", ".join(f"{t} key={k} image={i}" for t, (k, i) in sorted(wrong.items()))

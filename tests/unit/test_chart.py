@@ -45,7 +45,8 @@ MODES: dict[str, list[str]] = {
                    "config.defaultStorage.endpoint=https://minio.example:9000",
                    "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store",
                    "config.autoscaler.metricsSource=prometheus",
-                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090"],
+                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090",
+                   "quantjobImage.tools.llmcompressor=0.15.0"],
 }
 
 
@@ -328,8 +329,9 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
     for name, field in OperatorSettings.model_fields.items():
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
-        if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE"):
-            continue  # release namespace; image tags follow the chart's appVersion
+        if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
+                   "FEWERBITS_QUANTJOB_TOOLS"):
+            continue  # release namespace; image tags (and the image's tools) follow the chart's appVersion
         if default is None:
             assert key not in env, f"{key}: unset means None"
             continue

@@ -298,7 +298,8 @@ CHANGES = {
     "calibrationDatasetHash": lambda v: (v or "") + "0",
     "calibrationSamples": lambda v: (v or 0) + 1,
     "calibrationMaxSeqLength": lambda v: (v or 0) + 1,
-    "tools": lambda v: {**v, "transformers": v.get("transformers", "") + ".1"},
+    "tools": lambda v: {**(v or {}), "transformers": (v or {}).get("transformers", "") + ".1"},  # legacy keys
+    "rebuild": lambda v: (v or "") + "r",
     "recipe": lambda v: {**v, "group_size": 64},
 }
 
