@@ -134,6 +134,11 @@ class PolicyRules(ApiModel):
     any source. With several policies, the URI must match a pattern of every policy that sets one."""
     requireRevisionPin: bool = False
     """Require `spec.source.revision`. Any matching policy requiring it requires it."""
+    requirePinnedData: bool = False
+    """Require every remote dataset to be pinned: a Hub dataset in
+    `spec.quantization.calibration.dataset` or `qualityGate.evalDataset` must name `@revision`
+    (S3 objects are pinned by the ETag the operator reads into the artifact key). Any matching
+    policy requiring it requires it."""
     requireQualityGate: bool = False
     """Require `spec.quantization.qualityGate` to be set explicitly. Any matching policy requiring
     it requires it."""

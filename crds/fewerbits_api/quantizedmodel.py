@@ -445,6 +445,23 @@ class ArtifactStatus(ApiModel):
     """Set when its Job failed; kept after the Job's TTL removes it."""
 
 
+class CalibrationDataStatus(ApiModel):
+    """The calibration data the model's artifacts are made with, and what pins it."""
+
+    dataset: str
+    """`spec.quantization.calibration.dataset`."""
+    pinned: bool
+    """Whether the artifact key names these exact bytes: a built-in set (its sha256), an S3 object
+    whose ETag was read, a Hub dataset with `@revision`."""
+    etag: str | None = None
+    """S3: the object's ETag, part of the artifact key (changed data, new key, new Job)."""
+    versionId: str | None = None
+    """S3: the object's VersionId on a versioned bucket (recorded, not keyed: it changes on every
+    upload, identical bytes included)."""
+    revision: str | None = None
+    """Hub: the dataset revision (part of the URI, so of the key)."""
+
+
 class VariantServingStatus(ApiModel):
     """Live state of one variant's Deployment."""
 
@@ -526,6 +543,8 @@ class QuantizedModelStatus(ApiModel):
     violated policy fails closed: nothing is scaled). The autoscaler reads only this."""
     effective: EffectivePolicies | None = None
     """The policies governing the model and the effective values they set, each with its source."""
+    calibrationData: CalibrationDataStatus | None = None
+    """The calibration data in use and its pin (absent when no artifact uses calibration data)."""
 
 
 class ObjectMeta(ApiModel):

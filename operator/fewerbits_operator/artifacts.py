@@ -16,6 +16,8 @@ from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
 from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
 
+from .datapins import DataPin, key_hash
+
 # Jobs are named by key and destination, so two models asking for the same bytes in the same
 # storage location share one Job, and a model publishing elsewhere gets its own.
 JOB_PREFIX = "fewerbits-quantize-"
@@ -82,9 +84,12 @@ def artifact_format(variant: PlanVariant) -> QuantFormat:
     return QuantFormat.NONE if variant.servedAsIs else variant.format
 
 
-def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | None = None) -> ArtifactKeyInputs:
+def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | None = None,
+               data_pin: DataPin | None = None) -> ArtifactKeyInputs:
     """``ignore``: the effective list the plan sized (``PlanStatus.ignore``: the spec's plus the
-    architecture's); the spec's own list when the plan predates it."""
+    architecture's); the spec's own list when the plan predates it. ``data_pin``: the S3
+    calibration object's ETag as observe read it (datapins.py); without it an S3 dataset's key
+    names no bytes, and decide starts no Job for it."""
     facts = FORMAT_FACTS[fmt]
     calib = spec.quantization.calibration
     uses_data = facts.needs_calibration_data
@@ -94,6 +99,8 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | N
         # The sha256 of the file the quantjob image ships (the Job checks it: a key always names
         # the bytes it was computed from). An unknown name is refused before planning (effective.py).
         dataset_hash = BUILTIN_DATASET_SHA256.get(dataset)
+    elif dataset is not None:
+        dataset_hash = key_hash(dataset, data_pin)
     return ArtifactKeyInputs(
         sourceUri=spec.source.uri,
         sourceRevision=spec.source.revision,
@@ -109,14 +116,16 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | N
     )
 
 
-def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus) -> list[PlannedArtifact]:
+def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus, data_pin: DataPin | None = None
+                      ) -> list[PlannedArtifact]:
     """One artifact per distinct artifact format of the plan's variants."""
     by_format: dict[QuantFormat, list[str]] = {}
     for v in plan.variants:
         by_format.setdefault(artifact_format(v), []).append(v.pool)
     storage_uri = spec.storage.uri if spec.storage is not None else ""
     storage_endpoint = spec.storage.endpoint if spec.storage is not None else None
-    return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore), tuple(pools), storage_uri, storage_endpoint)
+    return [PlannedArtifact(fmt, key_inputs(spec, fmt, plan.ignore, data_pin), tuple(pools), storage_uri,
+                            storage_endpoint)
             for fmt, pools in by_format.items()]
 
 

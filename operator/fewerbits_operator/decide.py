@@ -45,6 +45,8 @@ from fewerbits_api.quantizedmodel import (
 from fewerbits_api.validation import DNS1123_LABEL
 
 from .artifacts import PlannedArtifact, artifact_format, outdated_tools, planned_artifacts
+from .claims import ClaimState, claim_state, new_claim
+from .datapins import CALIBRATION_FIELD, calibration_status, s3_calibration_uri
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .render import (
@@ -70,6 +72,7 @@ WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
+    Reason.CALIBRATION_DATA_UNAVAILABLE,
 })
 MAX_NAME = 40
 """A model's name prefixes Deployment names (`<name>-<pool>`): at most 40 characters."""
@@ -124,8 +127,21 @@ class PatchService:
     patch: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class ClaimArtifact:
+    """Claim ``<storage>/<key>/.claim`` create-only before creating the Job (claims.py); when
+    another writer wins, execute raises StatusConflict and the pass observes the claim."""
+
+    namespace: str
+    storage: StorageSpec
+    key: str
+    body: bytes
+    take_over: bool = False
+    """The claim there is stale: delete it first."""
+
+
 Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, DeleteDeployment, CreateService,
-               PatchService]
+               PatchService, ClaimArtifact]
 
 
 @dataclass(frozen=True)
@@ -488,6 +504,19 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
             # new Job would fail the same way. A new generation of the spec (any edit) tries again.
             v.failure, v.job = previous.failure, previous.failure.job
             return v
+        claimed = claim_state(facts.claim, facts.claim_present, obs.namespace, planned.job_name, obs.now,
+                              facts.claim_holder_gone)
+        if claimed is ClaimState.HELD and facts.claim is not None:
+            # Another namespace's Job publishes these bytes to this storage: one Job per key and
+            # location, cluster-wide; its manifest will be this model's cache hit.
+            v.pending, v.waiting = True, (f"Job {facts.claim.job} in namespace {facts.claim.namespace} is producing "
+                                          f"this artifact in the same storage (claimed until {facts.claim.expires_at}); "
+                                          "waiting for its manifest")
+            return v
+        if claimed is not ClaimState.MINE:
+            claim = new_claim(obs.namespace, planned.job_name, obs.now, placement.activeDeadlineSeconds)
+            actions.append(ClaimArtifact(obs.namespace, spec.storage, planned.key, claim.to_json(),
+                                         take_over=claimed is ClaimState.STALE))
         rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings)
         actions.append(CreateJob(rendered))
         # Just created: no pod yet, told exactly as the next pass will see it (no second write).
@@ -556,6 +585,8 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
     if failed := [v for v in verdicts if v.failed]:
         job_failed = [v for v in failed if v.failure is not None]
         reason = Reason.JOB_FAILED if job_failed else Reason.STORAGE_UNAVAILABLE
+        if not job_failed and all((v.unavailable or "").startswith(CALIBRATION_FIELD) for v in failed):
+            reason = Reason.CALIBRATION_DATA_UNAVAILABLE
         hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
                 if job_failed else "")
         st.set(C.QUANTIZED, False, reason, "; ".join(
@@ -751,7 +782,8 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     st = StatusBuilder(list(old.conditions), obs.generation, obs.now)
     status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
                                   artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
-                                  formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling)
+                                  formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling,
+                                  calibrationData=old.calibrationData)
     actions: list[Action] = []
 
     def done() -> Outcome:
@@ -807,8 +839,13 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []
-    for planned in planned_artifacts(spec, the_plan):
+    status.calibrationData = calibration_status(spec, the_plan, obs.data_pin)
+    data_uri = s3_calibration_uri(spec, the_plan)
+    for planned in planned_artifacts(spec, the_plan, obs.data_pin):
         facts = obs.artifacts.get(planned.key, ArtifactFacts(storage_error="storage was not read"))
+        if data_uri and obs.data_pin is None and planned.inputs.calibrationDataset == data_uri:
+            # Named before any Job starts: without its ETag the key would not name the data.
+            facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
         v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions)
         judge(v, gate)
         verdicts.append(v)

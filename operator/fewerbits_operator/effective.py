@@ -26,6 +26,7 @@ from fewerbits_api.quantizedmodel import (
     StorageSpec,
 )
 
+from .datapins import unpinned_data
 from .planner import check_vllm_args, vllm_arg_spec
 
 DEFAULT_GATE_PERCENT = 3.0
@@ -160,7 +161,7 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
 
     for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas"):
         lowest(name)
-    for name in ("requireRevisionPin", "requireQualityGate"):
+    for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData"):
         if requiring := [p.metadata.name for p in matching if getattr(p.spec.rules, name)]:
             rules[name], rule_sources[name] = True, requiring[0]
 
@@ -389,6 +390,9 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
                 broke("allowedEndpoints", f"{field_name} {endpoint} matches none of {', '.join(patterns)}", name)
     if rules.requireRevisionPin and not spec.source.revision:
         broke("requireRevisionPin", "spec.source.revision must pin the revision to quantize")
+    if rules.requirePinnedData:
+        for what in unpinned_data(spec):
+            broke("requirePinnedData", what)
     explicit_gate = ((raw_spec.get("quantization") or {}).get("qualityGate")) is not None
     if rules.requireQualityGate and not explicit_gate:
         broke("requireQualityGate", "spec.quantization.qualityGate must be set")

@@ -26,6 +26,7 @@ from . import metrics
 from .decide import (
     Action,
     AddJobOwner,
+    ClaimArtifact,
     CreateDeployment,
     CreateJob,
     CreateService,
@@ -35,10 +36,11 @@ from .decide import (
     ReplaceDeployment,
 )
 from .kube import Kube
+from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
 
-ORDER = (DeleteDeployment, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService)
+ORDER = (DeleteDeployment, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService)
 
 
 class StatusConflict(RuntimeError):
@@ -55,8 +57,15 @@ def _plain(obj: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(obj))
 
 
-def apply_action(kube: Kube, action: Action) -> None:
-    if isinstance(action, DeleteDeployment):
+def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -> None:
+    if isinstance(action, ClaimArtifact):
+        assert store is not None, "claims need the object store"
+        secret = action.storage.credentialsSecret
+        creds = S3Credentials.from_secret(kube.secret_data(action.namespace, secret) if secret else None)
+        if not store.put_claim(action.storage, action.key, creds, action.body, action.take_over):
+            metrics.CLAIMS_LOST.inc()
+            raise StatusConflict(f"artifact {action.key[:12]} was claimed meanwhile by another namespace; observing again")
+    elif isinstance(action, DeleteDeployment):
         kube.delete_deployment(action.namespace, action.name)
     elif isinstance(action, CreateJob):
         if kube.create(_plain(action.job)) is not None:
@@ -82,12 +91,12 @@ def normalized(raw: Mapping[str, Any]) -> str:
         return json.dumps(raw, sort_keys=True)
 
 
-def execute(kube: Kube, model: Mapping[str, Any], outcome: Outcome) -> bool:
+def execute(kube: Kube, model: Mapping[str, Any], outcome: Outcome, store: ObjectStore | None = None) -> bool:
     """Apply the outcome to ``model`` (the object as observed). Returns whether anything was
     written."""
     md = model["metadata"]
     for action in ordered(outcome.actions):
-        apply_action(kube, action)
+        apply_action(kube, action, store)
     wrote = bool(outcome.actions)
     old_raw = dict(model.get("status") or {})
     new_raw = outcome.status.to_wire()

@@ -21,6 +21,11 @@ QUEUE_DEPTH = Gauge("fewerbits_workqueue_depth", "Models waiting in the work que
 QUEUE_PROCESSING = Gauge("fewerbits_workqueue_processing", "Reconciles running now")
 JOBS_CREATED = Counter("fewerbits_quantization_jobs_created_total", "Quantization Jobs created")
 CACHE_HITS = Counter("fewerbits_artifact_cache_hits_total", "Artifacts found already published (no Job needed)")
+CLAIMS_LOST = Counter("fewerbits_artifact_claims_lost_total",
+                      "Job creations given up because another namespace claimed the same key and storage first")
+ARTIFACTS_DELETED = Counter("fewerbits_artifacts_deleted_total",
+                            "Artifacts the retention sweep deleted from storage (unreferenced for the period)")
+RETENTION_SWEEPS = Counter("fewerbits_retention_sweeps_total", "Retention sweeps run, by result", ["result"])
 JOBS_RUNNING = Gauge("fewerbits_quantization_jobs_running", "Quantization Jobs not finished yet")
 MODELS = Gauge("fewerbits_models", "QuantizedModels by condition and status", ["condition", "status"])
 PERPLEXITY_INCREASE = Gauge("fewerbits_artifact_perplexity_increase_percent",

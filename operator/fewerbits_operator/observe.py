@@ -23,8 +23,10 @@ from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
+from .claims import Claim
+from .datapins import DataPin, s3_calibration_uri
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
-from .kube import Kube
+from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
 from .planner import pools_from_nodes, shape_from_config
 from .planner import ModelConfigError as ShapeError
@@ -131,9 +133,15 @@ class Observer:
         except (ModelConfigError, ShapeError) as e:
             facts["config_error"] = str(e)
         the_plan, _ = current_plan(Observed(**facts), eff)
+        if data_uri := s3_calibration_uri(spec, the_plan):
+            try:
+                etag, version = self.store.head_object(spec.storage, data_uri, storage_creds)
+                facts["data_pin"] = DataPin(data_uri, etag, version)
+            except StorageError as e:
+                facts["data_error"] = str(e)
 
         artifacts: dict[str, ArtifactFacts] = {}
-        for planned in planned_artifacts(spec, the_plan):
+        for planned in planned_artifacts(spec, the_plan, facts.get("data_pin")):
             try:
                 manifest = self.store.get_manifest(spec.storage, planned.key, storage_creds)
             except StorageError as e:
@@ -147,6 +155,9 @@ class Observer:
                                                        job=self._job(ns, job, pods=False) if job else None)
                 continue
             job = self.kube.get_job(ns, planned.job_name)
+            if job is None:
+                artifacts[planned.key] = self._claim_facts(spec.storage, planned, storage_creds)
+                continue
             artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
         facts["artifacts"] = _freeze(artifacts)
 
@@ -165,6 +176,22 @@ class Observer:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
         return Observed(**facts)
+
+    def _claim_facts(self, storage, planned, creds) -> ArtifactFacts:
+        """The claim on the planned key (claims.py) and whether its holder Job failed or is gone
+        (looked up only in namespaces this operator watches)."""
+        try:
+            present, raw = self.store.get_claim(storage, planned.key, creds)
+        except StorageError as e:
+            return ArtifactFacts(storage_error=str(e))
+        if not present:
+            return ArtifactFacts()
+        claim = Claim.parse(raw or b"")
+        gone = None
+        if claim is not None and namespace_watched(claim.namespace, self.settings.namespaces):
+            holder = self.kube.get_job(claim.namespace, claim.job)
+            gone = holder is None or self._job(claim.namespace, holder, pods=False).state is JobState.FAILED
+        return ArtifactFacts(claim_present=True, claim=claim, claim_holder_gone=gone)
 
     def _legacy_manifest(self, storage, planned, old: QuantizedModelStatus, creds):
         """The manifest of an artifact this model used under a legacy key that holds the planned

@@ -13,6 +13,8 @@ from fewerbits_api.artifact import Manifest
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
+from .claims import Claim
+from .datapins import DataPin
 from .planner import GPUPool, ModelShape
 
 
@@ -55,6 +57,12 @@ class ArtifactFacts:
     storage_error: str | None = None
     """Storage could not be read (the manifest's presence is unknown)."""
     job: JobFacts | None = None
+    claim_present: bool = False
+    """``<key>/.claim`` exists (read only while there is no manifest and no Job of this model's)."""
+    claim: Claim | None = None
+    """The claim as read (None with ``claim_present``: unreadable)."""
+    claim_holder_gone: bool | None = None
+    """The claim's holder Job was looked up and is Failed or absent (None: not looked up)."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +111,7 @@ class Observed:
     """Whether the Service was looked up (only when something is planned)."""
     pod_terminations: Mapping[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     """By variant, for variants short of ready replicas: their pods' failed containers."""
+    data_pin: DataPin | None = None
+    """The S3 calibration object's ETag (and VersionId), read when the plan uses it (datapins.py)."""
+    data_error: str | None = None
+    """Why the S3 calibration object could not be read (no Job starts for the artifacts using it)."""

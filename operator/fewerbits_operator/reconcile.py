@@ -75,6 +75,6 @@ class Reconciler:
         """One pass over a model as read; returns whether anything was written."""
         observed = self.observer.observe(body)
         outcome = decide(observed, self.settings)
-        wrote = execute(self.kube, body, outcome)
+        wrote = execute(self.kube, body, outcome, self.store)
         metrics.observe_model(observed.namespace, observed.name, outcome.status)
         return wrote

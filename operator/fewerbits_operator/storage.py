@@ -25,6 +25,8 @@ from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SE
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
+from .claims import CLAIM_NAME
+
 log = logging.getLogger("fewerbits.storage")
 CONFIG_MAX_BYTES = 4 * 2**20
 """A config.json is a few KiB; more is not read (a hostile source can't fill memory)."""
@@ -119,6 +121,61 @@ class ObjectStore:
                 self._manifests.pop(next(iter(self._manifests)))
             self._manifests[cache_key] = manifest
         return manifest
+
+    # ------------------------------------------------------------ claims (claims.py)
+
+    def get_claim(self, storage: StorageSpec, key: str, creds: S3Credentials) -> tuple[bool, bytes | None]:
+        """(whether ``<key>/.claim`` exists, its body). Never cached."""
+        bucket, prefix = artifact_prefix(storage.uri, key)
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        try:
+            return True, s3.get_object(Bucket=bucket, Key=prefix + CLAIM_NAME)["Body"].read(65536)
+        except (ClientError, BotoCoreError) as e:
+            failure = classify_s3_error(e)
+            if failure.kind is S3ErrorKind.NOT_FOUND:
+                return False, None
+            raise StorageError(_storage_message(failure.kind, failure.code, f"s3://{bucket}/{prefix}{CLAIM_NAME}",
+                                                storage.endpoint), failure.kind) from None
+
+    def put_claim(self, storage: StorageSpec, key: str, creds: S3Credentials, body: bytes, take_over: bool) -> bool:
+        """Write ``<key>/.claim`` create-only (`If-None-Match: *`); ``take_over`` deletes a stale one
+        first. False when another writer holds it (412, or 409 for a concurrent conditional write)."""
+        bucket, prefix = artifact_prefix(storage.uri, key)
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        where = f"s3://{bucket}/{prefix}{CLAIM_NAME}"
+        try:
+            if take_over:
+                s3.delete_object(Bucket=bucket, Key=prefix + CLAIM_NAME)
+            s3.put_object(Bucket=bucket, Key=prefix + CLAIM_NAME, Body=body, IfNoneMatch="*",
+                          ContentType="application/json")
+            return True
+        except ClientError as e:
+            status = (e.response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if status in (409, 412) or e.response.get("Error", {}).get("Code") in ("PreconditionFailed",
+                                                                                   "ConditionalRequestConflict"):
+                return False
+            failure = classify_s3_error(e)
+            raise StorageError(_storage_message(failure.kind, failure.code, where, storage.endpoint), failure.kind) from None
+        except BotoCoreError as e:
+            failure = classify_s3_error(e)
+            raise StorageError(_storage_message(failure.kind, failure.code, where, storage.endpoint), failure.kind) from None
+
+    # ------------------------------------------------------------ calibration data
+
+    def head_object(self, storage: StorageSpec, uri: str, creds: S3Credentials) -> tuple[str, str | None]:
+        """(ETag without quotes, VersionId or None) of ``uri`` on the storage endpoint (where the
+        Job reads S3 datasets from, with the same credentials). One HEAD; never cached: the ETag
+        is what tells changed data. Raises StorageError naming the object."""
+        bucket, key = split_s3_uri(uri)
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        try:
+            head = s3.head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as e:
+            failure = classify_s3_error(e)
+            raise StorageError(_storage_message(failure.kind, failure.code, uri, storage.endpoint,
+                                                secret="spec.storage.credentialsSecret"), failure.kind) from None
+        version = head.get("VersionId")
+        return str(head.get("ETag") or "").strip('"'), (str(version) if version and version != "null" else None)
 
     # ------------------------------------------------------------ base model config
 

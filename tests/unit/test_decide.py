@@ -22,6 +22,7 @@ from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
 from fewerbits_operator.artifacts import job_name, planned_artifacts
 from fewerbits_operator.decide import (
     AddJobOwner,
+    ClaimArtifact,
     CreateDeployment,
     CreateJob,
     CreateService,
@@ -256,7 +257,7 @@ CASES = [
          {"Accepted": ("True", "Valid"), "Planned": ("True", "Planned"), "Quantized": ("False", "JobPending"),
           "QualityGatePassed": ("False", "AwaitingArtifact"), "Deployed": ("False", "AwaitingArtifact"),
           "Ready": ("False", "NoReplicasReady")},
-         actions=[CreateJob, CreateService], events={"QuantizationStarted"}),
+         actions=[ClaimArtifact, CreateJob, CreateService], events={"QuantizationStarted"}),
     Case("name too long for Deployment names", lambda w: None,
          {"Accepted": ("False", "InvalidSpec"), "Ready": ("False", "Blocked")},
          message={"Accepted": "metadata.name"}),
@@ -282,9 +283,9 @@ CASES = [
          check=lambda o: o.status.autoscaling is None),
     Case("an invalid policy for other namespaces does not apply",
          _seq(_set(broken=[BrokenPolicy("other", "bad", may_select=False)]), lambda w: w.no_job()),
-         {"Accepted": ("True", "Valid")}, actions=[CreateJob, CreateService]),
+         {"Accepted": ("True", "Valid")}, actions=[ClaimArtifact, CreateJob, CreateService]),
     Case("policy applies and is named", _seq(_set(policies=[policy(priority=3)]), lambda w: w.no_job()),
-         {"Accepted": ("True", "Valid")}, message={"Accepted": "policy p applies"}, actions=[CreateJob, CreateService]),
+         {"Accepted": ("True", "Valid")}, message={"Accepted": "policy p applies"}, actions=[ClaimArtifact, CreateJob, CreateService]),
     Case("missing Secret is named", _set(secrets={"s3": None}),
          {"Accepted": ("False", "MissingSecret"), "Ready": ("False", "Blocked")},
          message={"Accepted": "spec.source.credentialsSecret: Secret s3 not found in namespace team"}),
@@ -349,7 +350,7 @@ CASES = [
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "edit the spec"}, actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.reason == "JobFailed"),
     Case("failed Job removed, spec edited: a new Job", _failed_job_then_gone(1, 2),
-         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService]),
+         {"Quantized": ("False", "JobPending")}, actions=[ClaimArtifact, CreateJob, CreateService]),
     Case("Job succeeded but storage has no manifest", lambda w: w.job(JobState.SUCCEEDED),
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "no manifest is at the artifact key"},
          actions=[CreateService]),
@@ -357,10 +358,10 @@ CASES = [
          _seq(_ready_world, _set(spec=base_spec(storage={"uri": "s3://artifacts/moved"}), generation=2),
               lambda w: w.no_job()),
          {"Quantized": ("False", "JobPending"), "Ready": ("True", "AllVariantsReady")},
-         actions=[CreateJob], events={"QuantizationStarted"}, check=_moved_job),
+         actions=[ClaimArtifact, CreateJob], events={"QuantizationStarted"}, check=_moved_job),
     Case("another model's Job for the same key elsewhere is not this one's",
          _seq(_set(spec=base_spec(storage={"uri": "s3://artifacts/team-b"})), lambda w: w.no_job()),
-         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService], check=_not_the_shared_job),
+         {"Quantized": ("False", "JobPending")}, actions=[ClaimArtifact, CreateJob, CreateService], check=_not_the_shared_job),
     Case("upgrade: the status names a Job by its old name and the manifest is published: nothing re-runs",
          _seq(_ready_world, _old_job_name_in_status),
          {"Quantized": ("True", "JobSucceeded"), "Ready": ("True", "AllVariantsReady")},
@@ -441,16 +442,16 @@ CASES = [
     Case("effective autoscaling published with the policy cap",
          _seq(_set(spec=base_spec(autoscaling={"enabled": True, "maxReplicas": 3}),
                    policies=[policy(defaults={"autoscaling": {"targetKVCacheUsage": 0.5}}, rules={"maxReplicas": 3})]),
-              lambda w: w.no_job()), {"Accepted": ("True", "Valid")}, actions=[CreateJob, CreateService],
+              lambda w: w.no_job()), {"Accepted": ("True", "Valid")}, actions=[ClaimArtifact, CreateJob, CreateService],
          check=lambda o: (o.status.autoscaling.targetKVCacheUsage, o.status.autoscaling.policyMaxReplicas,
                           o.status.autoscaling.maxReplicas) == (0.5, 3, 3)),
     Case("a source already in the pool's format is published as-is: a `none` artifact, no quantization",
          _seq(_set(shape=DEEPSEEK_FP8, pools=[H200X8], spec=base_spec(serving={"maxModelLen": 8192})),
               lambda w: w.no_job()),
-         {"Planned": ("True", "Planned"), "Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService],
+         {"Planned": ("True", "Planned"), "Quantized": ("False", "JobPending")}, actions=[ClaimArtifact, CreateJob, CreateService],
          check=lambda o: o.status.plan.variants[0].servedAsIs and o.status.plan.variants[0].format.value == "fp8-block"
          and [a.format.value for a in o.status.artifacts] == ["none"]
-         and json.loads(next(e["value"] for e in o.actions[0].job["spec"]["template"]["spec"]["containers"][0]["env"]
+         and json.loads(next(e["value"] for e in o.actions[1].job["spec"]["template"]["spec"]["containers"][0]["env"]
                              if e["name"] == "FEWERBITS_JOB_CONTRACT"))["keyInputs"]["format"] == "none"),
     Case("the as-is artifact rolls out on the variant that serves the source's format",
          _seq(_set(shape=DEEPSEEK_FP8, pools=[H200X8], spec=base_spec(serving={"maxModelLen": 8192})),
@@ -459,11 +460,11 @@ CASES = [
          actions=[CreateDeployment, CreateService]),
     Case("an MoE model's routers join the ignore list the plan sized and the key hashes",
          _seq(_set(shape=MIXTRAL, pools=[pool_from_product("NVIDIA-H100-80GB-HBM3", 8)]), lambda w: w.no_job()),
-         {"Planned": ("True", "Planned")}, actions=[CreateJob, CreateService],
+         {"Planned": ("True", "Planned")}, actions=[ClaimArtifact, CreateJob, CreateService],
          check=lambda o: "lm_head" in o.status.plan.ignore and len(o.status.plan.ignore) > 1
          and all(set(o.status.plan.ignore) == set(json.loads(next(
              e["value"] for e in a.job["spec"]["template"]["spec"]["containers"][0]["env"]
-             if e["name"] == "FEWERBITS_JOB_CONTRACT"))["keyInputs"]["ignore"]) for a in o.actions[:1])),
+             if e["name"] == "FEWERBITS_JOB_CONTRACT"))["keyInputs"]["ignore"]) for a in o.actions[1:2])),
     Case("a spec error keeps the last accepted autoscaling",
          _seq(_set(spec=base_spec(autoscaling={"enabled": True})), _ready_world,
               _set(spec=base_spec(source={"uri": "ftp://typo"}, autoscaling={"enabled": True}), generation=2)),
@@ -491,7 +492,7 @@ CASES = [
                    policies=[baseline(maxPerplexityIncreasePercent=2, maxReplicas=8),
                              policy("team", priority=10, rules={"maxReplicas": 20},
                                     defaults={"serving": {"replicas": 2}})]), lambda w: w.no_job()),
-         {"Accepted": ("True", "Valid")}, actions=[CreateJob, CreateService],
+         {"Accepted": ("True", "Valid")}, actions=[ClaimArtifact, CreateJob, CreateService],
          message={"Accepted": "policies team, platform apply"},
          check=lambda o: _values(o)["spec.serving.replicas"] == ("2", "team")
          and _values(o)["rules.maxReplicas"] == ("8", "platform")
@@ -502,6 +503,10 @@ CASES = [
               _set(policies=[baseline(maxReplicas=4)])),
          {"Accepted": ("True", "Valid")}, events={"EffectiveSpecChanged"},
          check=lambda o: _values(o)["rules.maxReplicas"] == ("4", "platform")),
+    Case("an S3 calibration object whose ETag was not read starts no Job (the key would not name the data)",
+         _set(spec=base_spec(quantization={"format": "w4a16-gptq", "calibration": {"dataset": "s3://data/c.jsonl"}})),
+         {"Quantized": ("False", "CalibrationDataUnavailable")},
+         message={"Quantized": "spec.quantization.calibration.dataset"}, actions=[CreateService]),
 ]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 

@@ -142,6 +142,17 @@ class FakeStore:
     def get_manifest(self, storage, key, creds):
         return self.manifests.get(key)
 
+    claims: dict[str, bytes] = {}
+
+    def get_claim(self, storage, key, creds):
+        return key in self.claims, self.claims.get(key)
+
+    def put_claim(self, storage, key, creds, body, take_over):
+        if key in self.claims and not take_over:
+            return False
+        self.claims = {**self.claims, key: body}
+        return True
+
 
 @pytest.fixture
 def world():
