@@ -178,9 +178,15 @@ class PolicyRules(ApiModel):
     addresses are refused whatever this list says. Unset: any other endpoint. With several
     policies, an endpoint must match a pattern of every policy that sets this list."""
     artifactRetention: Literal["Retain", "Delete"] = "Retain"
-    """What happens to published artifacts when a model is deleted. `Delete` removes artifacts no
-    other model uses (the operator then adds a finalizer). With several policies: `Delete` only
-    when one sets it and none sets `Retain` explicitly."""
+    """What happens to published artifacts no QuantizedModel references any more. `Retain`: they
+    stay. `Delete`: an artifact that no model has referenced for `artifactRetentionPeriodSeconds` is
+    deleted from its storage location (manifest first, so no reader sees a half-deleted artifact),
+    with an `ArtifactDeleted` event on the models using that location. A location is swept only
+    while every model using it is under `Delete`. With several policies: `Delete` only when one
+    sets it and none sets `Retain` explicitly."""
+    artifactRetentionPeriodSeconds: Annotated[int, Field(ge=0, le=315360000)] | None = None
+    """With `artifactRetention: Delete`: how long an artifact must stay unreferenced before it is
+    deleted. Default 7 days. With several policies: the longest."""
     quantizationJob: QuantizationJobPlacement = Field(default_factory=QuantizationJobPlacement)
     """Placement and limits of quantization Jobs. With several policies, laid over one another by
     priority field by field, like `defaults`."""

@@ -174,6 +174,12 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
         elif allowing := [n for v, n in said if v == yes]:
             rules[field_name], rule_sources[field_name] = yes, allowing[0]
 
+    periods = [(p.spec.rules.artifactRetentionPeriodSeconds, p.metadata.name) for p in matching
+               if p.spec.rules.artifactRetentionPeriodSeconds is not None]
+    if periods:  # the longest: deleting later is the safe side
+        longest = max(v for v, _ in periods)
+        rules["artifactRetentionPeriodSeconds"] = longest
+        rule_sources["artifactRetentionPeriodSeconds"] = next(n for v, n in periods if v == longest)
     permitted("allowTrustRemoteCode", True, False)
     permitted("artifactRetention", "Delete", "Retain")
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
+from fewerbits_api.artifact import artifact_prefix
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from . import metrics
@@ -36,6 +37,7 @@ from .decide import (
     ReplaceDeployment,
 )
 from .kube import Kube
+from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
 from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
@@ -118,3 +120,45 @@ def execute(kube: Kube, model: Mapping[str, Any], outcome: Outcome, store: Objec
                 metrics.CACHE_HITS.inc()
             kube.post_event(body, event.type, event.reason, event.message)
     return wrote
+
+
+# ------------------------------------------------------------------ retention (retention.py)
+
+
+def execute_retention(kube: Kube, store: ObjectStore, actions: list[RetentionAction], now: str) -> int:
+    """Apply a retention sweep's actions; returns how many artifacts were deleted. An artifact is
+    deleted manifest first (no manifest, no artifact: every reader from then on sees none), then
+    its files, then its claim and marker; a failure part-way leaves an unpublished remainder that
+    the next sweep, which still lists it unreferenced and marked, deletes."""
+    deleted = 0
+    secrets: dict[tuple[str, str | None], S3Credentials] = {}
+
+    def creds(namespace: str, secret: str | None) -> S3Credentials:
+        if (namespace, secret) not in secrets:
+            secrets[(namespace, secret)] = S3Credentials.from_secret(
+                kube.secret_data(namespace, secret) if secret else None)
+        return secrets[(namespace, secret)]
+
+    for action in actions:
+        storage = action.location.storage(action.secret)
+        c = creds(action.namespace, action.secret)
+        _, prefix = artifact_prefix(storage.uri, action.key)
+        if isinstance(action, MarkUnreferenced):
+            store.put_object(storage, c, prefix + MARKER_NAME, json.dumps({"since": now}).encode())
+        elif isinstance(action, ClearMark):
+            store.delete_object(storage, c, prefix + MARKER_NAME)
+        elif isinstance(action, DeleteArtifact):
+            for obj in action.objects:  # in retention.deletion_order: the manifest first
+                store.delete_object(storage, c, obj)
+            deleted += 1
+            metrics.ARTIFACTS_DELETED.inc()
+            log.info("deleted artifact %s from %s (unreferenced since %s)", action.key, action.location.uri,
+                     action.unreferenced_since)
+            for namespace, name in action.models:
+                body = kube.get_model(namespace, name)
+                if body is not None:
+                    kube.post_event(body, "Normal", ARTIFACT_DELETED,
+                                    f"artifact {action.key[:12]} deleted from {action.location.uri}: no QuantizedModel "
+                                    f"has referenced it since {action.unreferenced_since} (rules.artifactRetention: "
+                                    "Delete)")
+    return deleted

@@ -37,7 +37,10 @@ from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from .kube import Kube
 from .reconcile import Reconciler
 from .settings import OperatorSettings, get_settings
-from .storage import ObjectStore
+from . import retention
+from .execute import execute_retention
+from .observe import now_rfc3339
+from .storage import ObjectStore, S3Credentials
 from .workqueue import WorkQueue, run_worker
 
 log = logging.getLogger("fewerbits.operator")
@@ -113,6 +116,7 @@ class Operator:
         self._stop.clear()
         self.start_workers(s.workers)
         self._spawn(self._resync_loop, "fewerbits-resync")
+        self._spawn(self._retention_loop, "fewerbits-retention")
         # Models, their Jobs and Deployments, Nodes and policies from watches (each LIST of models
         # enqueues every model); namespace labels kept for one resync period.
         self._threads += kube.start_caches(
@@ -269,6 +273,33 @@ class Operator:
         period = self.settings.steady_period_seconds if steady else self.settings.resync_seconds
         now = self.clock()
         return next_resync(key, now, period) - now
+
+    # ------------------------------------------------------------ retention (retention.py)
+
+    def _retention_loop(self) -> None:
+        assert self.settings is not None
+        while not self._stop.wait(self.settings.retention_sweep_seconds):
+            try:
+                self.retention_sweep()
+                metrics.RETENTION_SWEEPS.labels(result="ok").inc()
+            except Exception as e:  # noqa: BLE001 — the next sweep retries; nothing is half-published
+                metrics.RETENTION_SWEEPS.labels(result="error").inc()
+                log.warning("retention sweep failed: %s: %s", type(e).__name__, e)
+
+    def retention_sweep(self) -> int:
+        """One sweep: observe (models, their locations and retention, the listing of each location
+        swept), decide (``retention.sweep``, pure), execute (``execute.execute_retention``)."""
+        assert self.reconciler is not None and self.settings is not None
+        kube, store = self.reconciler.kube, self.reconciler.store
+        uses, referenced = retention.observe_sweep(kube, self.settings)
+        listings: dict[retention.Location, list[retention.StoredArtifact]] = {}
+        for loc, (_, users) in retention.swept_locations(uses).items():
+            user = sorted(users, key=lambda u: (u.namespace, u.model))[0]
+            creds = S3Credentials.from_secret(kube.secret_data(user.namespace, user.secret) if user.secret else None)
+            prefix, objects = store.list_location(loc.storage(user.secret), creds)
+            listings[loc] = retention.group_listing(prefix, objects)
+        now = now_rfc3339()
+        return execute_retention(kube, store, retention.sweep(uses, referenced, listings, now), now)
 
     # ------------------------------------------------------------ resync scheduler
 

@@ -46,6 +46,9 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = 30.0
     """A model that is not Ready yet (or failed) is reconciled at least this often: the
     level-triggered safety net for what no watch reports (a Secret created later, storage back)."""
+    retention_sweep_seconds: float = 600.0
+    """How often published artifacts are swept for `rules.artifactRetention: Delete` (retention.py):
+    one listing per swept storage location."""
     steady_resync_seconds: float = 300.0
     """A Ready model whose status is current is reconciled this often on average (spread evenly
     over the period), or every 10 × `resync_seconds` when that is shorter (lowering the resync

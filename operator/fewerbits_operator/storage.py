@@ -14,6 +14,7 @@ import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Any
 
 import boto3
@@ -159,6 +160,44 @@ class ObjectStore:
         except BotoCoreError as e:
             failure = classify_s3_error(e)
             raise StorageError(_storage_message(failure.kind, failure.code, where, storage.endpoint), failure.kind) from None
+
+    # ------------------------------------------------------------ retention (retention.py)
+
+    def _raise(self, e: Exception, where: str, storage: StorageSpec) -> None:
+        failure = classify_s3_error(e)
+        raise StorageError(_storage_message(failure.kind, failure.code, where, storage.endpoint), failure.kind) from None
+
+    def list_location(self, storage: StorageSpec, creds: S3Credentials) -> tuple[str, list[tuple[str, str]]]:
+        """(key prefix, [(object key, LastModified RFC 3339)]) of everything under the location."""
+        bucket, prefix = split_s3_uri(storage.uri)
+        prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        out: list[tuple[str, str]] = []
+        try:
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                out += [(o["Key"], o["LastModified"].astimezone(timezone.utc).replace(microsecond=0)
+                         .isoformat().replace("+00:00", "Z")) for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"s3://{bucket}/{prefix}", storage)
+        return prefix, out
+
+    def put_object(self, storage: StorageSpec, creds: S3Credentials, key: str, body: bytes) -> None:
+        bucket, _ = split_s3_uri(storage.uri)
+        try:
+            self._client(storage.endpoint, storage.region, creds).put_object(Bucket=bucket, Key=key, Body=body)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"s3://{bucket}/{key}", storage)
+
+    def delete_object(self, storage: StorageSpec, creds: S3Credentials, key: str) -> None:
+        """One object; deleting what is not there is success (S3 semantics)."""
+        bucket, _ = split_s3_uri(storage.uri)
+        try:
+            self._client(storage.endpoint, storage.region, creds).delete_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as e:
+            self._raise(e, f"s3://{bucket}/{key}", storage)
+        with self._lock:  # a deleted manifest is no longer a cached hit
+            for k in [k for k in self._manifests if key.endswith(f"{k[2]}/{MANIFEST_NAME}")]:
+                self._manifests.pop(k, None)
 
     # ------------------------------------------------------------ calibration data
 
