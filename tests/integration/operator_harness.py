@@ -47,6 +47,7 @@ class OperatorProcess:
             # may be tested beside this one in its own namespaces.
             "FEWERBITS_NAMESPACES": '["t-*"]',
             "FEWERBITS_RESYNC_SECONDS": "3",
+            "FEWERBITS_RETENTION_SWEEP_SECONDS": "1",
             "FEWERBITS_AUTOSCALER_PERIOD_SECONDS": "2",
             "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "2",
             "FEWERBITS_METRICS_PORT": str(self.metrics_port),
