@@ -125,6 +125,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.JOB_SUCCEEDED: ("Quantized", None),
     Reason.JOB_FAILED: ("Quantized", "Degraded"),
     Reason.STORAGE_UNAVAILABLE: ("Quantized", "Degraded"),
+    Reason.CALIBRATION_DATA_UNAVAILABLE: ("Quantized", "Degraded"),
     Reason.GATE_PASSED: ("QualityGatePassed", None),
     Reason.GATE_FAILED: ("QualityGatePassed", "Degraded"),
     Reason.AWAITING_ARTIFACT: ("QualityGatePassed", "Progressing"),
