@@ -7,6 +7,10 @@
    changed,
 5. the events (best effort), only when something was written.
 
+Two writes go to object storage, not the API server: the create-only claim before a Job
+(claims.py) and the retention sweep's marks and deletions (retention.py). Their credentials are
+read here from the storage Secret for the write only: never kept, logged or put in an action.
+
 Creates treat AlreadyExists as success and deletes NotFound (``Kube`` does), so a pass repeated
 after a crash or a conflict converges. A conflict (the Deployment scaled, the model written
 meanwhile) raises ``StatusConflict``: the caller observes again and decides again.
