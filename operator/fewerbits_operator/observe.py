@@ -86,6 +86,22 @@ def terminations(pods: list[dict[str, Any]], *, init: bool = True) -> tuple[Cont
     return tuple(out)
 
 
+def evictions(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """(pod, message) of the evicted ``pods`` (status.reason Evicted), newest first."""
+    return tuple((p["metadata"]["name"], str((p.get("status") or {}).get("message") or ""))
+                 for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+                 if (p.get("status") or {}).get("reason") == "Evicted")
+
+
+def job_limits(job: dict[str, Any]) -> dict[str, Any]:
+    """The Job's own resource limits and deadline, for messages that name what to raise."""
+    spec = job.get("spec") or {}
+    containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
+    limits = ((containers[0].get("resources") or {}).get("limits") or {})
+    return {"limits": _freeze({k: str(v) for k, v in limits.items()}),
+            "active_deadline_seconds": spec.get("activeDeadlineSeconds")}
+
+
 class Observer:
     """Reads the world for one model. Holds the collaborators; no state between calls."""
 
@@ -170,8 +186,10 @@ class Observer:
         jstatus = job.get("status") or {}
         conds = {c["type"]: c for c in jstatus.get("conditions") or [] if c.get("status") == "True"}
         if "Failed" in conds:
+            job_pods = self.kube.job_pods(namespace, name) if pods else []
             return JobFacts(name, refs, JobState.FAILED, failed_condition=_freeze(dict(conds["Failed"])),
-                            terminations=terminations(self.kube.job_pods(namespace, name), init=False) if pods else ())
+                            terminations=terminations(job_pods, init=False), evictions=evictions(job_pods),
+                            **job_limits(job))
         if "Complete" in conds or "SuccessCriteriaMet" in conds:
             return JobFacts(name, refs, JobState.SUCCEEDED)
         state = JobState.ACTIVE if jstatus.get("active") else JobState.PENDING

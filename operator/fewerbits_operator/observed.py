@@ -47,6 +47,12 @@ class JobFacts:
     """Its pods' container terminations, newest pod first (read only when it failed)."""
     pod_phases: tuple[str, ...] = ()
     """Its pods' phases (read only while it is active)."""
+    evictions: tuple[tuple[str, str], ...] = ()
+    """(pod, the kubelet's message) for each of its pods evicted (pod status.reason Evicted), newest
+    first (read only when it failed)."""
+    limits: Mapping[str, str] = field(default_factory=dict)
+    """Its container's resource limits as the Job asks for them (memory, ephemeral-storage)."""
+    active_deadline_seconds: int | None = None
 
 
 @dataclass(frozen=True)

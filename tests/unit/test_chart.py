@@ -45,7 +45,9 @@ MODES: dict[str, list[str]] = {
                    "config.defaultStorage.endpoint=https://minio.example:9000",
                    "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store",
                    "config.autoscaler.metricsSource=prometheus",
-                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090"],
+                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090",
+                   "config.quantizationJob.ephemeralStorageRequest=50Gi",
+                   "config.quantizationJob.storageClassName=fast-nvme"],
 }
 
 

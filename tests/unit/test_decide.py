@@ -199,6 +199,19 @@ def _old_job_name_in_status(w: World) -> None:
                               for c in w.status["conditions"]]
 
 
+def _sized_job(o) -> None:
+    job = next(a.job for a in o.actions if isinstance(a, CreateJob))
+    size = o.status.plan.quantizationJobs[0]
+    pod = job["spec"]["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == str(size.gpus)
+    assert res["limits"]["ephemeral-storage"] == f"{size.ephemeralStorageGiB}Gi"
+    # The 1B test model needs less than the operator's 8Gi floor.
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "8Gi"
+    assert size.pool == H100.name and pod["nodeSelector"] == dict(H100.node_selector)
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
+
+
 # ------------------------------------------------------------------ the cases
 
 
@@ -342,9 +355,47 @@ CASES = [
          actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.generation == 1 and o.status.artifacts[0].failure.job),
     Case("Job failed without a message: the Job's condition", lambda w: w.job(
-        JobState.FAILED, failed_condition={"reason": "DeadlineExceeded", "message": "active deadline"}),
-         {"Quantized": ("False", "JobFailed")}, message={"Quantized": "DeadlineExceeded: active deadline"},
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff limit"}),
+         {"Quantized": ("False", "JobFailed")}, message={"Quantized": "BackoffLimitExceeded: backoff limit"},
          actions=[CreateService]),
+    Case("Job past its deadline: JobDeadlineExceeded with the deadline", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "DeadlineExceeded", "message": "active deadline"},
+        active_deadline_seconds=7200),
+         {"Quantized": ("False", "JobDeadlineExceeded")}, message={"Quantized": "activeDeadlineSeconds (7200 s"},
+         actions=[CreateService], check=lambda o: o.status.artifacts[0].failure.reason == "JobDeadlineExceeded"),
+    Case("Job OOM-killed: JobOOMKilled names the memory limit", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        terminations=(term(137, "", reason="OOMKilled", container="quantize"),), limits={"memory": "190Gi"}),
+         {"Quantized": ("False", "JobOOMKilled")},
+         message={"Quantized": "exceeded its memory limit of 190Gi; raise the operator's floor FEWERBITS_JOB_MEMORY_REQUEST"},
+         actions=[CreateService], check=lambda o: o.status.artifacts[0].failure.reason == "JobOOMKilled"),
+    Case("Job evicted for disk: JobOutOfDisk names the ephemeral-storage it asked for", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "Pod ephemeral local storage usage exceeds the total limit of containers 224Gi."),),
+        limits={"memory": "190Gi", "ephemeral-storage": "224Gi"}),
+         {"Quantized": ("False", "JobOutOfDisk")},
+         message={"Quantized": "the Job asks for ephemeral-storage 224Gi; raise the operator's "
+                               "FEWERBITS_JOB_EPHEMERAL_STORAGE_REQUEST"},
+         actions=[CreateService]),
+    Case("Job evicted for another reason: JobEvicted with the kubelet's message", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "Pod was terminated in response to imminent node shutdown."),)),
+         {"Quantized": ("False", "JobEvicted")}, message={"Quantized": "imminent node shutdown"},
+         actions=[CreateService]),
+    Case("Job evicted, node low on memory: JobEvicted names the memory it asked for", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "The node was low on resource: memory. Threshold quantity: 100Mi."),),
+        limits={"memory": "190Gi"}),
+         {"Quantized": ("False", "JobEvicted")}, message={"Quantized": "the Job asks for memory 190Gi"},
+         actions=[CreateService]),
+    Case("a Job above the policy's memory cap is refused with the figures, no Job",
+         _seq(_set(policies=[baseline(maxQuantizationJobMemoryGiB=1)]), lambda w: w.no_job()),
+         {"Accepted": ("True", "Valid"), "Quantized": ("False", "JobExceedsPolicy")},
+         message={"Quantized": "GiB of memory; rules.maxQuantizationJobMemoryGiB (policy platform) allows 1 GiB"},
+         actions=[CreateService],
+         check=lambda o: o.status.plan.quantizationJobs and o.status.plan.quantizationJobs[0].memoryGiB > 1),
+    Case("the Job is sized from the plan: requests, limits, pool and deadline", lambda w: w.no_job(),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService], check=lambda o: _sized_job(o)),
     Case("failed Job removed by its TTL: not re-run for the same generation", _failed_job_then_gone(1, 1),
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "edit the spec"}, actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.reason == "JobFailed"),
