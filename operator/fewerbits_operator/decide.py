@@ -47,7 +47,7 @@ from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .jobfailure import classify as classify_job_failure
-from .planner.jobsize import cap_violations, inputs_from, size_plan_jobs
+from .planner.jobsize import cap_violations, inputs_from, job_pool_selectors, size_plan_jobs
 from .render import (
     ANNOTATION_ARTIFACT_KEY,
     ANNOTATION_SPEC_HASH,
@@ -523,9 +523,8 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         if sizing is not None and (why := sizing.refusals.get(planned.format)):
             v.refused = why
             return v
-        pool = next((p for p in obs.pools or () if size is not None and p.name == size.pool), None)
         rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings, size,
-                              dict(pool.node_selector) if pool is not None else None)
+                              job_pool_selectors(size, obs.pools or ()) if size is not None else None)
         actions.append(CreateJob(rendered))
         # Just created: no pod yet, told exactly as the next pass will see it (no second write).
         v.job, v.pending, v.waiting = planned.job_name, True, pending_text(planned.job_name)

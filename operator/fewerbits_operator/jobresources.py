@@ -74,3 +74,20 @@ def job_resources(size: QuantizationJobSize, placement: QuantizationJobPlacement
     deadline = (placement.activeDeadlineSeconds if "activeDeadlineSeconds" in placement.model_fields_set
                 else deadline_seconds(size))
     return JobResources({"requests": requests, "limits": limits}, volume, deadline)
+
+
+def pool_placement(selectors: dict[str, str] | list[dict[str, str]]) -> dict[str, Any]:
+    """Where the Job may run: one pool is a nodeSelector; several pools (each able to hold the
+    calibration layer and the GPU count) are a required node affinity over them, preferring the
+    first (the one the sizing chose), so a busy pool does not keep the Job waiting."""
+    pools = [selectors] if isinstance(selectors, dict) else [s for s in selectors if s]
+    if len(pools) == 1:
+        return {"nodeSelector": dict(pools[0])}
+
+    def term(sel: dict[str, str]) -> dict[str, Any]:
+        return {"matchExpressions": [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(sel.items())]}
+
+    return {"affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term(s) for s in pools]},
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term(pools[0])}],
+    }}}

@@ -43,7 +43,7 @@ from fewerbits_api.quantizedmodel import (
 )
 
 from .artifacts import PlannedArtifact
-from .jobresources import job_resources
+from .jobresources import job_resources, pool_placement
 from .planner.vllm_args import plan_args
 from .settings import OperatorSettings
 
@@ -154,11 +154,12 @@ def render_job(
     gate: QualityGateSpec,
     settings: OperatorSettings,
     size: QuantizationJobSize | None = None,
-    pool_selector: dict[str, str] | None = None,
+    pool_selector: dict[str, str] | list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last).
     ``size``: the Job's sizing from the plan (requests, limits, work volume, deadline, pool
-    ``pool_selector``); without it, the operator's fixed requests and the placement's GPUs."""
+    ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
+    first); without it, the operator's fixed requests and the placement's GPUs."""
     assert spec.storage is not None
     source_mount = None
     volumes: list[dict[str, Any]] = [
@@ -221,7 +222,7 @@ def render_job(
     if placement.nodeSelector:
         pod_spec["nodeSelector"] = dict(placement.nodeSelector)
     elif size is not None and size.gpus and pool_selector:
-        pod_spec["nodeSelector"] = dict(pool_selector)  # the pool the sizing chose
+        pod_spec.update(pool_placement(pool_selector))  # the pools the sizing found able to run it
     if placement.tolerations:  # added to the GPU toleration, never instead of it
         pod_spec["tolerations"] = pod_spec.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
     if placement.priorityClassName:

@@ -255,3 +255,22 @@ def test_observe_reads_evictions_and_limits_from_pod_and_job():
         {"resources": {"limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}}]}}}}
     got = job_limits(job)
     assert dict(got["limits"]) == {"memory": "8Gi", "nvidia.com/gpu": "1"} and got["active_deadline_seconds"] == 99
+
+
+def test_a_job_may_run_on_every_pool_that_can_hold_it_preferring_the_chosen_one():
+    from fewerbits_operator.jobresources import pool_placement
+    from fewerbits_operator.planner.jobsize import job_pool_selectors
+
+    shape = load_model_shape(CONFIGS / "llama-3.2-1b.json")
+    size, _ = size_job(shape, QuantFormat.FP8_DYNAMIC, [H100, L4], JobInputs())
+    assert size.pool == L4.name  # one GPU of the least memory holds the 1B model
+    selectors = job_pool_selectors(size, [H100, L4])
+    assert selectors == [dict(L4.node_selector), dict(H100.node_selector)]
+    aff = pool_placement(selectors)["affinity"]["nodeAffinity"]
+    terms = aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 2
+    assert aff["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"] == terms[0]
+    # 70B's two-GPU Job cannot use a one-GPU L4 node.
+    _, _, (big,) = _sized_70b()
+    assert job_pool_selectors(big, [H100, L4]) == [dict(H100.node_selector)]
+    assert pool_placement([dict(H100.node_selector)]) == {"nodeSelector": dict(H100.node_selector)}

@@ -272,3 +272,12 @@ def size_plan_jobs(shape: ModelShape, plan, pools: Sequence[GPUPool], inputs: Jo
         else:
             jobs.append(job)
     return jobs, problems
+
+
+def job_pool_selectors(job: QuantizationJobSize, pools: Sequence[GPUPool]) -> list[dict[str, str]]:
+    """Node selectors of the pools that can run ``job``: its chosen pool first, then every other
+    pool whose GPU holds the calibration layer and whose nodes have its GPU count."""
+    chosen = [p for p in pools if p.name == job.pool]
+    others = sorted((p for p in pools if p.name != job.pool and p.gpus_per_node >= job.gpus
+                     and p.memory_gib * GPU_USABLE_FRACTION >= job.gpuMemoryGiB), key=lambda p: p.name)
+    return [dict(p.node_selector) for p in chosen + others if p.node_selector]
