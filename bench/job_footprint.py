@@ -36,6 +36,37 @@ WIDTH = {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 
          "vocab_size": 32000}
 
 
+class MemorySampler:
+    """Peak anonymous and file-backed resident memory of this process (/proc/self/status RssAnon,
+    RssFile), sampled every 20 ms: ``ru_maxrss`` counts the safetensors pages transformers maps
+    from disk, which are file-backed and reclaimable; a cgroup memory limit has to hold the
+    anonymous part (the tensors the Job builds)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = {"RssAnon": 0, "RssFile": 0, "VmRSS": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.sample()
+
+    def sample(self) -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in self.peak:
+                self.peak[key] = max(self.peak[key], int(value.split()[0]) * 1024)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return dict(self.peak)
+
+
 def child(src: Path, fmt_name: str, samples: int, seq_len: int, eval_samples: int, out: Path) -> dict:
     from fewerbits_api.formats import QuantFormat
     from fewerbits_quantjob import evaluate, quantize, recipes
@@ -43,6 +74,7 @@ def child(src: Path, fmt_name: str, samples: int, seq_len: int, eval_samples: in
     from tests.testmodel import heldout_text, paragraphs, training_text
 
     fmt = QuantFormat(fmt_name)
+    sampler = MemorySampler()
     timings: dict[str, float] = {}
     t = time.monotonic()
     model, tokenizer = quantize.load_for_quantization(src, trust_remote_code=False)
@@ -58,11 +90,14 @@ def child(src: Path, fmt_name: str, samples: int, seq_len: int, eval_samples: in
     del model
     timings["save"] = time.monotonic() - t
     rss_after_quantize = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    anon_after_quantize = sampler.peak["RssAnon"]
     t = time.monotonic()
     ppl = evaluate.evaluate_pair(src, out, tokenizer, paragraphs(heldout_text()), seq_len, eval_samples, False)
     timings["evaluate"] = time.monotonic() - t
     return {"timings": {k: round(v, 2) for k, v in timings.items()},
             "peak_rss_quantize_bytes": rss_after_quantize,
+            "peak_anon_quantize_bytes": anon_after_quantize,
+            "peak_sampled": sampler.stop(),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "checkpoint_bytes": sum(p.stat().st_size for p in out.glob("*.safetensors")),
             "perplexity": [round(ppl.baseline, 3), round(ppl.quantized, 3)]}

@@ -44,6 +44,7 @@ class Reason:
     JOB_OUT_OF_DISK = "JobOutOfDisk"
     JOB_DEADLINE_EXCEEDED = "JobDeadlineExceeded"
     JOB_EXCEEDS_POLICY = "JobExceedsPolicy"
+    DATASET_UNREADABLE = "DatasetUnreadable"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     # QualityGatePassed
     GATE_PASSED = "GatePassed"

@@ -71,7 +71,7 @@ WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
     Reason.JOB_OOM_KILLED, Reason.JOB_EVICTED, Reason.JOB_OUT_OF_DISK, Reason.JOB_DEADLINE_EXCEEDED,
-    Reason.JOB_EXCEEDS_POLICY,
+    Reason.JOB_EXCEEDS_POLICY, Reason.DATASET_UNREADABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
 })
 MAX_NAME = 40
@@ -382,6 +382,20 @@ class JobSizing:
     refusals: Mapping[QuantFormat, str] = field(default_factory=dict)
 
 
+def dataset_refusal(obs: Observed, fmt: QuantFormat) -> str | None:
+    """Why a Job for ``fmt`` must not start: a dataset it would read was not readable (observe
+    checked just before; the evaluation set matters to every quantized format, the calibration set
+    to the formats that calibrate)."""
+    from .datasetcheck import CALIBRATION_FIELD, EVAL_FIELD
+
+    from fewerbits_api.formats import FORMAT_FACTS
+
+    fields = ([CALIBRATION_FIELD] if FORMAT_FACTS[fmt].needs_calibration_data else []) + \
+        ([EVAL_FIELD] if fmt is not QuantFormat.NONE else [])
+    errors = [obs.dataset_errors[f] for f in fields if f in obs.dataset_errors]
+    return "; ".join(errors) or None
+
+
 def job_sizing(obs: Observed, acc: Acceptance, the_plan: PlanStatus, settings: OperatorSettings) -> JobSizing:
     """Size every artifact's Job from the model's shape; a plan kept from an earlier pass (the
     source's config.json unreadable now) keeps its sizes."""
@@ -425,7 +439,9 @@ class ArtifactVerdict:
     passed: bool | None = None
     quality: QualityStatus | None = None
     refused: str | None = None
-    """No Job is created: its sizing exceeds a policy cap, or no pool can run it (the figures)."""
+    """No Job is created: its sizing exceeds a policy cap, or no pool can run it (the figures), or
+    a dataset it would read cannot be read."""
+    refused_reason: str = Reason.JOB_EXCEEDS_POLICY
 
     @property
     def ready(self) -> bool:
@@ -523,6 +539,9 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         if sizing is not None and (why := sizing.refusals.get(planned.format)):
             v.refused = why
             return v
+        if unreadable := dataset_refusal(obs, planned.format):
+            v.refused, v.refused_reason = unreadable, Reason.DATASET_UNREADABLE
+            return v
         rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings, size,
                               job_pool_selectors(size, obs.pools or ()) if size is not None else None)
         actions.append(CreateJob(rendered))
@@ -589,8 +608,11 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
         st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
         return
     if refused := [v for v in verdicts if v.refused is not None]:
-        st.set(C.QUANTIZED, False, Reason.JOB_EXCEEDS_POLICY, "; ".join(str(v.refused) for v in refused) +
-               "; no quantization Job is created: raise the policy's cap or choose a smaller model or format")
+        hint = ("; no quantization Job is created: raise the policy's cap or choose a smaller model or format"
+                if refused[0].refused_reason == Reason.JOB_EXCEEDS_POLICY else
+                "; no quantization Job is created until it can be read")
+        st.set(C.QUANTIZED, False, refused[0].refused_reason,
+               "; ".join(dict.fromkeys(str(v.refused) for v in refused)) + hint)
     elif failed := [v for v in verdicts if v.failed]:
         job_failed = [v for v in failed if v.failure is not None]
         reason = failure_reason(job_failed) if job_failed else Reason.STORAGE_UNAVAILABLE

@@ -23,6 +23,8 @@ from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import planned_artifacts
+from .datasetcheck import check as check_dataset
+from .datasetcheck import datasets_to_check
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
@@ -163,6 +165,13 @@ class Observer:
             job = self.kube.get_job(ns, planned.job_name)
             artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
         facts["artifacts"] = _freeze(artifacts)
+        # Only when a Job is about to be created: a custom S3 dataset it could not read is named now.
+        needing_job = [p.format for p in planned_artifacts(spec, the_plan)
+                       if (f := artifacts.get(p.key)) is not None and f.storage_error is None
+                       and f.manifest is None and f.job is None]
+        facts["dataset_errors"] = _freeze({
+            field_name: why for field_name, uri in datasets_to_check(spec, needing_job)
+            if (why := check_dataset(self.store, spec.storage, storage_creds, field_name, uri))})
 
         deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
         facts["deployments"] = _freeze(deployments)

@@ -109,3 +109,5 @@ class Observed:
     """Whether the Service was looked up (only when something is planned)."""
     pod_terminations: Mapping[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     """By variant, for variants short of ready replicas: their pods' failed containers."""
+    dataset_errors: Mapping[str, str] = field(default_factory=dict)
+    """By spec field: a custom S3 dataset a Job about to be created could not read (datasetcheck)."""

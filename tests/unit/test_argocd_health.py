@@ -130,6 +130,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.JOB_OUT_OF_DISK: ("Quantized", "Degraded"),
     Reason.JOB_DEADLINE_EXCEEDED: ("Quantized", "Degraded"),
     Reason.JOB_EXCEEDS_POLICY: ("Quantized", "Degraded"),
+    Reason.DATASET_UNREADABLE: ("Quantized", "Degraded"),
     Reason.GATE_PASSED: ("QualityGatePassed", None),
     Reason.GATE_FAILED: ("QualityGatePassed", "Degraded"),
     Reason.AWAITING_ARTIFACT: ("QualityGatePassed", "Progressing"),

@@ -88,6 +88,7 @@ class World:
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     service: dict[str, Any] | None = None
     pod_terminations: dict[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
+    dataset_errors: dict[str, str] = field(default_factory=dict)
 
     def observed(self) -> Observed:
         valid = tuple(QuantizationPolicy.model_validate(p) for p in self.policies)
@@ -99,7 +100,7 @@ class World:
             namespace_labels={"kubernetes.io/metadata.name": NS, "team": "a"}, secrets=self.secrets,
             pools=tuple(self.pools), shape=self.shape, config_error=self.config_error, artifacts=self.artifacts,
             deployments=self.deployments, service=self.service, service_read=True,
-            pod_terminations=self.pod_terminations)
+            pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors)
 
     # --- what the pure functions say this world plans, for the case to fill in facts
     def planned(self):
@@ -394,6 +395,20 @@ CASES = [
          message={"Quantized": "GiB of memory; rules.maxQuantizationJobMemoryGiB (policy platform) allows 1 GiB"},
          actions=[CreateService],
          check=lambda o: o.status.plan.quantizationJobs and o.status.plan.quantizationJobs[0].memoryGiB > 1),
+    Case("a custom S3 calibration set that cannot be read is named before any Job",
+         _seq(_set(spec=base_spec(quantization={"format": "w4a16-gptq",
+                                                "calibration": {"dataset": "s3://artifacts/calib.jsonl"}}),
+                   dataset_errors={"spec.quantization.calibration.dataset":
+                                   "spec.quantization.calibration.dataset: s3://artifacts/calib.jsonl does not exist"}),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "DatasetUnreadable")},
+         message={"Quantized": "spec.quantization.calibration.dataset: s3://artifacts/calib.jsonl does not exist"},
+         actions=[CreateService]),
+    Case("an unreadable calibration set does not stop a data-free format",
+         _seq(_set(spec=base_spec(quantization={"format": "fp8-dynamic"}),
+                   dataset_errors={"spec.quantization.calibration.dataset": "no such object"}),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService]),
     Case("the Job is sized from the plan: requests, limits, pool and deadline", lambda w: w.no_job(),
          {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService], check=lambda o: _sized_job(o)),
     Case("failed Job removed by its TTL: not re-run for the same generation", _failed_job_then_gone(1, 1),

@@ -19,7 +19,7 @@ local DEGRADED = {
                                   PoolGone = true } },
   { type = "Quantized", reasons = { JobFailed = true, StorageUnavailable = true, JobOOMKilled = true,
                                     JobEvicted = true, JobOutOfDisk = true, JobDeadlineExceeded = true,
-                                    JobExceedsPolicy = true } },
+                                    JobExceedsPolicy = true, DatasetUnreadable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
   { type = "Deployed", reasons = { ServiceConflict = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
