@@ -115,3 +115,14 @@ def test_an_eviction_for_disk_is_job_out_of_disk_with_the_figure(cluster, gpu_po
     assert "asks for ephemeral-storage 10Gi" in cond["message"]
     events = [e for e in models.events(namespace, "evicted") if e.reason == "JobOutOfDisk"]
     assert events and events[0].type == "Warning"
+
+
+def test_a_calibration_set_that_cannot_be_read_is_named_before_any_job(cluster, gpu_pool, namespace, models,
+                                                                      model_spec):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
+    missing = f"s3://artifacts/{namespace}/no-such-calibration.jsonl"
+    models.apply(namespace, "nocalib", model_spec(quantization={
+        "format": "w4a16-gptq", "calibration": {"dataset": missing, "samples": 16, "maxSeqLength": 64}}))
+    cond = models.wait_condition(namespace, "nocalib", "Quantized", "False", reason="DatasetUnreadable", timeout=120)
+    assert f"spec.quantization.calibration.dataset: {missing} does not exist" in cond["message"]
+    assert models.jobs(namespace) == []

@@ -274,3 +274,49 @@ def test_a_job_may_run_on_every_pool_that_can_hold_it_preferring_the_chosen_one(
     _, _, (big,) = _sized_70b()
     assert job_pool_selectors(big, [H100, L4]) == [dict(H100.node_selector)]
     assert pool_placement([dict(H100.node_selector)]) == {"nodeSelector": dict(H100.node_selector)}
+
+
+# ------------------------------------------------------------------ datasets checked before a Job
+
+
+def test_only_custom_s3_datasets_a_new_job_would_read_are_checked():
+    from fewerbits_operator.datasetcheck import CALIBRATION_FIELD, EVAL_FIELD, datasets_to_check
+
+    spec = QuantizedModelSpec.model_validate({
+        "source": {"uri": "hf://a/b"}, "storage": {"uri": "s3://bkt/q"},
+        "quantization": {"calibration": {"dataset": "s3://bkt/calib.jsonl"},
+                         "qualityGate": {"evalDataset": "s3://bkt/eval.jsonl"}}})
+    assert datasets_to_check(spec, [QuantFormat.W4A16_GPTQ]) == [(CALIBRATION_FIELD, "s3://bkt/calib.jsonl"),
+                                                                 (EVAL_FIELD, "s3://bkt/eval.jsonl")]
+    assert datasets_to_check(spec, [QuantFormat.FP8_DYNAMIC]) == [(EVAL_FIELD, "s3://bkt/eval.jsonl")]
+    assert datasets_to_check(spec, [QuantFormat.NONE]) == []
+    assert datasets_to_check(spec, []) == []  # no Job about to be created: nothing read
+    builtin = SPEC.model_copy(update={"quantization": SPEC.quantization.model_copy(update={"format": "w4a16-gptq"})})
+    assert datasets_to_check(builtin, [QuantFormat.W4A16_GPTQ]) == []
+
+
+def test_an_unreadable_dataset_is_named_with_its_field():
+    from botocore.exceptions import ClientError
+
+    from fewerbits_api.quantizedmodel import StorageSpec
+    from fewerbits_operator.datasetcheck import CALIBRATION_FIELD, check
+
+    class Store:
+        def __init__(self, code):
+            self.code = code
+
+        def _client(self, endpoint, region, creds):
+            store = self
+
+            class S3:
+                def head_object(self, Bucket, Key):
+                    if store.code:
+                        raise ClientError({"Error": {"Code": store.code}}, "HeadObject")
+            return S3()
+
+    storage = StorageSpec(uri="s3://bkt/q", endpoint="http://127.0.0.1:9000")
+    assert check(Store(None), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl") is None
+    why = check(Store("404"), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl")
+    assert why.startswith("spec.quantization.calibration.dataset: s3://bkt/c.jsonl does not exist")
+    assert "http://127.0.0.1:9000" in why
+    assert "access denied" in check(Store("AccessDenied"), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl")
