@@ -39,6 +39,12 @@ class Reason:
     JOB_PENDING = "JobPending"
     JOB_SUCCEEDED = "JobSucceeded"
     JOB_FAILED = "JobFailed"
+    JOB_OOM_KILLED = "JobOOMKilled"
+    JOB_EVICTED = "JobEvicted"
+    JOB_OUT_OF_DISK = "JobOutOfDisk"
+    JOB_DEADLINE_EXCEEDED = "JobDeadlineExceeded"
+    JOB_EXCEEDS_POLICY = "JobExceedsPolicy"
+    DATASET_UNREADABLE = "DatasetUnreadable"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     CALIBRATION_DATA_UNAVAILABLE = "CalibrationDataUnavailable"
     # QualityGatePassed

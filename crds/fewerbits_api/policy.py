@@ -121,6 +121,10 @@ class QuantizationJobPlacement(ApiModel):
     """How long a Job may run before Kubernetes stops it."""
     backoffLimit: Annotated[int, Field(ge=0, le=10)] = 2
     """Retries of a failed Job pod."""
+    storageClassName: Annotated[str, Field(max_length=253, pattern=DNS1123_SUBDOMAIN)] | None = None
+    """StorageClass of the Job's work volume when it is larger than the operator's threshold (a
+    generic ephemeral volume instead of node-local `emptyDir`). Unset: the operator's setting,
+    else the cluster's default StorageClass."""
 
 
 class PolicyRules(ApiModel):
@@ -150,6 +154,14 @@ class PolicyRules(ApiModel):
     lowest."""
     maxReplicas: Annotated[int, Field(ge=1, le=1000)] | None = None
     """Most replicas per variant (caps `autoscaling.maxReplicas`). With several policies: the
+    lowest."""
+    maxQuantizationJobGPUs: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Most GPUs one quantization Job may request. A Job sized for more GPUs gets this many (its
+    evaluation offloads the rest of the model to host memory); a model whose calibration cannot run
+    on this many is refused with the figures. With several policies: the lowest."""
+    maxQuantizationJobMemoryGiB: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Most host memory (GiB) one quantization Job may request. A model whose Job needs more is
+    refused (`Quantized=False JobExceedsPolicy`) with the figures. With several policies: the
     lowest."""
     allowTrustRemoteCode: bool = False
     """Allow `spec.source.trustRemoteCode`. With several policies: allowed only when one sets

@@ -375,6 +375,35 @@ class RejectedPool(ApiModel):
     """Why, in words a person can act on."""
 
 
+class QuantizationJobSize(ApiModel):
+    """What the quantization Job of one artifact needs, sized from the model's shape (docs/jobs.md):
+    its requests and limits are rendered from these figures."""
+
+    format: QuantFormat
+    """The artifact's format."""
+    gpus: int
+    """GPUs the Job requests (`nvidia.com/gpu`): the fewest GPUs of its pool that hold the bf16
+    model for the evaluation, capped by the pool's GPUs per node and the policy; 0 runs on CPU."""
+    gpuMemoryGiB: float
+    """GPU memory one GPU needs for calibration: llm-compressor onloads one decoder layer at a
+    time, with its activations (and GPTQ's Hessians)."""
+    memoryGiB: int
+    """Host memory (request and limit): the whole model as llm-compressor loads it, calibration
+    activations, and headroom."""
+    ephemeralStorageGiB: int
+    """Disk for the source download, the quantized output and headroom."""
+    estimatedMinutes: int
+    """Estimated wall time; the Job's deadline is derived from it."""
+    pool: str | None = None
+    """The GPU pool the Job runs on (None: CPU, or the policy's nodeSelector decides)."""
+    evaluationOffloadGiB: float = 0.0
+    """bf16 weights the evaluation keeps in host memory because the Job's GPUs cannot hold them
+    (accelerate's CPU offload: slower, never two copies)."""
+    volume: Literal["emptyDir", "ephemeral"] = "emptyDir"
+    """Where the work directory lives: node-local `emptyDir`, or a generic ephemeral volume (a PVC
+    from a StorageClass) above the operator's size threshold."""
+
+
 class PlanStatus(ApiModel):
     """The planner's decision for every pool."""
 
@@ -387,6 +416,8 @@ class PlanStatus(ApiModel):
     requires (routers, shared-expert gates, multi-token-prediction layers, vision towers). The
     plan sized exactly these, and the quantization recipe gets exactly these (they are part of the
     artifact key)."""
+    quantizationJobs: list[QuantizationJobSize] = Field(default_factory=list)
+    """What each artifact's quantization Job needs (one entry per artifact format to produce)."""
 
 
 class QualityStatus(ApiModel):

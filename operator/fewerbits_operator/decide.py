@@ -49,6 +49,8 @@ from .claims import ClaimState, claim_state, new_claim
 from .datapins import CALIBRATION_FIELD, calibration_status, s3_calibration_uri
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
+from .jobfailure import classify as classify_job_failure
+from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, size_plan_jobs
 from .render import (
     ANNOTATION_ARTIFACT_KEY,
     ANNOTATION_SPEC_HASH,
@@ -71,6 +73,8 @@ LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.DEPLOYED, C.READY)
 WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
+    Reason.JOB_OOM_KILLED, Reason.JOB_EVICTED, Reason.JOB_OUT_OF_DISK, Reason.JOB_DEADLINE_EXCEEDED,
+    Reason.JOB_EXCEEDS_POLICY, Reason.DATASET_UNREADABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
     Reason.CALIBRATION_DATA_UNAVAILABLE,
 })
@@ -382,6 +386,53 @@ def with_gone_pools(the_plan: PlanStatus, gone: list[tuple[str, str]]) -> PlanSt
     return the_plan.model_copy(update={"rejected": rejected})
 
 
+# ------------------------------------------------------------------ Job sizing
+
+
+@dataclass(frozen=True)
+class JobSizing:
+    """What each artifact's Job needs (planner.jobsize), and the artifacts refused a Job (a policy
+    cap, no pool that holds its calibration), by format."""
+
+    jobs: list = field(default_factory=list)
+    sizes: Mapping[QuantFormat, Any] = field(default_factory=dict)
+    refusals: Mapping[QuantFormat, str] = field(default_factory=dict)
+
+
+def dataset_refusal(obs: Observed, fmt: QuantFormat) -> str | None:
+    """Why a Job for ``fmt`` must not start: a dataset it would read was not readable (observe
+    checked just before; the evaluation set matters to every quantized format, the calibration set
+    to the formats that calibrate)."""
+    from .datasetcheck import CALIBRATION_FIELD, EVAL_FIELD
+
+    from fewerbits_api.formats import FORMAT_FACTS
+
+    fields = ([CALIBRATION_FIELD] if FORMAT_FACTS[fmt].needs_calibration_data else []) + \
+        ([EVAL_FIELD] if fmt is not QuantFormat.NONE else [])
+    errors = [obs.dataset_errors[f] for f in fields if f in obs.dataset_errors]
+    return "; ".join(errors) or None
+
+
+def job_sizing(obs: Observed, acc: Acceptance, the_plan: PlanStatus, settings: OperatorSettings) -> JobSizing:
+    """Size every artifact's Job from the model's shape; a plan kept from an earlier pass (the
+    source's config.json unreadable now) keeps its sizes."""
+    if obs.shape is None:
+        jobs = list(the_plan.quantizationJobs)
+        return JobSizing(jobs, {j.format: j for j in jobs})
+    combined = acc.effective.policy
+    rules = combined.rules
+    jobs, problems = size_plan_jobs(obs.shape, the_plan, obs.pools or (),
+                                    inputs_from(acc.spec, rules.quantizationJob, rules, settings.job_volume_threshold_gib))
+    refusals: dict[QuantFormat, str] = {}
+    for problem in problems:
+        refusals[QuantFormat(problem.split(":", 1)[0])] = problem
+    for j in jobs:
+        if over := cap_violations(j, rules.maxQuantizationJobGPUs, rules.maxQuantizationJobMemoryGiB,
+                                  combined.rule_sources):
+            refusals[j.format] = "; ".join(over)
+    return JobSizing(jobs, {j.format: j for j in jobs}, refusals)
+
+
 # ------------------------------------------------------------------ Quantized and the gate
 
 
@@ -406,6 +457,10 @@ class ArtifactVerdict:
     quality: QualityStatus | None = None
     outdated_tools: dict[str, tuple[str, str]] = field(default_factory=dict)
     """Tools whose version differs from the current quantization image's (made, current)."""
+    refused: str | None = None
+    """No Job is created: its sizing exceeds a policy cap, or no pool can run it (the figures), or
+    a dataset it would read cannot be read."""
+    refused_reason: str = Reason.JOB_EXCEEDS_POLICY
 
     @property
     def ready(self) -> bool:
@@ -417,7 +472,7 @@ class ArtifactVerdict:
 
     @property
     def failed(self) -> bool:
-        return self.failure is not None or self.unavailable is not None
+        return self.failure is not None or self.unavailable is not None or self.refused is not None
 
 
 def termination_text(t: ContainerTermination) -> str:
@@ -472,7 +527,7 @@ def judge(v: ArtifactVerdict, gate: float) -> None:
 
 def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
                     placement: QuantizationJobPlacement, settings: OperatorSettings,
-                    st: StatusBuilder, actions: list[Action]) -> ArtifactVerdict:
+                    st: StatusBuilder, actions: list[Action], sizing: JobSizing | None = None) -> ArtifactVerdict:
     spec = acc.spec
     assert spec is not None
     owner = Owner(obs.name, obs.namespace, obs.uid)
@@ -504,6 +559,13 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
             # new Job would fail the same way. A new generation of the spec (any edit) tries again.
             v.failure, v.job = previous.failure, previous.failure.job
             return v
+        size = sizing.sizes.get(planned.format) if sizing is not None else None
+        if sizing is not None and (why := sizing.refusals.get(planned.format)):
+            v.refused = why
+            return v
+        if unreadable := dataset_refusal(obs, planned.format):
+            v.refused, v.refused_reason = unreadable, Reason.DATASET_UNREADABLE
+            return v
         claimed = claim_state(facts.claim, facts.claim_present, obs.namespace, planned.job_name, obs.now,
                               facts.claim_holder_gone)
         if claimed is ClaimState.HELD and facts.claim is not None:
@@ -514,10 +576,12 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                           "waiting for its manifest")
             return v
         if claimed is not ClaimState.MINE:
-            claim = new_claim(obs.namespace, planned.job_name, obs.now, placement.activeDeadlineSeconds)
+            claim = new_claim(obs.namespace, planned.job_name, obs.now,
+                              deadline_seconds(size) if size is not None else placement.activeDeadlineSeconds)
             actions.append(ClaimArtifact(obs.namespace, spec.storage, planned.key, claim.to_json(),
                                          take_over=claimed is ClaimState.STALE))
-        rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings)
+        rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings, size,
+                              job_pool_selectors(size, obs.pools or ()) if size is not None else None)
         actions.append(CreateJob(rendered))
         # Just created: no pod yet, told exactly as the next pass will see it (no second write).
         v.job, v.pending, v.waiting = planned.job_name, True, pending_text(planned.job_name)
@@ -533,8 +597,9 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         # is still there retries once the Job is gone.
         kept = previous.failure if previous is not None and previous.failure is not None \
             and previous.failure.job == job.name else None
+        reason, message = classify_job_failure(job) or (Reason.JOB_FAILED, job_failure_text(job))
         v.failure = ArtifactFailure(generation=kept.generation if kept else (obs.generation or 0),
-                                    reason=Reason.JOB_FAILED, message=job_failure_text(job), job=job.name)
+                                    reason=reason, message=message, job=job.name)
     elif job.state is JobState.SUCCEEDED:
         v.failure = ArtifactFailure(generation=obs.generation or 0, reason=Reason.JOB_FAILED, job=job.name,
                                     # The Job is named by key and destination (artifacts.job_name), so it
@@ -578,13 +643,27 @@ def tools_note(verdicts: list[ArtifactVerdict]) -> str:
             "spec.quantization.requantize to re-quantize")
 
 
+def failure_reason(failed: list[ArtifactVerdict]) -> str:
+    """The Quantized condition's reason: the failures' own typed reason (JobOOMKilled, JobEvicted,
+    JobOutOfDisk, JobDeadlineExceeded) when they share one, else JobFailed."""
+    reasons = {v.failure.reason for v in failed if v.failure is not None}
+    typed = {Reason.JOB_OOM_KILLED, Reason.JOB_EVICTED, Reason.JOB_OUT_OF_DISK, Reason.JOB_DEADLINE_EXCEEDED}
+    return reasons.pop() if len(reasons) == 1 and reasons <= typed else Reason.JOB_FAILED
+
+
 def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: StatusBuilder) -> None:
     if not verdicts:
         st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
         return
-    if failed := [v for v in verdicts if v.failed]:
+    if refused := [v for v in verdicts if v.refused is not None]:
+        hint = ("; no quantization Job is created: raise the policy's cap or choose a smaller model or format"
+                if refused[0].refused_reason == Reason.JOB_EXCEEDS_POLICY else
+                "; no quantization Job is created until it can be read")
+        st.set(C.QUANTIZED, False, refused[0].refused_reason,
+               "; ".join(dict.fromkeys(str(v.refused) for v in refused)) + hint)
+    elif failed := [v for v in verdicts if v.failed]:
         job_failed = [v for v in failed if v.failure is not None]
-        reason = Reason.JOB_FAILED if job_failed else Reason.STORAGE_UNAVAILABLE
+        reason = failure_reason(job_failed) if job_failed else Reason.STORAGE_UNAVAILABLE
         if not job_failed and all((v.unavailable or "").startswith(CALIBRATION_FIELD) for v in failed):
             reason = Reason.CALIBRATION_DATA_UNAVAILABLE
         hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
@@ -832,6 +911,8 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
                f"planned: {planned_msg}")
     else:
         st.set(C.PLANNED, verdict.ok, verdict.reason, verdict.message)
+    sizing = job_sizing(obs, acc, the_plan, settings)
+    the_plan = the_plan.model_copy(update={"quantizationJobs": sizing.jobs})
     status.plan = the_plan
     status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
 
@@ -846,7 +927,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
         if data_uri and obs.data_pin is None and planned.inputs.calibrationDataset == data_uri:
             # Named before any Job starts: without its ETag the key would not name the data.
             facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
-        v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions)
+        v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing)
         judge(v, gate)
         verdicts.append(v)
     status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]

@@ -159,7 +159,8 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
             rules[field_name] = value
             rule_sources[field_name] = next(n for v, n in set_by if v == value)
 
-    for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas"):
+    for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas", "maxQuantizationJobGPUs",
+                 "maxQuantizationJobMemoryGiB"):
         lowest(name)
     for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData"):
         if requiring := [p.metadata.name for p in matching if getattr(p.spec.rules, name)]:

@@ -25,6 +25,8 @@ from fewerbits_api.quantizedmodel import QuantizedModelStatus
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .claims import Claim
 from .datapins import DataPin, s3_calibration_uri
+from .datasetcheck import check as check_dataset
+from .datasetcheck import datasets_to_check
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
@@ -86,6 +88,22 @@ def terminations(pods: list[dict[str, Any]], *, init: bool = True) -> tuple[Cont
                 message=str(term.get("message") or ""),
                 running_ready="running" in state and bool(cs.get("ready"))))
     return tuple(out)
+
+
+def evictions(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """(pod, message) of the evicted ``pods`` (status.reason Evicted), newest first."""
+    return tuple((p["metadata"]["name"], str((p.get("status") or {}).get("message") or ""))
+                 for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+                 if (p.get("status") or {}).get("reason") == "Evicted")
+
+
+def job_limits(job: dict[str, Any]) -> dict[str, Any]:
+    """The Job's own resource limits and deadline, for messages that name what to raise."""
+    spec = job.get("spec") or {}
+    containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
+    limits = ((containers[0].get("resources") or {}).get("limits") or {})
+    return {"limits": _freeze({k: str(v) for k, v in limits.items()}),
+            "active_deadline_seconds": spec.get("activeDeadlineSeconds")}
 
 
 class Observer:
@@ -160,6 +178,13 @@ class Observer:
                 continue
             artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
         facts["artifacts"] = _freeze(artifacts)
+        # Only when a Job is about to be created: a custom S3 dataset it could not read is named now.
+        needing_job = [p.format for p in planned_artifacts(spec, the_plan)
+                       if (f := artifacts.get(p.key)) is not None and f.storage_error is None
+                       and f.manifest is None and f.job is None]
+        facts["dataset_errors"] = _freeze({
+            field_name: why for field_name, uri in datasets_to_check(spec, needing_job)
+            if (why := check_dataset(self.store, spec.storage, storage_creds, field_name, uri))})
 
         deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
         facts["deployments"] = _freeze(deployments)
@@ -212,8 +237,10 @@ class Observer:
         jstatus = job.get("status") or {}
         conds = {c["type"]: c for c in jstatus.get("conditions") or [] if c.get("status") == "True"}
         if "Failed" in conds:
+            job_pods = self.kube.job_pods(namespace, name) if pods else []
             return JobFacts(name, refs, JobState.FAILED, failed_condition=_freeze(dict(conds["Failed"])),
-                            terminations=terminations(self.kube.job_pods(namespace, name), init=False) if pods else ())
+                            terminations=terminations(job_pods, init=False), evictions=evictions(job_pods),
+                            **job_limits(job))
         if "Complete" in conds or "SuccessCriteriaMet" in conds:
             return JobFacts(name, refs, JobState.SUCCEEDED)
         state = JobState.ACTIVE if jstatus.get("active") else JobState.PENDING

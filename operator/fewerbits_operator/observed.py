@@ -49,6 +49,12 @@ class JobFacts:
     """Its pods' container terminations, newest pod first (read only when it failed)."""
     pod_phases: tuple[str, ...] = ()
     """Its pods' phases (read only while it is active)."""
+    evictions: tuple[tuple[str, str], ...] = ()
+    """(pod, the kubelet's message) for each of its pods evicted (pod status.reason Evicted), newest
+    first (read only when it failed)."""
+    limits: Mapping[str, str] = field(default_factory=dict)
+    """Its container's resource limits as the Job asks for them (memory, ephemeral-storage)."""
+    active_deadline_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,3 +121,5 @@ class Observed:
     """The S3 calibration object's ETag (and VersionId), read when the plan uses it (datapins.py)."""
     data_error: str | None = None
     """Why the S3 calibration object could not be read (no Job starts for the artifacts using it)."""
+    dataset_errors: Mapping[str, str] = field(default_factory=dict)
+    """By spec field: a custom S3 dataset a Job about to be created could not read (datasetcheck)."""

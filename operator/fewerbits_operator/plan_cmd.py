@@ -299,6 +299,37 @@ def plan_table(status: PlanStatus, header: str, note: str | None = None, width: 
     return "\n".join(out) + "\n"
 
 
+def with_job_sizes(shape: ModelShape, status: PlanStatus, pools: list[GPUPool], policy) -> tuple[PlanStatus, list[str]]:
+    """The plan with each artifact's quantization Job sized (``quantizationJobs``), under the
+    policy's Job placement and caps, and the artifacts no pool can quantize."""
+    from .planner.jobsize import inputs_from, size_plan_jobs
+    from .settings import OperatorSettings
+
+    rules = policy.spec.rules if policy is not None else None
+    inputs = inputs_from(None, rules.quantizationJob if rules else None, rules,
+                         OperatorSettings().job_volume_threshold_gib)
+    jobs, unsized = size_plan_jobs(shape, status, pools, inputs)
+    return status.model_copy(update={"quantizationJobs": jobs}), unsized
+
+
+def jobs_table(status: PlanStatus, unsized: list[str]) -> str:
+    """The quantization Jobs the plan needs, one row per artifact."""
+    if not status.quantizationJobs and not unsized:
+        return ""
+    out = ["", "Quantization Jobs (one per artifact; requests and limits of the Job):"]
+    if status.quantizationJobs:
+        headers = ["FORMAT", "POOL", "GPUS", "GPU MEM", "MEMORY", "DISK", "VOLUME", "EST. TIME", "EVAL OFFLOAD"]
+        rows = [[j.format.value, j.pool or "-", str(j.gpus), f"{j.gpuMemoryGiB:.1f} GiB", f"{j.memoryGiB} GiB",
+                 f"{j.ephemeralStorageGiB} GiB", j.volume, f"{j.estimatedMinutes} min",
+                 f"{j.evaluationOffloadGiB:.1f} GiB" if j.evaluationOffloadGiB else "-"]
+                for j in status.quantizationJobs]
+        out += _table(headers, rows, right={2, 3, 4, 5, 7, 8})
+    out += [f"  cannot quantize {u}" for u in unsized]
+    out.append("GPU MEM: one GPU's need during calibration (one layer at a time); memory and disk are the Job's "
+               "requests and limits (docs/jobs.md).")
+    return "\n".join(out) + "\n"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         shape = load_model_shape(args.model_config)
@@ -309,8 +340,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"fewerbits plan: {e}", file=sys.stderr)
         return 2
     status = plan(shape, pools, request)
+    status, unsized = with_job_sizes(shape, status, pools, policy)
     if args.output == "json":
         sys.stdout.write(json.dumps(plan_json(status), indent=2) + "\n")
     else:
         sys.stdout.write(plan_table(status, _describe_model(args.model_config, shape), note))
+        sys.stdout.write(jobs_table(status, unsized))
     return 0 if status.variants else 1

@@ -33,9 +33,17 @@ from fewerbits_api.names import (
     TERMINATION_LOG_DEFAULT,
 )
 from fewerbits_api.policy import QuantizationJobPlacement
-from fewerbits_api.quantizedmodel import PlanVariant, QualityGateSpec, QuantizedModelSpec, SourceSpec, StorageSpec
+from fewerbits_api.quantizedmodel import (
+    PlanVariant,
+    QualityGateSpec,
+    QuantizationJobSize,
+    QuantizedModelSpec,
+    SourceSpec,
+    StorageSpec,
+)
 
 from .artifacts import PlannedArtifact
+from .jobresources import job_resources, pool_placement
 from .planner.vllm_args import plan_args
 from .settings import OperatorSettings
 
@@ -145,8 +153,13 @@ def render_job(
     placement: QuantizationJobPlacement,
     gate: QualityGateSpec,
     settings: OperatorSettings,
+    size: QuantizationJobSize | None = None,
+    pool_selector: dict[str, str] | list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last)."""
+    """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last).
+    ``size``: the Job's sizing from the plan (requests, limits, work volume, deadline, pool
+    ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
+    first); without it, the operator's fixed requests and the placement's GPUs."""
     assert spec.storage is not None
     source_mount = None
     volumes: list[dict[str, Any]] = [
@@ -171,9 +184,14 @@ def render_job(
         storage=spec.storage,
     )
     resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
-    if placement.gpus:
+    if placement.gpus and size is None:
         resources["limits"] = {"nvidia.com/gpu": str(placement.gpus)}
         resources["requests"]["nvidia.com/gpu"] = str(placement.gpus)
+    gpus = placement.gpus if size is None else size.gpus
+    deadline = placement.activeDeadlineSeconds
+    if size is not None:
+        sized = job_resources(size, placement, settings, artifact.job_name)
+        resources, volumes[0], deadline = sized.resources, sized.work_volume, sized.deadline_seconds
     labels = {**MANAGED_BY, LABEL_COMPONENT: "quantize", LABEL_ARTIFACT: artifact.key[:63]}
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -199,10 +217,12 @@ def render_job(
         }],
         "volumes": volumes,
     }
-    if placement.gpus:
+    if gpus:
         pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
     if placement.nodeSelector:
         pod_spec["nodeSelector"] = dict(placement.nodeSelector)
+    elif size is not None and size.gpus and pool_selector:
+        pod_spec.update(pool_placement(pool_selector))  # the pools the sizing found able to run it
     if placement.tolerations:  # added to the GPU toleration, never instead of it
         pod_spec["tolerations"] = pod_spec.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
     if placement.priorityClassName:
@@ -219,7 +239,7 @@ def render_job(
         },
         "spec": {
             "backoffLimit": placement.backoffLimit,
-            "activeDeadlineSeconds": placement.activeDeadlineSeconds,
+            "activeDeadlineSeconds": deadline,
             "ttlSecondsAfterFinished": settings.job_ttl_seconds,
             # Exit code 2 is a bad contract or bad input: retrying cannot help.
             "podFailurePolicy": {"rules": [{

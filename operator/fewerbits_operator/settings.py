@@ -61,7 +61,18 @@ class OperatorSettings(BaseSettings):
     job_cpu_request: str = "2"
     """CPU request of the quantization Job."""
     job_memory_request: str = "8Gi"
-    """Memory request of the quantization Job."""
+    """Least memory request of the quantization Job: the Job asks for this or what its sizing
+    computes from the model (docs/jobs.md), whichever is larger."""
+    job_ephemeral_storage_request: str | None = None
+    """Least ephemeral-storage of the quantization Job's work directory (like the memory floor:
+    the Job asks for this or its sized figure, whichever is larger). Unset: the sized figure."""
+    job_storage_class: str | None = None
+    """StorageClass of the Job's work volume above `job_volume_threshold_gib` (a policy's
+    `quantizationJob.storageClassName` wins). Unset: the cluster's default StorageClass."""
+    job_volume_threshold_gib: int = Field(default=100, ge=1)
+    """A Job whose work directory (source download, output, headroom) needs more than this many GiB
+    gets a generic ephemeral volume (a PVC made for the pod and deleted with it) instead of the
+    node's `emptyDir`."""
     vllm_cpu_request: str = "2"
     """CPU request of each vLLM pod."""
     vllm_memory_request: str = "8Gi"

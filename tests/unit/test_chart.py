@@ -46,7 +46,9 @@ MODES: dict[str, list[str]] = {
                    "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store",
                    "config.autoscaler.metricsSource=prometheus",
                    "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090",
-                   "quantjobImage.tools.llmcompressor=0.15.0"],
+                   "quantjobImage.tools.llmcompressor=0.15.0",
+                   "config.quantizationJob.ephemeralStorageRequest=50Gi",
+                   "config.quantizationJob.storageClassName=fast-nvme"],
 }
 
 

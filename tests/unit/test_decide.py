@@ -89,6 +89,7 @@ class World:
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     service: dict[str, Any] | None = None
     pod_terminations: dict[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
+    dataset_errors: dict[str, str] = field(default_factory=dict)
 
     def observed(self) -> Observed:
         valid = tuple(QuantizationPolicy.model_validate(p) for p in self.policies)
@@ -100,7 +101,7 @@ class World:
             namespace_labels={"kubernetes.io/metadata.name": NS, "team": "a"}, secrets=self.secrets,
             pools=tuple(self.pools), shape=self.shape, config_error=self.config_error, artifacts=self.artifacts,
             deployments=self.deployments, service=self.service, service_read=True,
-            pod_terminations=self.pod_terminations)
+            pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors)
 
     # --- what the pure functions say this world plans, for the case to fill in facts
     def planned(self):
@@ -198,6 +199,19 @@ def _old_job_name_in_status(w: World) -> None:
         a["job"], a["cacheHit"] = _old_job_name(a["key"]), False
     w.status["conditions"] = [{**c, "reason": "JobSucceeded"} if c["type"] == "Quantized" else c
                               for c in w.status["conditions"]]
+
+
+def _sized_job(o) -> None:
+    job = next(a.job for a in o.actions if isinstance(a, CreateJob))
+    size = o.status.plan.quantizationJobs[0]
+    pod = job["spec"]["template"]["spec"]
+    res = pod["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == res["requests"]["nvidia.com/gpu"] == str(size.gpus)
+    assert res["limits"]["ephemeral-storage"] == f"{size.ephemeralStorageGiB}Gi"
+    # The 1B test model needs less than the operator's 8Gi floor.
+    assert res["requests"]["memory"] == res["limits"]["memory"] == "8Gi"
+    assert size.pool == H100.name and pod["nodeSelector"] == dict(H100.node_selector)
+    assert job["spec"]["activeDeadlineSeconds"] == 3600
 
 
 # ------------------------------------------------------------------ the cases
@@ -343,9 +357,61 @@ CASES = [
          actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.generation == 1 and o.status.artifacts[0].failure.job),
     Case("Job failed without a message: the Job's condition", lambda w: w.job(
-        JobState.FAILED, failed_condition={"reason": "DeadlineExceeded", "message": "active deadline"}),
-         {"Quantized": ("False", "JobFailed")}, message={"Quantized": "DeadlineExceeded: active deadline"},
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff limit"}),
+         {"Quantized": ("False", "JobFailed")}, message={"Quantized": "BackoffLimitExceeded: backoff limit"},
          actions=[CreateService]),
+    Case("Job past its deadline: JobDeadlineExceeded with the deadline", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "DeadlineExceeded", "message": "active deadline"},
+        active_deadline_seconds=7200),
+         {"Quantized": ("False", "JobDeadlineExceeded")}, message={"Quantized": "activeDeadlineSeconds (7200 s"},
+         actions=[CreateService], check=lambda o: o.status.artifacts[0].failure.reason == "JobDeadlineExceeded"),
+    Case("Job OOM-killed: JobOOMKilled names the memory limit", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        terminations=(term(137, "", reason="OOMKilled", container="quantize"),), limits={"memory": "190Gi"}),
+         {"Quantized": ("False", "JobOOMKilled")},
+         message={"Quantized": "exceeded its memory limit of 190Gi; raise the operator's floor FEWERBITS_JOB_MEMORY_REQUEST"},
+         actions=[CreateService], check=lambda o: o.status.artifacts[0].failure.reason == "JobOOMKilled"),
+    Case("Job evicted for disk: JobOutOfDisk names the ephemeral-storage it asked for", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "Pod ephemeral local storage usage exceeds the total limit of containers 224Gi."),),
+        limits={"memory": "190Gi", "ephemeral-storage": "224Gi"}),
+         {"Quantized": ("False", "JobOutOfDisk")},
+         message={"Quantized": "the Job asks for ephemeral-storage 224Gi; raise the operator's "
+                               "FEWERBITS_JOB_EPHEMERAL_STORAGE_REQUEST"},
+         actions=[CreateService]),
+    Case("Job evicted for another reason: JobEvicted with the kubelet's message", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "Pod was terminated in response to imminent node shutdown."),)),
+         {"Quantized": ("False", "JobEvicted")}, message={"Quantized": "imminent node shutdown"},
+         actions=[CreateService]),
+    Case("Job evicted, node low on memory: JobEvicted names the memory it asked for", lambda w: w.job(
+        JobState.FAILED, failed_condition={"reason": "BackoffLimitExceeded", "message": "backoff"},
+        evictions=(("m-pod-1", "The node was low on resource: memory. Threshold quantity: 100Mi."),),
+        limits={"memory": "190Gi"}),
+         {"Quantized": ("False", "JobEvicted")}, message={"Quantized": "the Job asks for memory 190Gi"},
+         actions=[CreateService]),
+    Case("a Job above the policy's memory cap is refused with the figures, no Job",
+         _seq(_set(policies=[baseline(maxQuantizationJobMemoryGiB=1)]), lambda w: w.no_job()),
+         {"Accepted": ("True", "Valid"), "Quantized": ("False", "JobExceedsPolicy")},
+         message={"Quantized": "GiB of memory; rules.maxQuantizationJobMemoryGiB (policy platform) allows 1 GiB"},
+         actions=[CreateService],
+         check=lambda o: o.status.plan.quantizationJobs and o.status.plan.quantizationJobs[0].memoryGiB > 1),
+    Case("a custom S3 calibration set that cannot be read is named before any Job",
+         _seq(_set(spec=base_spec(quantization={"format": "w4a16-gptq",
+                                                "calibration": {"dataset": "s3://artifacts/calib.jsonl"}}),
+                   dataset_errors={"spec.quantization.calibration.dataset":
+                                   "spec.quantization.calibration.dataset: s3://artifacts/calib.jsonl does not exist"}),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "DatasetUnreadable")},
+         message={"Quantized": "spec.quantization.calibration.dataset: s3://artifacts/calib.jsonl does not exist"},
+         actions=[CreateService]),
+    Case("an unreadable calibration set does not stop a data-free format",
+         _seq(_set(spec=base_spec(quantization={"format": "fp8-dynamic"}),
+                   dataset_errors={"spec.quantization.calibration.dataset": "no such object"}),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService]),
+    Case("the Job is sized from the plan: requests, limits, pool and deadline", lambda w: w.no_job(),
+         {"Quantized": ("False", "JobPending")}, actions=[CreateJob, CreateService], check=lambda o: _sized_job(o)),
     Case("failed Job removed by its TTL: not re-run for the same generation", _failed_job_then_gone(1, 1),
          {"Quantized": ("False", "JobFailed")}, message={"Quantized": "edit the spec"}, actions=[CreateService],
          check=lambda o: o.status.artifacts[0].failure.reason == "JobFailed"),
