@@ -46,7 +46,7 @@ from fewerbits_api.validation import DNS1123_LABEL
 
 from .artifacts import PlannedArtifact, artifact_format, outdated_tools, planned_artifacts
 from .claims import ClaimState, claim_state, new_claim
-from .datapins import CALIBRATION_FIELD, calibration_status, s3_calibration_uri
+from .datapins import CALIBRATION_FIELD, EVAL_FIELD, calibration_status, s3_calibration_uri
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .jobfailure import classify as classify_job_failure
@@ -400,17 +400,12 @@ class JobSizing:
 
 
 def dataset_refusal(obs: Observed, fmt: QuantFormat) -> str | None:
-    """Why a Job for ``fmt`` must not start: a dataset it would read was not readable (observe
-    checked just before; the evaluation set matters to every quantized format, the calibration set
-    to the formats that calibrate)."""
-    from .datasetcheck import CALIBRATION_FIELD, EVAL_FIELD
-
-    from fewerbits_api.formats import FORMAT_FACTS
-
-    fields = ([CALIBRATION_FIELD] if FORMAT_FACTS[fmt].needs_calibration_data else []) + \
-        ([EVAL_FIELD] if fmt is not QuantFormat.NONE else [])
-    errors = [obs.dataset_errors[f] for f in fields if f in obs.dataset_errors]
-    return "; ".join(errors) or None
+    """Why a Job for ``fmt`` must not start: the evaluation set it would read was not readable
+    (observe checked just before). The S3 calibration object is read earlier, for its ETag
+    (datapins); an unreadable one is CalibrationDataUnavailable."""
+    if fmt is QuantFormat.NONE:
+        return None
+    return obs.dataset_errors.get(EVAL_FIELD)
 
 
 def job_sizing(obs: Observed, acc: Acceptance, the_plan: PlanStatus, settings: OperatorSettings) -> JobSizing:

@@ -280,14 +280,14 @@ def test_a_job_may_run_on_every_pool_that_can_hold_it_preferring_the_chosen_one(
 
 
 def test_only_custom_s3_datasets_a_new_job_would_read_are_checked():
-    from fewerbits_operator.datasetcheck import CALIBRATION_FIELD, EVAL_FIELD, datasets_to_check
+    from fewerbits_operator.datasetcheck import EVAL_FIELD, datasets_to_check
 
     spec = QuantizedModelSpec.model_validate({
         "source": {"uri": "hf://a/b"}, "storage": {"uri": "s3://bkt/q"},
         "quantization": {"calibration": {"dataset": "s3://bkt/calib.jsonl"},
                          "qualityGate": {"evalDataset": "s3://bkt/eval.jsonl"}}})
-    assert datasets_to_check(spec, [QuantFormat.W4A16_GPTQ]) == [(CALIBRATION_FIELD, "s3://bkt/calib.jsonl"),
-                                                                 (EVAL_FIELD, "s3://bkt/eval.jsonl")]
+    # The calibration object is read for its ETag before deciding (datapins), not here.
+    assert datasets_to_check(spec, [QuantFormat.W4A16_GPTQ]) == [(EVAL_FIELD, "s3://bkt/eval.jsonl")]
     assert datasets_to_check(spec, [QuantFormat.FP8_DYNAMIC]) == [(EVAL_FIELD, "s3://bkt/eval.jsonl")]
     assert datasets_to_check(spec, [QuantFormat.NONE]) == []
     assert datasets_to_check(spec, []) == []  # no Job about to be created: nothing read
@@ -299,7 +299,7 @@ def test_an_unreadable_dataset_is_named_with_its_field():
     from botocore.exceptions import ClientError
 
     from fewerbits_api.quantizedmodel import StorageSpec
-    from fewerbits_operator.datasetcheck import CALIBRATION_FIELD, check
+    from fewerbits_operator.datasetcheck import EVAL_FIELD, check
 
     class Store:
         def __init__(self, code):
@@ -315,8 +315,8 @@ def test_an_unreadable_dataset_is_named_with_its_field():
             return S3()
 
     storage = StorageSpec(uri="s3://bkt/q", endpoint="http://127.0.0.1:9000")
-    assert check(Store(None), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl") is None
-    why = check(Store("404"), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl")
-    assert why.startswith("spec.quantization.calibration.dataset: s3://bkt/c.jsonl does not exist")
+    assert check(Store(None), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl") is None
+    why = check(Store("404"), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl")
+    assert why.startswith("spec.quantization.qualityGate.evalDataset: s3://bkt/c.jsonl does not exist")
     assert "http://127.0.0.1:9000" in why
-    assert "access denied" in check(Store("AccessDenied"), storage, None, CALIBRATION_FIELD, "s3://bkt/c.jsonl")
+    assert "access denied" in check(Store("AccessDenied"), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl")
