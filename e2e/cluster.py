@@ -154,7 +154,7 @@ class Cluster:
 
     def __init__(self, state_dir: Path | None = None, *, with_s3: bool = True, detach: bool = False,
                  images: list[workloads.ImageRule] | None = None, sim_metrics: str | None = None,
-                 audit: bool | None = None):
+                 audit: bool | None = None, kwok_cidr: str | None = None, pod_cidr: str | None = None):
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="fewerbits-e2e-"))
         self.with_s3 = with_s3
         self.detach = detach
@@ -164,6 +164,10 @@ class Cluster:
         # audit: the API server writes one JSON line per request to logs/audit.log (who, verb,
         # resource, code), for tests and the load command that count one client's requests.
         self.audit = audit if audit is not None else os.environ.get("FEWERBITS_E2E_AUDIT") == "1"
+        # Pod IP ranges: two clusters on one machine (pytest-xdist workers) need disjoint ones, since the
+        # pod runner binds its pods' IPs on loopback.
+        self.kwok_cidr = kwok_cidr or KWOK_POD_CIDR
+        self.pod_cidr = pod_cidr or RUNNER_POD_CIDR
         self.components: list[Component] = []
         self._procs: dict[str, subprocess.Popen] = {}
         self._argv: dict[str, tuple[list[str], dict | None, Path | None]] = {}
@@ -277,7 +281,7 @@ class Cluster:
         stage_files = self._write_kwok_stages(d / "kwok")
         kwok_args = [str(versions.binary("kwok")), f"--kubeconfig={self.kubeconfig}",
                      "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                     f"--cidr={KWOK_POD_CIDR}", "--node-ip=127.0.0.1",
+                     f"--cidr={self.kwok_cidr}", "--node-ip=127.0.0.1",
                      "--node-lease-duration-seconds=40"]
         for f in stage_files:
             kwok_args.append(f"--config={f}")
@@ -288,7 +292,7 @@ class Cluster:
         self._spawn("pod-runner", [
             sys.executable, "-m", "e2e.podrunner", "--kubeconfig", str(self.kubeconfig),
             "--state-dir", str(d / "pods"), "--images", str(d / "runner-images.json"),
-            "--cidr", RUNNER_POD_CIDR,
+            "--cidr", self.pod_cidr,
             "--sim", str(versions.binary("llm-d-inference-sim")), "--sim-metrics", self.sim_metrics,
         ], env={**os.environ, "PYTHONPATH": _pythonpath()}, cwd=E2E_DIR.parent)
 

@@ -39,6 +39,19 @@ def _cleanup(d: Path) -> None:
 _session_cluster: cluster_mod.Cluster | None = None
 
 
+def _worker_cidrs() -> dict[str, str]:
+    """Disjoint loopback pod ranges per pytest-xdist worker (gw0, gw1, ...): each worker runs its own
+    control plane and pod runner, and pod IPs are bound on this host. Without xdist, or when the
+    ranges are set in the environment, the cluster's defaults apply."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or "FEWERBITS_E2E_POD_CIDR" in os.environ:
+        return {}
+    n = int(worker[2:])
+    if n > 60:
+        raise RuntimeError(f"too many xdist workers for disjoint loopback pod ranges: {worker}")
+    return {"kwok_cidr": f"127.{100 + 2 * n}.0.0/16", "pod_cidr": f"127.{101 + 2 * n}.0.0/16"}
+
+
 @pytest.fixture(scope="session")
 def cluster():
     """The session's control plane: a started `e2e.cluster.Cluster`.
@@ -50,7 +63,7 @@ def cluster():
     """
     global _session_cluster
     d = _state_root("cluster")
-    c = cluster_mod.Cluster(d)
+    c = cluster_mod.Cluster(d, **_worker_cidrs())
     c.start()
     _session_cluster = c
     try:

@@ -5,6 +5,11 @@
 #
 #   scripts/test.sh                 # everything
 #   scripts/test.sh tests/unit      # unit tests only (no Go build needed)
+#
+# Tests run in FEWERBITS_TEST_WORKERS pytest-xdist workers (default 2; 0 runs them in this process),
+# one test file per worker at a time: each worker starts its own control plane on disjoint loopback
+# pod ranges. Most of a cluster test's time is waiting on controllers, so two workers on two cores
+# finish sooner than one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +34,7 @@ fi
 
 step "running tests"
 set +e
-"$VENV/bin/python" -m pytest -ra --durations=15 "$@"
+"$VENV/bin/python" -m pytest -ra --durations=15 -n "${FEWERBITS_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

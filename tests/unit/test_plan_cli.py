@@ -62,7 +62,8 @@ def test_json_rejections_have_pool_and_reason(capsys):
     assert set(r) == {"pool", "reason"} and "float16" in r["reason"]
 
 
-def test_table_output_is_aligned_with_warnings_and_rejections_below(capsys):
+def test_table_output_is_aligned_with_warnings_and_rejections_below(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # the table wraps to the terminal; a test worker may have none
     code, out, _ = run(capsys, "--model-config", str(CONFIGS / "qwen3-30b-a3b.json"),
                        "--gpu", "NVIDIA-L4:1", "--gpu", "NVIDIA-H100-80GB-HBM3:8", "--gpu", "Tesla-T4:1")
     assert code == 0
