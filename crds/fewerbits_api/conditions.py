@@ -40,6 +40,7 @@ class Reason:
     JOB_SUCCEEDED = "JobSucceeded"
     JOB_FAILED = "JobFailed"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
+    QUEUED = "Queued"
     # QualityGatePassed
     GATE_PASSED = "GatePassed"
     GATE_FAILED = "GateFailed"

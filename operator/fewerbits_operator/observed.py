@@ -14,6 +14,7 @@ from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .planner import GPUPool, ModelShape
+from .queueing import QueueFacts
 
 
 class JobState(str, Enum):
@@ -47,6 +48,10 @@ class JobFacts:
     """Its pods' container terminations, newest pod first (read only when it failed)."""
     pod_phases: tuple[str, ...] = ()
     """Its pods' phases (read only while it is active)."""
+    suspended: bool = False
+    """``spec.suspend``: created for Kueue and not admitted yet (or suspended by hand)."""
+    queue_name: str | None = None
+    """Its Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``)."""
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,12 @@ class Observed:
     """Whether the Service was looked up (only when something is planned)."""
     pod_terminations: Mapping[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     """By variant, for variants short of ready replicas: their pods' failed containers."""
+    queue: QueueFacts | None = None
+    """The running and queued quantization Jobs of every watched namespace, read (under the
+    admission lock, ``admission.py``) only when a planned artifact has neither a manifest nor a
+    Job. None: not read, and a Job this pass wants is created without a cap."""
+
+    @property
+    def needs_admission(self) -> bool:
+        """Some planned artifact has no manifest and no Job: whether one may start is decided."""
+        return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())
