@@ -502,6 +502,15 @@ CASES = [
               _set(policies=[baseline(maxReplicas=4)])),
          {"Accepted": ("True", "Valid")}, events={"EffectiveSpecChanged"},
          check=lambda o: _values(o)["rules.maxReplicas"] == ("4", "platform")),
+    # ---- queueing (more in test_queueing.py)
+    Case("a policy naming a Kueue LocalQueue: the Job is created suspended in it, the model says Queued",
+         _seq(_set(policies=[policy(rules={"quantizationJob": {"kueue": {"localQueueName": "gpu"}}})]),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "Queued")}, actions=[CreateJob, CreateService], events={"QuantizationStarted"},
+         message={"Quantized": "suspended until Kueue admits it from LocalQueue gpu"},
+         check=lambda o: o.actions[0].job["spec"]["suspend"] is True
+         and o.actions[0].job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+         and o.status.artifacts[0].queue.reason == "Kueue" and o.status.artifacts[0].queue.position is None),
 ]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 
