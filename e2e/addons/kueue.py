@@ -16,6 +16,10 @@ What differs from Kueue's own install (config/default), and why:
   and ``batch/v1`` Jobs. The Job webhooks get an objectSelector on the queue-name label, so the
   session's other Jobs (every other test's) never wait on this process; Kueue ignores Jobs
   without that label anyway (``manageJobsWithoutQueueName: false``).
+* Kueue v0.15.0 loads a metrics serving certificate from the fixed path
+  ``/etc/kueue/metrics/certs`` whenever its own certificate manager is off, even with metrics off
+  (cmd/kueue/main.go): the add-on puts the webhook's certificate there when nothing is there yet
+  (the only write outside the session's state folder).
 * It runs with the admin kubeconfig (its ClusterRole is not installed) and without leader
   election, metrics or the visibility API server.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import socket
 import ssl
 import subprocess
 import time
@@ -74,6 +79,22 @@ def serving_cert(pki_dir: Path, out: Path) -> Path:
         (out / "tls.crt").write_bytes((pki_dir / f"{stem}.crt").read_bytes())
         (out / "tls.key").write_bytes((pki_dir / f"{stem}.key").read_bytes())
     return out
+
+
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+
+
+def metrics_cert(cert_dir: Path) -> None:
+    """Kueue exits at start without a certificate at ``METRICS_CERT_DIR`` (see the module)."""
+    if (METRICS_CERT_DIR / "tls.crt").exists() and (METRICS_CERT_DIR / "tls.key").exists():
+        return
+    try:
+        METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for f in ("tls.crt", "tls.key"):
+            (METRICS_CERT_DIR / f).write_bytes((cert_dir / f).read_bytes())
+    except OSError as e:
+        raise RuntimeError(f"Kueue v0.15.0 needs a certificate in {METRICS_CERT_DIR} (its metrics server reads "
+                           f"it even when off) and this user cannot write there: {e}") from e
 
 
 def config(webhook_port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
@@ -135,14 +156,14 @@ def _ready(health_port: int) -> bool:
 
 
 def _webhook_answers(port: int, ca: Path) -> bool:
+    """A TLS handshake with the webhook server, verified against the session CA."""
     ctx = ssl.create_default_context(cafile=str(ca))
     try:
-        urllib.request.urlopen(f"https://127.0.0.1:{port}/convert", timeout=2, context=ctx)
-    except urllib.error.HTTPError:
-        return True  # TLS handshake done and the server answered (a GET is not a ConversionReview)
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
+                return True
     except OSError:
         return False
-    return True
 
 
 def start(cluster, timeout: float = 120) -> Kueue:
@@ -154,6 +175,7 @@ def start(cluster, timeout: float = 120) -> Kueue:
     d.mkdir(parents=True, exist_ok=True)
     pki_dir = cluster.state_dir / "pki"
     cert_dir = serving_cert(pki_dir, d / "certs")
+    metrics_cert(cert_dir)
     ca_bundle = base64.b64encode((pki_dir / "ca.crt").read_bytes()).decode()
     webhook_port, health_port = procs.free_port(), procs.free_port()
 

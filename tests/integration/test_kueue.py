@@ -5,6 +5,7 @@ Jobs. The Jobs are the real quantjob, run by the pod runner on kwok GPU nodes.""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 import pytest
 from kubernetes import client
@@ -40,8 +41,13 @@ def condition_time(obj: dict, type_: str) -> str | None:
                  if c["type"] == type_ and c["status"] == "True"), None)
 
 
-def assert_one_at_a_time(intervals: list[tuple[str, str]]) -> None:
-    """(start, end) RFC 3339 pairs (same format, so they order as strings): none overlaps another."""
+def parse_time(text: str | None) -> datetime:
+    assert text is not None
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def assert_one_at_a_time(intervals: list[tuple[datetime, datetime]]) -> None:
+    """(start, end) pairs: none overlaps another."""
     intervals = sorted(intervals)
     for (_, end), (start, _) in zip(intervals, intervals[1:]):
         assert start >= end, f"two ran at once: {intervals}"
@@ -81,14 +87,17 @@ def test_kueue_admits_the_jobs_of_three_models_one_at_a_time(cluster, kueue, gpu
             models.wait_condition(namespace, n, "Ready", timeout=600)
             assert queue_of(models, namespace, n) is None
 
-        # Kueue admitted each Workload only after the one before had finished, and the Jobs ran so.
+        # The Jobs ran one after the other (Kueue unsuspends a Job when it admits its Workload: its
+        # startTime), and each started only once the Workload before it had finished (quota freed).
+        jobs = models.jobs(namespace)
+        ran = sorted((j.status.start_time, j.status.completion_time) for j in jobs)
+        assert all(end is not None for _, end in ran), ran
+        assert_one_at_a_time(ran)
         workloads = kueue_addon.workloads(cluster, namespace)
         assert len(workloads) == 3
-        assert_one_at_a_time([(condition_time(w, "Admitted") or condition_time(w, "QuotaReserved"),
-                               condition_time(w, "Finished")) for w in workloads])
-        jobs = models.jobs(namespace)
-        assert all(j.status.completion_time for j in jobs)
-        assert_one_at_a_time([(j.status.start_time.isoformat(), j.status.completion_time.isoformat()) for j in jobs])
+        finished = sorted(parse_time(condition_time(w, "Finished")) for w in workloads)
+        for (start, _), freed in zip(ran[1:], finished):
+            assert start >= freed, (ran, finished)
         models.wait("the policy's queue empty", lambda: policy_status(cluster, policy["metadata"]["name"]).get(
             "queuedJobs") == 0, timeout=60)
     finally:
