@@ -2,7 +2,7 @@
 # Build the local control plane's components from their Go modules (no Docker, no release downloads).
 #
 #   e2e/build.sh                 build whatever is missing (all components)
-#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm)
+#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm kueue)
 #   e2e/build.sh --print-bin-dir COMPONENT   print where that component's binaries live
 #
 # Idempotent: a component whose cache folder exists is skipped. Binaries live OUTSIDE the repo in
@@ -27,7 +27,7 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
 # Shared machines: keep the compiler polite unless the caller already chose a niceness.
 NICE="${FEWERBITS_BUILD_NICE:-nice -n 10}"
 
-ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm)
+ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue)
 
 version_of() {
   case "$1" in
@@ -37,6 +37,7 @@ version_of() {
     minio) echo "$MINIO_VERSION" ;;
     sim) echo "$LLM_D_INFERENCE_SIM_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    kueue) echo "$KUEUE_VERSION" ;;
     *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]})" >&2; return 2 ;;
   esac
 }
@@ -157,6 +158,21 @@ build_sim() {
 build_helm() {
   go_install "$1" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" \
     "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+}
+
+# Kueue's controller-manager, plus what its add-on installs from the same module version: the CRDs
+# (config/components/crd/bases) and the webhook configurations (config/components/webhook), copied
+# next to the binary so a test never needs the Go module cache.
+build_kueue() {
+  local out="$1" v="$KUEUE_VERSION"
+  wrapper_build "$out" kueue sigs.k8s.io/kueue "$v" sigs.k8s.io/kueue/cmd/kueue \
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v"
+  local dir
+  dir="$(go mod download -json "sigs.k8s.io/kueue@$v" | sed -n 's/^\s*"Dir": "\(.*\)",\?$/\1/p')"
+  mkdir -p "$out/crd" "$out/webhook"
+  cp "$dir"/config/components/crd/bases/*.yaml "$out/crd/"
+  cp "$dir"/config/components/webhook/manifests.yaml "$out/webhook/"
+  chmod -R u+w "$out/crd" "$out/webhook"
 }
 
 # --- driver ---------------------------------------------------------------------------------------

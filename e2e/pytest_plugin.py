@@ -125,3 +125,16 @@ def namespace(cluster):
     api.create_namespace({"metadata": {"name": name}})
     yield name
     api.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster):
+    """Kueue (controller-manager, CRDs, webhooks) on the session's cluster, started on first use
+    (e2e/addons/kueue.py): only the sessions that run a test asking for it pay for it."""
+    from e2e.addons import kueue as kueue_addon
+
+    k = kueue_addon.start(cluster)
+    try:
+        yield k
+    finally:
+        kueue_addon.stop(cluster, k)

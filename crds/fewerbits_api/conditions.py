@@ -47,6 +47,7 @@ class Reason:
     DATASET_UNREADABLE = "DatasetUnreadable"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     CALIBRATION_DATA_UNAVAILABLE = "CalibrationDataUnavailable"
+    QUEUED = "Queued"
     # QualityGatePassed
     GATE_PASSED = "GatePassed"
     GATE_FAILED = "GateFailed"

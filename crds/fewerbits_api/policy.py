@@ -106,6 +106,18 @@ class Toleration(ApiModel):
         return self
 
 
+class KueueQueueing(ApiModel):
+    """Hand the quantization Jobs to Kueue: each is created suspended, labelled with its
+    LocalQueue, and runs when Kueue admits it against its ClusterQueue's quota."""
+
+    localQueueName: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS1123_SUBDOMAIN)]
+    """The Kueue LocalQueue, in each model's namespace, that admits the Job (the Job's label
+    `kueue.x-k8s.io/queue-name`). A namespace without that LocalQueue leaves the Job suspended:
+    Kueue reports it on the Job's Workload."""
+    workloadPriorityClassName: Annotated[str, Field(max_length=63, pattern=DNS1123_SUBDOMAIN)] | None = None
+    """Kueue WorkloadPriorityClass of the Job (label `kueue.x-k8s.io/priority-class`)."""
+
+
 class QuantizationJobPlacement(ApiModel):
     """Where and how quantization Jobs run."""
 
@@ -125,6 +137,10 @@ class QuantizationJobPlacement(ApiModel):
     """StorageClass of the Job's work volume when it is larger than the operator's threshold (a
     generic ephemeral volume instead of node-local `emptyDir`). Unset: the operator's setting,
     else the cluster's default StorageClass."""
+    kueue: KueueQueueing | None = None
+    """Queue the Jobs in Kueue instead of under the operator's cap on running quantization Jobs
+    (`maxRunningQuantizationJobs`): Kueue's quota decides when each runs. Once admitted they
+    count towards the operator's cap, which then holds back only Jobs that are not Kueue's."""
 
 
 class PolicyRules(ApiModel):
@@ -272,6 +288,13 @@ class QuantizationPolicyStatus(ApiModel):
     namespace; False (`Invalid` or `Conflict`) says why."""
     conflicts: Annotated[list[PolicyConflict], Field(max_length=64)] = Field(default_factory=list)
     """Conflicts with other policies matching a namespace this one matches."""
+    governedNamespaces: int | None = None
+    """Namespaces holding QuantizedModels that this policy selects."""
+    governedModels: int | None = None
+    """QuantizedModels this policy governs (in the watched namespaces)."""
+    queuedJobs: int | None = None
+    """Quantization Jobs of the models it governs that wait: under the operator's cap on running
+    Jobs, or suspended until Kueue admits them from the LocalQueue it names."""
 
 
 class QuantizationPolicy(ApiModel):

@@ -451,6 +451,22 @@ class ArtifactFailure(ApiModel):
     """The Job that failed."""
 
 
+class ArtifactQueue(ApiModel):
+    """Why the artifact's quantization Job has not started yet, and where it stands."""
+
+    reason: Literal["OperatorCap", "Kueue"]
+    """`OperatorCap`: the operator-wide cap on running quantization Jobs is reached and the Job
+    is not created yet; `Kueue`: the Job exists, suspended, until Kueue admits it from its
+    LocalQueue."""
+    position: Annotated[int, Field(ge=1)] | None = None
+    """1 starts next. Under the operator cap: the order is by `since`, then namespace, model name
+    and Job name, the same for every model. Absent for Kueue (Kueue orders its own queue)."""
+    since: str
+    """When this model first wanted the Job and could not start it (RFC 3339)."""
+    localQueue: str | None = None
+    """The Kueue LocalQueue (in the model's namespace) the Job waits in."""
+
+
 class ArtifactStatus(ApiModel):
     """A quantized artifact this model uses or is producing."""
 
@@ -474,6 +490,8 @@ class ArtifactStatus(ApiModel):
     """Versions of the tools that made it."""
     failure: ArtifactFailure | None = None
     """Set when its Job failed; kept after the Job's TTL removes it."""
+    queue: ArtifactQueue | None = None
+    """Set while its quantization Job waits for a slot (operator cap) or for Kueue's admission."""
 
 
 class CalibrationDataStatus(ApiModel):

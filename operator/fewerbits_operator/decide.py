@@ -31,6 +31,7 @@ from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import (
     AUTOSCALER_FIELDS,
     ArtifactFailure,
+    ArtifactQueue,
     ArtifactStatus,
     EffectiveAutoscaling,
     EffectivePolicies,
@@ -63,6 +64,7 @@ from .render import (
     render_service,
 )
 from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
+from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -456,6 +458,8 @@ class ArtifactVerdict:
     """No Job is created: its sizing exceeds a policy cap, or no pool can run it (the figures), or
     a dataset it would read cannot be read."""
     refused_reason: str = Reason.JOB_EXCEEDS_POLICY
+    queue: ArtifactQueue | None = None
+    """Its Job waits: not created yet under the operator's cap, or suspended until Kueue admits it."""
 
     @property
     def ready(self) -> bool:
@@ -520,9 +524,14 @@ def judge(v: ArtifactVerdict, gate: float) -> None:
     v.passed = v.quality.passed
 
 
+def kueue_text(job_name: str, local_queue: str | None) -> str:
+    return f"Job {job_name} suspended until Kueue admits it from LocalQueue {local_queue}"
+
+
 def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
                     placement: QuantizationJobPlacement, settings: OperatorSettings,
-                    st: StatusBuilder, actions: list[Action], sizing: JobSizing | None = None) -> ArtifactVerdict:
+                    st: StatusBuilder, actions: list[Action], sizing: JobSizing | None = None,
+                    admission: Admission | None = None) -> ArtifactVerdict:
     spec = acc.spec
     assert spec is not None
     owner = Owner(obs.name, obs.namespace, obs.uid)
@@ -542,7 +551,9 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         # A cache hit: published before this model asked for it, by no Job it owns (another
         # model's Job for the same key may still be there until its TTL).
         owns_job = job is not None and any(r.get("uid") == obs.uid for r in job.owner_refs)
-        v.cache_hit = not owns_job and (previous is None or previous.job is None)
+        # A Job that only waited under the operator's cap was never created: published by another.
+        never_started = previous is not None and previous.queue is not None and previous.queue.reason == OPERATOR_CAP
+        v.cache_hit = not owns_job and (previous is None or previous.job is None or never_started)
         v.job = None if v.cache_hit else (job.name if job is not None else previous.job if previous else None)
         if v.cache_hit and (previous is None or not previous.cacheHit):
             st.note("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already published: "
@@ -570,6 +581,15 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                           f"this artifact in the same storage (claimed until {facts.claim.expires_at}); "
                                           "waiting for its manifest")
             return v
+        since = previous.queue.since if previous is not None and previous.queue is not None else obs.now
+        if placement.kueue is None and admission is not None:
+            # The operator's cap (queueing.py): over it, the Job is not created yet.
+            position = admission.admit(Waiter(since, obs.namespace, obs.name, planned.job_name))
+            if position is not None:
+                v.job, v.pending, v.queue = planned.job_name, True, operator_queue(position, since)
+                v.waiting = (f"Job {planned.job_name} queued at position {position}: {admission.running} of "
+                             f"{admission.cap} quantization Jobs running (the operator's cap)")
+                return v
         if claimed is not ClaimState.MINE:
             claim = new_claim(obs.namespace, planned.job_name, obs.now,
                               deadline_seconds(size) if size is not None else placement.activeDeadlineSeconds)
@@ -578,6 +598,13 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings, size,
                               job_pool_selectors(size, obs.pools or ()) if size is not None else None)
         actions.append(CreateJob(rendered))
+        if placement.kueue is not None:
+            v.job, v.pending = planned.job_name, True
+            v.queue = kueue_queue(placement.kueue.localQueueName, since)
+            v.waiting = kueue_text(planned.job_name, placement.kueue.localQueueName)
+            st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
+                                                     f"{planned.format.value} once Kueue admits it")
+            return v
         # Just created: no pod yet, told exactly as the next pass will see it (no second write).
         v.job, v.pending, v.waiting = planned.job_name, True, pending_text(planned.job_name)
         st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
@@ -601,6 +628,9 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                     # published here: the artifact was removed since.
                                     message=f"Job {job.name} succeeded but no manifest is at the artifact key; "
                                             "was the artifact removed after publishing?")
+    elif job.suspended and job.queue_name and not job.pod_phases:
+        since = previous.queue.since if previous is not None and previous.queue is not None else obs.now
+        v.pending, v.queue, v.waiting = True, kueue_queue(job.queue_name, since), kueue_text(job.name, job.queue_name)
     elif job.state is JobState.ACTIVE and job.pod_phases and set(job.pod_phases) != {"Pending"}:
         v.waiting = f"Job {job.name} running (pod {', '.join(job.pod_phases)})"
     elif job.state is JobState.ACTIVE:
@@ -625,6 +655,7 @@ def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
         quality=v.quality,
         tools=dict(m.tools) if m else {},
         failure=v.failure,
+        queue=v.queue,
     )
 
 
@@ -673,6 +704,8 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
     else:
         waiting = [v for v in verdicts if not v.ready]
         reason = Reason.JOB_PENDING if all(v.pending for v in waiting) else Reason.JOB_RUNNING
+        if all(v.queue is not None for v in waiting):
+            reason = Reason.QUEUED
         st.set(C.QUANTIZED, False, reason,
                "; ".join(f"{v.planned.format.value}: {v.waiting or 'waiting'}" for v in waiting))
     if gate_failed := [v for v in verdicts if v.ready and v.passed is False]:
@@ -915,6 +948,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []
+    admission = Admission(settings.max_running_quantization_jobs, obs.queue) if obs.queue is not None else None
     status.calibrationData = calibration_status(spec, the_plan, obs.data_pin)
     data_uri = s3_calibration_uri(spec, the_plan)
     for planned in planned_artifacts(spec, the_plan, obs.data_pin):
@@ -922,7 +956,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
         if data_uri and obs.data_pin is None and planned.inputs.calibrationDataset == data_uri:
             # Named before any Job starts: without its ETag the key would not name the data.
             facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
-        v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing)
+        v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing, admission)
         judge(v, gate)
         verdicts.append(v)
     status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]

@@ -352,6 +352,18 @@ class Kube:
         self._wrote()
         self._noted(kind, namespace, name, _rv(out))
 
+    def list_managed_jobs(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        """Every managed Job in the watched namespaces (the cap on running quantization Jobs), from
+        the watched cache once synced, else a LIST (no caches: a one-off reconcile)."""
+        if self.jobs is not None and namespaces == self.namespaces and self.jobs.synced():
+            return self.jobs.items()
+        if not namespaces or any(set(ns) & set("*?[!") for ns in namespaces):
+            items = self.batch.list_job_for_all_namespaces(label_selector=MANAGED_SELECTOR).items
+            jobs = [self.api.sanitize_for_serialization(j) for j in items]
+            return [j for j in jobs if namespace_watched(j["metadata"]["namespace"], namespaces)]
+        return [self.api.sanitize_for_serialization(j) for ns in namespaces
+                for j in self.batch.list_namespaced_job(ns, label_selector=MANAGED_SELECTOR).items]
+
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
         return self.list_pods(namespace, f"job-name={job_name}")
 

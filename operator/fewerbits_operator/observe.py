@@ -31,6 +31,7 @@ from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
 from .planner import pools_from_nodes, shape_from_config
+from .queueing import KUEUE_QUEUE_LABEL, job_suspended
 from .planner import ModelConfigError as ShapeError
 from .render import LABEL_VARIANT, LABEL_MODEL
 from .settings import OperatorSettings
@@ -248,4 +249,5 @@ class Observer:
         if pods and state is JobState.ACTIVE:
             phases = tuple(sorted({(p.get("status") or {}).get("phase", "Unknown")
                                    for p in self.kube.job_pods(namespace, name)}))
-        return JobFacts(name, refs, state, pod_phases=phases)
+        return JobFacts(name, refs, state, pod_phases=phases, suspended=job_suspended(job),
+                        queue_name=(job["metadata"].get("labels") or {}).get(KUEUE_QUEUE_LABEL))

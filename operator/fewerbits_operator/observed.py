@@ -16,6 +16,7 @@ from fewerbits_api.quantizedmodel import QuantizedModelStatus
 from .claims import Claim
 from .datapins import DataPin
 from .planner import GPUPool, ModelShape
+from .queueing import QueueFacts
 
 
 class JobState(str, Enum):
@@ -55,6 +56,10 @@ class JobFacts:
     limits: Mapping[str, str] = field(default_factory=dict)
     """Its container's resource limits as the Job asks for them (memory, ephemeral-storage)."""
     active_deadline_seconds: int | None = None
+    suspended: bool = False
+    """``spec.suspend``: created for Kueue and not admitted yet (or suspended by hand)."""
+    queue_name: str | None = None
+    """Its Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``)."""
 
 
 @dataclass(frozen=True)
@@ -123,3 +128,12 @@ class Observed:
     """Why the S3 calibration object could not be read (no Job starts for the artifacts using it)."""
     dataset_errors: Mapping[str, str] = field(default_factory=dict)
     """By spec field: a custom S3 dataset a Job about to be created could not read (datasetcheck)."""
+    queue: QueueFacts | None = None
+    """The running and queued quantization Jobs of every watched namespace, read (under the
+    admission lock, ``admission.py``) only when a planned artifact has neither a manifest nor a
+    Job. None: not read, and a Job this pass wants is created without a cap."""
+
+    @property
+    def needs_admission(self) -> bool:
+        """Some planned artifact has no manifest and no Job: whether one may start is decided."""
+        return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())

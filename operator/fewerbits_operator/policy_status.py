@@ -8,7 +8,8 @@ at are those holding QuantizedModels (where a conflict refuses something); docs/
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import ValidationError
 
@@ -17,6 +18,7 @@ from fewerbits_api.errors import format_validation_error
 from fewerbits_api.policy import PolicyConflict, QuantizationPolicy, QuantizationPolicyStatus
 
 from .effective import combine_policies, matching_policies
+from .queueing import queued_entries
 
 VALID = "Valid"
 REASON_VALID, REASON_INVALID, REASON_CONFLICT = "Valid", "Invalid", "Conflict"
@@ -30,10 +32,33 @@ def _old_status(raw: Mapping[str, Any]) -> QuantizationPolicyStatus:
         return QuantizationPolicyStatus()
 
 
+@dataclass(frozen=True)
+class NamespaceModels:
+    """What a policy governs in one namespace holding QuantizedModels."""
+
+    labels: Mapping[str, str]
+    models: int
+    queued_jobs: int
+    """Artifacts of its models whose quantization Job waits (``status.artifacts[].queue``)."""
+
+
+def namespace_models(models: Iterable[Mapping[str, Any]], labels_of: Callable[[str], Mapping[str, str]]
+                     ) -> list[NamespaceModels]:
+    """Per namespace holding models: its labels, its models, their queued Jobs."""
+    counts: dict[str, list[int]] = {}
+    for m in models:
+        c = counts.setdefault(str((m.get("metadata") or {}).get("namespace")), [0, 0])
+        c[0] += 1
+        c[1] += len(queued_entries(m))
+    return [NamespaceModels(dict(labels_of(ns)), n, q) for ns, (n, q) in sorted(counts.items())]
+
+
 def policy_statuses(raws: Iterable[Mapping[str, Any]], namespace_labels: Iterable[Mapping[str, str]],
-                    now: str) -> dict[str, QuantizationPolicyStatus]:
-    """The status each policy should have, by name. Pure: the clock is ``now``."""
+                    now: str, governed: Iterable[NamespaceModels] | None = None) -> dict[str, QuantizationPolicyStatus]:
+    """The status each policy should have, by name. Pure: the clock is ``now``. With ``governed``,
+    each valid policy also counts the namespaces, models and queued Jobs it governs."""
     raws = list(raws)
+    governed = list(governed) if governed is not None else None
     valid: list[QuantizationPolicy] = []
     invalid: dict[str, str] = {}
     for raw in raws:
@@ -64,6 +89,16 @@ def policy_statuses(raws: Iterable[Mapping[str, Any]], namespace_labels: Iterabl
             ok, reason, message = True, REASON_VALID, "the policy is valid and combines with every policy it meets"
         conditions: list[Condition] = set_condition(list(old.conditions), VALID, ok, reason, message, generation, now=now)
         out[name] = QuantizationPolicyStatus(observedGeneration=generation, conditions=conditions, conflicts=mine)
+        policy = next((p for p in valid if p.metadata.name == name), None)
+        if governed is not None and policy is not None:
+            mine_ns = [g for g in governed if policy.spec.namespaceSelector.matches(dict(g.labels))]
+            out[name].governedNamespaces = len(mine_ns)
+            out[name].governedModels = sum(g.models for g in mine_ns)
+            out[name].queuedJobs = sum(g.queued_jobs for g in mine_ns)
+        elif policy is not None:  # not counted this time: keep what was counted
+            out[name].governedNamespaces = old.governedNamespaces
+            out[name].governedModels = old.governedModels
+            out[name].queuedJobs = old.queuedJobs
     return out
 
 

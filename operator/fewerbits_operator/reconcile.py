@@ -12,11 +12,13 @@ to three times), anything else is retried by the work queue with back-off.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 
 from . import metrics
+from .admission import AdmissionGate
 from .decide import decide
 from .execute import StatusConflict, execute
 from .kube import Kube
@@ -39,6 +41,7 @@ class Reconciler:
         self.store = store
         self.settings = settings
         self.observer = Observer(kube, store, settings)
+        self.admission = AdmissionGate(kube, settings.namespaces)
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -74,7 +77,17 @@ class Reconciler:
     def reconcile_body(self, body: dict) -> bool:
         """One pass over a model as read; returns whether anything was written."""
         observed = self.observer.observe(body)
-        outcome = decide(observed, self.settings)
-        wrote = execute(self.kube, body, outcome, self.store)
+        if observed.needs_admission:
+            # Whether a Job may start is read, decided and executed under one lock (admission.py).
+            with self.admission.lock:
+                observed = dataclasses.replace(observed, queue=self.admission.facts())
+                outcome = decide(observed, self.settings)
+                try:
+                    wrote = execute(self.kube, body, outcome, self.store)
+                finally:
+                    self.admission.record(outcome)
+        else:
+            outcome = decide(observed, self.settings)
+            wrote = execute(self.kube, body, outcome, self.store)
         metrics.observe_model(observed.namespace, observed.name, outcome.status)
         return wrote

@@ -45,6 +45,7 @@ from fewerbits_api.quantizedmodel import (
 from .artifacts import PlannedArtifact
 from .jobresources import job_resources, pool_placement
 from .planner.vllm_args import plan_args
+from .queueing import kueue_labels
 from .settings import OperatorSettings
 
 DOMAIN = GROUP
@@ -227,13 +228,16 @@ def render_job(
         pod_spec["tolerations"] = pod_spec.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
     if placement.priorityClassName:
         pod_spec["priorityClassName"] = placement.priorityClassName
+    job_labels = dict(labels)
+    if placement.kueue is not None:  # Kueue admits it: created suspended, in its LocalQueue
+        job_labels.update(kueue_labels(placement.kueue.localQueueName, placement.kueue.workloadPriorityClassName))
     return _fresh({
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
             "name": artifact.job_name,
             "namespace": owner.namespace,
-            "labels": labels,
+            "labels": job_labels,
             "annotations": {ANNOTATION_ARTIFACT_KEY: artifact.key, ANNOTATION_FORMAT: artifact.format.value},
             "ownerReferences": [owner.reference()],
         },
@@ -247,6 +251,7 @@ def render_job(
                 "onExitCodes": {"containerName": "quantize", "operator": "In", "values": [2]},
             }]},
             "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+            **({"suspend": True} if placement.kueue is not None else {}),
         },
     })
 

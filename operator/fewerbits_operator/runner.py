@@ -35,6 +35,8 @@ from prometheus_client import start_http_server
 from . import metrics
 from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from .kube import Kube
+from .queueing import queued_entries, slot_changed
+from .render import LABEL_COMPONENT
 from .reconcile import Reconciler
 from .settings import OperatorSettings, get_settings
 from . import retention
@@ -86,8 +88,9 @@ class Operator:
         self._failures: dict[Key, int] = {}
         self._all_due: float | None = None
         self._next_list = 0.0
-        self._model_namespaces: set[str] | None = None
-        """Namespaces holding models at the last list: policy status is recomputed when they change."""
+        self._model_namespaces: set[tuple[str, str, int]] | None = None
+        """Models (namespace, name, queued Jobs) at the last list: policy status is recomputed when
+        they change."""
         self._health: ThreadingHTTPServer | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -213,6 +216,18 @@ class Operator:
 
     def _child_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         self.enqueue_owners(new or old or {})
+        labels = ((new or old or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_COMPONENT) != "server" and slot_changed(old, new):  # a Job, not a Deployment
+            self._enqueue_queued()
+
+    def _enqueue_queued(self) -> None:
+        """A quantization Job started, finished or went: every model waiting for a slot looks
+        again (its place in the queue moved, or a slot is free), not only at its next resync."""
+        if self.reconciler is None or self.settings is None:
+            return
+        for m in self.reconciler.kube.list_models(self.settings.namespaces):
+            if queued_entries(m):
+                self.queue.add((m["metadata"]["namespace"], m["metadata"]["name"]))
 
     def _node_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         name = ((new or old or {}).get("metadata") or {}).get("name")
@@ -229,16 +244,15 @@ class Operator:
         where it changed). A failure is logged: the next policy change or start retries."""
         from fewerbits_api.conditions import now_rfc3339
 
-        from .policy_status import policy_statuses, status_writes
+        from .policy_status import namespace_models, policy_statuses, status_writes
 
         kube = self.reconciler.kube if self.reconciler is not None else None
         if kube is None or self.settings is None:
             return
         try:
             raws = kube.list_policies()
-            namespaces = {o["metadata"]["namespace"] for o in kube.list_models(self.settings.namespaces)}
-            desired = policy_statuses(raws, [kube.namespace_labels(ns) for ns in sorted(namespaces)],
-                                      now_rfc3339())
+            governed = namespace_models(kube.list_models(self.settings.namespaces), kube.namespace_labels)
+            desired = policy_statuses(raws, [g.labels for g in governed], now_rfc3339(), governed)
             for name, rv, status in status_writes(raws, desired):
                 kube.patch_policy_status(name, status, rv)
         except Exception as e:  # noqa: BLE001 - status is advisory; models are governed regardless
@@ -325,11 +339,13 @@ class Operator:
         if not all_now and now < self._next_list:
             return
         self._next_list = now + self.settings.resync_seconds
-        listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o)
-                  for o in self.reconciler.kube.list_models(self.settings.namespaces)}
-        if (namespaces := {ns for ns, _ in listed}) != self._model_namespaces:
-            # A namespace gained its first model or lost its last: policies may now meet there.
-            self._model_namespaces = namespaces
+        models = self.reconciler.kube.list_models(self.settings.namespaces)
+        listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o) for o in models}
+        counts = {(o["metadata"]["namespace"], o["metadata"]["name"], len(queued_entries(o))) for o in models}
+        if counts != self._model_namespaces:
+            # A namespace gained its first model or lost its last (policies may now meet there), or
+            # what policies govern changed (models, queued Jobs: their status counts them).
+            self._model_namespaces = counts
             self._write_policy_status()
         with self._lock:
             self._steady = listed

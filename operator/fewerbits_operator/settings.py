@@ -58,6 +58,11 @@ class OperatorSettings(BaseSettings):
     """Reconciles that run at once (threads draining the coalescing work queue)."""
     job_ttl_seconds: int = 86400
     """Finished quantization Jobs are removed after this many seconds."""
+    max_running_quantization_jobs: int = Field(default=4, ge=0, le=10000)
+    """Quantization Jobs (GPU Jobs) that may run at once across the watched namespaces; a model
+    whose Job would exceed it waits, its place in `status.artifacts[].queue` (first wanted, first
+    started). Jobs that Kueue admitted count; Jobs handed to Kueue (a policy's
+    `quantizationJob.kueue`) are not held back by it. 0: no cap."""
     job_cpu_request: str = "2"
     """CPU request of the quantization Job."""
     job_memory_request: str = "8Gi"

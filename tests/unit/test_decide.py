@@ -568,6 +568,15 @@ CASES = [
          _set(spec=base_spec(quantization={"format": "w4a16-gptq", "calibration": {"dataset": "s3://data/c.jsonl"}})),
          {"Quantized": ("False", "CalibrationDataUnavailable")},
          message={"Quantized": "spec.quantization.calibration.dataset"}, actions=[CreateService]),
+    # ---- queueing (more in test_queueing.py)
+    Case("a policy naming a Kueue LocalQueue: the Job is created suspended in it, the model says Queued",
+         _seq(_set(policies=[policy(rules={"quantizationJob": {"kueue": {"localQueueName": "gpu"}}})]),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "Queued")}, actions=[ClaimArtifact, CreateJob, CreateService], events={"QuantizationStarted"},
+         message={"Quantized": "suspended until Kueue admits it from LocalQueue gpu"},
+         check=lambda o: o.actions[1].job["spec"]["suspend"] is True
+         and o.actions[1].job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+         and o.status.artifacts[0].queue.reason == "Kueue" and o.status.artifacts[0].queue.position is None),
 ]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 

@@ -73,6 +73,12 @@ class FakeKube:
     def job_pods(self, namespace, job_name):
         return []
 
+    def list_managed_jobs(self, namespaces):  # the cap on running quantization Jobs
+        return [copy.deepcopy(j) for j in self.jobs.values()]
+
+    def list_models(self, namespaces):
+        return [copy.deepcopy(self.model)]
+
     def list_pods(self, namespace, selector):
         self.reads.append(f"pods/{selector}")
         return []
