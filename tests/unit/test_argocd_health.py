@@ -125,6 +125,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.JOB_SUCCEEDED: ("Quantized", None),
     Reason.JOB_FAILED: ("Quantized", "Degraded"),
     Reason.STORAGE_UNAVAILABLE: ("Quantized", "Degraded"),
+    Reason.QUEUED: ("Quantized", "Progressing"),
     Reason.CALIBRATION_DATA_UNAVAILABLE: ("Quantized", "Degraded"),
     Reason.JOB_OOM_KILLED: ("Quantized", "Degraded"),
     Reason.JOB_EVICTED: ("Quantized", "Degraded"),
