@@ -174,10 +174,13 @@ def test_policy_forbidding_the_format_is_not_accepted(cluster, namespace, models
         cluster.kubectl("delete", "quantizationpolicy", policy["metadata"]["name"], "--wait=false")
 
 
-def test_failing_job_reports_its_message(gpu_pool, namespace, models, model_spec):
+def test_failing_job_reports_its_message(cluster, gpu_pool, namespace, models, model_spec):
     gpu_pool("a100", "NVIDIA-A100-SXM4-80GB")
+    # The object exists (a missing one is refused before any Job: test_job_resources.py) but is not
+    # JSON Lines: the Job fails at its calibration-data stage.
+    cluster.s3.client().put_object(Bucket="base-models", Key=f"{namespace}/calibration.jsonl", Body=b"not json\n")
     spec = model_spec(quantization={"format": "w4a16-gptq",
-                                    "calibration": {"dataset": "s3://base-models/no/such/calibration.jsonl",
+                                    "calibration": {"dataset": f"s3://base-models/{namespace}/calibration.jsonl",
                                                     "samples": 16, "maxSeqLength": 64}})
     models.apply(namespace, "broken", spec)
     c = models.wait_condition(namespace, "broken", "Quantized", status="False", reason="JobFailed", timeout=600)
