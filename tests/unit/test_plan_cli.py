@@ -42,7 +42,7 @@ def test_json_output_has_exactly_the_documented_shape(capsys):
                          "--gpu", "Tesla-T4:1", "--max-model-len", "8192", "-o", "json")
     assert code == 0 and err == ""
     doc = json.loads(out)
-    assert set(doc) == {"variants", "rejected", "ignore"}
+    assert set(doc) == {"variants", "rejected", "ignore", "quantizationJobs"}
     by_pool = {v["pool"]: v for v in doc["variants"]}
     assert set(by_pool) == {"h100-80gb-hbm3-x8", "t4-x1"}
     for v in doc["variants"]:
