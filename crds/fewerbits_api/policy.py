@@ -128,9 +128,11 @@ class QuantizationJobPlacement(ApiModel):
     priorityClassName: Annotated[str, Field(max_length=253, pattern=DNS1123_SUBDOMAIN)] | None = None
     """Priority class of the Job's pod."""
     gpus: Annotated[int, Field(ge=0, le=16)] = 1
-    """GPUs the Job requests (`nvidia.com/gpu`); 0 runs on CPU (small models only)."""
+    """GPUs the Job requests (`nvidia.com/gpu`); 0 runs on CPU (small models only). Unset: sized
+    from the model (the fewest GPUs that hold it for the evaluation, docs/jobs.md)."""
     activeDeadlineSeconds: Annotated[int, Field(ge=60, le=604800)] = 21600
-    """How long a Job may run before Kubernetes stops it."""
+    """How long a Job may run before Kubernetes stops it. Unset: three times the Job's estimated
+    time, at least an hour."""
     backoffLimit: Annotated[int, Field(ge=0, le=10)] = 2
     """Retries of a failed Job pod."""
     storageClassName: Annotated[str, Field(max_length=253, pattern=DNS1123_SUBDOMAIN)] | None = None

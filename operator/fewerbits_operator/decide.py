@@ -682,7 +682,8 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
         st.waiting((C.QUANTIZED, C.QUALITY_GATE_PASSED), Reason.BLOCKED, "nothing planned (see Planned)")
         return
     if refused := [v for v in verdicts if v.refused is not None]:
-        hint = ("; no quantization Job is created: raise the policy's cap or choose a smaller model or format"
+        hint = ("; no quantization Job is created: raise the policy's cap, or choose a smaller model, "
+                "another format or a pool that fits"
                 if refused[0].refused_reason == Reason.JOB_EXCEEDS_POLICY else
                 "; no quantization Job is created until it can be read")
         st.set(C.QUANTIZED, False, refused[0].refused_reason,

@@ -219,7 +219,8 @@ def build_pools(args: argparse.Namespace) -> tuple[list[GPUPool], str | None]:
 
 
 def plan_json(status: PlanStatus) -> dict:
-    """Exactly ``{"variants": [...], "rejected": [{"pool", "reason"}]}`` with the API's field names."""
+    """Exactly ``{"variants": [...], "rejected": [{"pool", "reason"}], "ignore", "quantizationJobs": [...]}`` with
+    the API's field names."""
     return status.model_dump(mode="json", by_alias=True)
 
 

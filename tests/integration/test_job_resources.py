@@ -20,6 +20,7 @@ from kubernetes import client
 
 from e2e.demo import MODEL_BUCKET
 from fewerbits_operator.jobresources import quantity_bytes
+from tests.integration.faults import enforce_pod_security
 
 pytestmark = [pytest.mark.cluster]
 
@@ -65,6 +66,8 @@ def fail_pod(models, namespace: str, pod: str, status: dict) -> None:
 
 def test_a_70b_job_asks_for_its_memory_and_disk_and_an_oom_kill_says_so(cluster, gpu_pool, namespace, models,
                                                                          model_spec, no_retries):
+    # The sized Job (its generic ephemeral volume included) is admitted under `restricted`.
+    enforce_pod_security(cluster, namespace, "restricted")
     gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     source = upload_config(cluster, namespace, "llama-3.1-70b.json")
     models.apply(namespace, "llama70b", model_spec(source={"uri": source}, quantization={"format": "fp8-dynamic"}))

@@ -5,9 +5,9 @@ The model behind the figures (docs/jobs.md states it with the measurements):
 
 * **Host memory.** The Job loads the whole source checkpoint on the CPU at its own dtype
   (``quantize.load_for_quantization``: llm-compressor's pipelines then move one layer at a time to
-  the GPU). Measured on this project's machine (``bench/job_footprint.py``) the peak RSS of the
-  Job's load-quantize-save-evaluate sequence is ``RSS_BASE_GIB + RSS_PER_SOURCE_BYTE × source
-  bytes``; on top of that the sequential pipeline keeps every calibration sample's hidden states
+  the GPU). Measured on this project's machine (``bench/job_footprint.py``) the peak resident
+  memory of the Job's load-quantize-save stages is ``RSS_BASE_GIB + RSS_PER_SOURCE_BYTE × source
+  bytes`` (with the CPU evaluation too, for a Job without GPUs: ``CPU_RSS_*``); on top of that the sequential pipeline keeps every calibration sample's hidden states
   between layers (``samples × seq × hidden × 2 bytes``, twice: a layer's inputs and outputs), and
   ``HEADROOM`` for what a real checkpoint adds (a tokenizer, a larger vocabulary's logits).
 * **Disk.** The source download (one copy: ``snapshot_download(local_dir=...)``), the quantized
@@ -38,19 +38,27 @@ from .shape import ModelShape
 
 GIB = 2**30
 
-# ---- measured (bench/job_footprint.py on the project's 2-core machine; docs/jobs.md has the rows)
-RSS_BASE_GIB = 1.6
-"""Peak RSS of the Job's process with a near-empty model: Python, torch, transformers,
-llm-compressor, the evaluation's logits buffer."""
-RSS_PER_SOURCE_BYTE = 1.3
-"""Peak RSS grows by this many bytes per byte of source checkpoint (the model, the quantizer's
-per-layer copies, the evaluation's bf16 load after the quantized model is released)."""
+# ---- measured (bench/job_footprint.py on the project's 2-core machine, fp8-dynamic at 0.35-0.79 GB of
+# bf16 source; docs/jobs.md has the rows). Least-squares lines through the peak resident memory
+# (anonymous + mapped checkpoint pages: transformers maps the safetensors and computes from them).
+RSS_BASE_GIB = 0.96
+"""Peak resident memory of the load-quantize-save stages with a near-empty model (Python, torch,
+transformers, llm-compressor)."""
+RSS_PER_SOURCE_BYTE = 1.97
+"""Peak resident memory of those stages grows by this many bytes per byte of source checkpoint
+(the mapped bf16 weights, the quantized weights beside them, the compressed copies while saving).
+A Job with GPUs evaluates on them; this is its host peak."""
+CPU_RSS_BASE_GIB = 1.21
+CPU_RSS_PER_SOURCE_BYTE = 2.48
+"""The same for the whole Job on the CPU (0 GPUs): the evaluation loads the bf16 model again in host
+memory (after the quantized one is released) and keeps its logits there."""
 LOAD_BYTES_PER_SECOND = 100e6
-"""Reading safetensors into memory and building the model on the CPU."""
+"""Reading safetensors into memory and building the model (assumed: the load times measured on this
+machine are dominated by imports and by the machine's load, see docs/jobs.md)."""
 SAVE_BYTES_PER_SECOND = 80e6
-"""Compressing and writing the checkpoint."""
+"""Compressing and writing the checkpoint (assumed, as above)."""
 CPU_CALIBRATION_FLOPS = 20e9
-"""Effective FLOP/s of calibration forward passes on the CPU (a Job with 0 GPUs)."""
+"""Effective FLOP/s of calibration forward passes on the CPU (a Job with 0 GPUs; assumed)."""
 
 # ---- assumed (stated in docs/jobs.md; to be replaced by figures measured on a GPU)
 HEADROOM = 0.10
@@ -206,11 +214,18 @@ def size_job(shape: ModelShape, fmt: QuantFormat, pools: Sequence[GPUPool], inpu
             volume="ephemeral" if disk / GIB > inputs.volume_threshold_gib else "emptyDir"), None
     samples = inputs.calibration_samples if FORMAT_FACTS[fmt].needs_calibration_data else 0
     intermediates = 2 * samples * inputs.calibration_seq_len * shape.hidden_size * 2
-    memory = (RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates) * (1 + HEADROOM)
     gpu_need = layer_gpu_bytes(shape, fmt, inputs.calibration_seq_len)
     choice, why = choose_pool(shape, fmt, pools, inputs, gpu_need)
     if choice is None:
         return None, why
+    if choice.gpus:
+        # The evaluation's offloaded layers sit in host memory the quantize stage already used.
+        peak = max(RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates,
+                   RSS_BASE_GIB * GIB + choice.offload)
+    else:
+        peak = max(CPU_RSS_BASE_GIB * GIB + CPU_RSS_PER_SOURCE_BYTE * src,
+                   RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates)
+    memory = peak * (1 + HEADROOM)
     return QuantizationJobSize(
         format=fmt, gpus=choice.gpus, gpuMemoryGiB=round(gpu_need / GIB, 1) if choice.gpus else 0.0,
         memoryGiB=_round_gib(memory), ephemeralStorageGiB=_round_gib(disk),
