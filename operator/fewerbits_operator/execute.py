@@ -56,7 +56,9 @@ def _plain(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def apply_action(kube: Kube, action: Action) -> None:
-    if isinstance(action, DeleteDeployment):
+    if isinstance(action, DeleteDeployment) and action.kind == "LeaderWorkerSet":
+        kube.delete_lws(action.namespace, action.name)
+    elif isinstance(action, DeleteDeployment):
         kube.delete_deployment(action.namespace, action.name)
     elif isinstance(action, CreateJob):
         if kube.create(_plain(action.job)) is not None:

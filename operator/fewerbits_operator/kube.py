@@ -25,6 +25,7 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
+from .lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from .informer import (GONE, ChangeHandler, Informer, ListHandler, TTLCache, WatchCache, any_change,
                        model_relevant, node_facts, node_relevant, policy_relevant, selector_matches,
                        without_managed_fields)
@@ -104,6 +105,7 @@ class Kube:
         self.jobs: Informer | None = None
         self.deployments: Informer | None = None
         self._namespace_labels = TTLCache(0)
+        self._lws_discovery = TTLCache(30)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
                      on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
@@ -316,7 +318,9 @@ class Kube:
         """Create a Job, Deployment or Service; returns None when it already existed."""
         kind, ns = body["kind"], body["metadata"]["namespace"]
         try:
-            if kind == "Job":
+            if kind == "LeaderWorkerSet":
+                out = self.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, body)
+            elif kind == "Job":
                 out = self.batch.create_namespaced_job(ns, body)
             elif kind == "Deployment":
                 out = self.apps.create_namespaced_deployment(ns, body)
@@ -379,6 +383,11 @@ class Kube:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile (e.g. scaled)."""
         md = body["metadata"]
         try:
+            if body.get("kind") == "LeaderWorkerSet":
+                self.custom.replace_namespaced_custom_object(LWS_GROUP, LWS_VERSION, md["namespace"], LWS_PLURAL,
+                                                             md["name"], body)
+                self._wrote()
+                return True
             out = self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
         except ApiException as e:
             if e.status == 409:
@@ -415,6 +424,54 @@ class Kube:
             if not _missing(e):
                 raise
         self._noted("Deployment", namespace, name, GONE)
+
+    # ------------------------------------------------------------ LeaderWorkerSets (multi-node variants)
+
+    def lws_available(self) -> bool:
+        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed), from
+        API discovery (open to every authenticated user), remembered for 30 s."""
+        def load() -> bool:
+            try:
+                self.api.call_api(f"/apis/{LWS_GROUP}/{LWS_VERSION}", "GET", auth_settings=["BearerToken"],
+                                  response_type="object", _return_http_data_only=True)
+            except ApiException as e:
+                if e.status == 404:
+                    return False
+                raise
+            return True
+
+        return bool(self._lws_discovery.get("lws", load))
+
+    def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
+                                                        label_selector=selector)
+        return list(out.get("items") or [])
+
+    def delete_lws(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name,
+                                                        propagation_policy="Background")
+            self._wrote()
+        except ApiException as e:
+            if not _missing(e):
+                raise
+
+    def read_lws_scale(self, namespace: str, name: str) -> int | None:
+        """A LeaderWorkerSet's groups from its scale subresource; None when it is gone."""
+        try:
+            scale = self.custom.get_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+        return int(((scale or {}).get("spec") or {}).get("replicas") or 0)
+
+    def patch_lws_scale(self, namespace: str, name: str, replicas: int) -> None:
+        """The autoscaler's write for a multi-node variant: groups, through the scale subresource."""
+        self.custom.patch_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name,
+                                                         {"spec": {"replicas": int(replicas)}},
+                                                         _content_type="application/merge-patch+json")
+        self._wrote()
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
