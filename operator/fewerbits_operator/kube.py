@@ -104,6 +104,7 @@ class Kube:
         self.models: Informer | None = None
         self.jobs: Informer | None = None
         self.deployments: Informer | None = None
+        self.lws: Informer | None = None
         self._namespace_labels = TTLCache(0)
         self._lws_discovery = TTLCache(30)
 
@@ -131,6 +132,10 @@ class Kube:
             self.deployments = self._informer("deployments", self._list_deployments_raw, any_change,
                                               on_child_change, None)
             informers += [self.models, self.jobs, self.deployments]
+            if self.lws_available():
+                # Multi-node variants' LeaderWorkerSets: their group status enqueues the owning model.
+                self.lws = self._informer("leaderworkersets", self._list_lws_raw, any_change, on_child_change, None)
+                informers.append(self.lws)
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
         threads = [t for inf in informers for t in inf.start(stop)]
         deadline = time.monotonic() + wait_seconds
@@ -162,6 +167,13 @@ class Kube:
         if namespace is None:
             return self.apps.list_deployment_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
         return self.apps.list_namespaced_deployment(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
+
+    def _list_lws_raw(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(LWS_GROUP, LWS_VERSION, LWS_PLURAL,
+                                                          label_selector=MANAGED_SELECTOR, **kwargs)
+        return self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
+                                                         label_selector=MANAGED_SELECTOR, **kwargs)
 
     def _list_policies_raw(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
@@ -339,7 +351,7 @@ class Kube:
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
         """A write of ours: the watched cache of that kind serves the object again once it has it."""
-        informer = {"Job": self.jobs, "Deployment": self.deployments}.get(kind)
+        informer = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
         if informer is not None and name:
             informer.note(namespace, name, resource_version)
 
@@ -384,9 +396,10 @@ class Kube:
         md = body["metadata"]
         try:
             if body.get("kind") == "LeaderWorkerSet":
-                self.custom.replace_namespaced_custom_object(LWS_GROUP, LWS_VERSION, md["namespace"], LWS_PLURAL,
-                                                             md["name"], body)
+                out = self.custom.replace_namespaced_custom_object(LWS_GROUP, LWS_VERSION, md["namespace"],
+                                                                   LWS_PLURAL, md["name"], body)
                 self._wrote()
+                self._noted("LeaderWorkerSet", md["namespace"], md["name"], _rv(out))
                 return True
             out = self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
         except ApiException as e:
@@ -443,6 +456,10 @@ class Kube:
         return bool(self._lws_discovery.get("lws", load))
 
     def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """A model's LeaderWorkerSets (equality selector), from the watched cache when it is fresh."""
+        if self.lws is not None and self.lws.fresh_namespace(namespace) and selector_matches(selector, {}) is not None:
+            return self.lws.items(namespace, lambda d: bool(selector_matches(
+                selector, (d.get("metadata") or {}).get("labels") or {})))
         out = self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
                                                         label_selector=selector)
         return list(out.get("items") or [])
@@ -455,6 +472,7 @@ class Kube:
         except ApiException as e:
             if not _missing(e):
                 raise
+        self._noted("LeaderWorkerSet", namespace, name, GONE)
 
     def read_lws_scale(self, namespace: str, name: str) -> int | None:
         """A LeaderWorkerSet's groups from its scale subresource; None when it is gone."""
