@@ -713,7 +713,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         return
     blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
     if no_lws:
-        st.set(C.DEPLOYED, False, Reason.BLOCKED, "; ".join(
+        st.set(C.DEPLOYED, False, Reason.LEADER_WORKER_SET_MISSING, "; ".join(
             f"{v.pool}: " + INSTALL_LWS.format(nodes=v.nodesPerReplica) for v in no_lws))
     elif blocked:
         gate_failed = any(by_format[artifact_format(v)].passed is False for v in the_plan.variants)

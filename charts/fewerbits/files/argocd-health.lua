@@ -19,7 +19,7 @@ local DEGRADED = {
                                   PoolGone = true } },
   { type = "Quantized", reasons = { JobFailed = true, StorageUnavailable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
-  { type = "Deployed", reasons = { ServiceConflict = true } },
+  { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }
