@@ -106,7 +106,7 @@ class Kube:
         self.deployments: Informer | None = None
         self.lws: Informer | None = None
         self._namespace_labels = TTLCache(0)
-        self._lws_discovery = TTLCache(30)
+        self._lws_discovery = TTLCache(10)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
                      on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
@@ -442,7 +442,7 @@ class Kube:
 
     def lws_available(self) -> bool:
         """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed), from
-        API discovery (open to every authenticated user), remembered for 30 s."""
+        API discovery (open to every authenticated user), remembered for 10 s."""
         def load() -> bool:
             try:
                 self.api.call_api(f"/apis/{LWS_GROUP}/{LWS_VERSION}", "GET", auth_settings=["BearerToken"],

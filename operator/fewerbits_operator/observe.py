@@ -151,7 +151,7 @@ class Observer:
         deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
         if hasattr(self.kube, "lws_available"):
             # Multi-node variants are LeaderWorkerSets (lws.py): listed where the API is served (API
-            # discovery, remembered 30 s), so one left by a plan that no longer spans nodes is removed.
+            # discovery, remembered 10 s), so one left by a plan that no longer spans nodes is removed.
             facts["lws_available"] = available = self.kube.lws_available()
             if available:
                 for lws in self.kube.list_lws(ns, f"{LABEL_MODEL}={name}"):
