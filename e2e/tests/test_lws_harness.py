@@ -4,26 +4,15 @@ deleted. kwok plays the kubelet for these pods (their image is not one the pod r
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kubernetes import client
+
+from e2e.tests.test_harness import wait_for
 
 pytestmark = pytest.mark.cluster
 
 GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
 KWOK_IMAGE = "registry.example/app:1"
-
-
-def wait_for(what, fn, timeout=60.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def test_lws_groups_ready_scale_and_recreate(cluster, lws, gpu_pool, namespace):

@@ -11,15 +11,14 @@ llm-d-inference-sim plays vLLM in every pod), because 756 GiB of weights and 16 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from e2e import demo
+from tests.integration.test_autoscaling import set_load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
 
@@ -43,20 +42,6 @@ def upload_standin(cluster) -> str:
         else:
             s3.upload_file(str(path), demo.MODEL_BUCKET, key)
     return f"s3://{demo.MODEL_BUCKET}/{PREFIX}"
-
-
-def set_kv(core, namespace, pods, kv: float) -> int:
-    body = json.dumps({"fake-metrics": {"kv-cache-usage": kv, "waiting-requests": 0, "running-requests": 4}}).encode()
-    done = 0
-    for pod in pods:
-        req = urllib.request.Request(f"http://{pod.status.pod_ip}:8000/admin/config", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=3):
-                done += 1
-        except OSError:
-            pass
-    return done
 
 
 def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluster, lws, gpu_pool, namespace,
@@ -102,13 +87,13 @@ def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluste
     deadline = time.monotonic() + 60
     while groups() < 2:
         assert time.monotonic() < deadline, f"no scale-up on KV 0.95\n{models.operator.log_tail()}"
-        set_kv(core, namespace, pods("server"), 0.95)
+        set_load(core, namespace, "big", 0.95, 0, 4)  # every simulator; the autoscaler reads the leaders
         time.sleep(0.5)
     models.wait("2 groups ready", lambda: (custom.get_namespaced_custom_object(
         GROUP, VERSION, namespace, PLURAL, name).get("status") or {}).get("readyReplicas") == 2, timeout=180,
         namespace=namespace, name="big")
     assert len(pods()) == 4
-    set_kv(core, namespace, pods("server"), 0.7)  # at the target: the count stays
+    set_load(core, namespace, "big", 0.7, 0, 4)  # at the target: the count stays
     events = [e for e in models.events(namespace, "big") if e.reason == "ScaledUp"]
     assert events and name in events[0].message
 

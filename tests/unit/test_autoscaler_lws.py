@@ -4,23 +4,9 @@ writes the LeaderWorkerSet's scale subresource (replicas = groups)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
 
-
-def _loop_cases():
-    # The fakes of test_autoscaler_loop.py (the test modules are not a package).
-    spec = importlib.util.spec_from_file_location("_autoscaler_cases", Path(__file__).parent / "test_autoscaler_loop.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_c = _loop_cases()
-servers = _c.servers  # the fixture
-NS, T0 = _c.NS, _c.T0
+import tests.unit.test_autoscaler_loop as _c
+from tests.unit.test_autoscaler_loop import NS, T0, servers  # noqa: F401 — servers is a fixture
 
 
 class LWSFakeIO(_c.FakeIO):

@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from fewerbits_api import conditions as C
 from fewerbits_operator.decide import CreateDeployment, DeleteDeployment, decide
 from fewerbits_operator.planner import pool_from_product, shape_from_config
-
-def _decide_cases():
-    # The World builder of test_decide.py (the test modules are not a package).
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_decide_cases", Path(__file__).parent / "test_decide.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_cases = _decide_cases()
-NS, SETTINGS, World = _cases.NS, _cases.SETTINGS, _cases.World
+from tests.unit.test_decide import NS, SETTINGS, World
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 LLAMA405 = shape_from_config(json.loads((CONFIGS / "llama-3.1-405b.json").read_text()), where="test")

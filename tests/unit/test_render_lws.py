@@ -4,11 +4,7 @@ shared memory, restricted pod security, startup budgets that grow with size)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-import yaml
 
 from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
 from fewerbits_operator.lws import (
@@ -23,16 +19,7 @@ from fewerbits_operator.planner import check_vllm_args
 from fewerbits_operator.render import POD_SECURITY, Owner, render_deployment, render_service, startup_budget_seconds
 from fewerbits_operator.settings import OperatorSettings
 
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def golden(name: str, obj: dict) -> None:
-    path = GOLDEN / name
-    text = yaml.safe_dump(obj, sort_keys=True, width=120)
-    if os.environ.get("FEWERBITS_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with FEWERBITS_UPDATE_GOLDEN=1"
-    assert text == path.read_text(), f"{name} differs from its golden file"
+from tests.unit.test_render import golden
 
 OWNER = Owner("dsv3", "ml", "0b1c2d3e-0000-4000-8000-000000000009")
 SETTINGS = OperatorSettings(quantjob_image="ghcr.io/fewerbits/fewerbits-quantjob:0.1.0",

@@ -106,17 +106,7 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
         if target_len is not None:
             return r.Fit(fmt, tp, weights, r._tokens_held(free, target_len, seq_bytes(target_len)), target_len,
                          nodes=nodes)
-        lo, hi = need_len, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if conc * seq_bytes(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        length, lowered = lo, None
-        if length < limit:
-            length = max(need_len, length // r.MODEL_LEN_STEP * r.MODEL_LEN_STEP)
-            lowered = limit
+        length, lowered = r.longest_length(conc, seq_bytes, free, need_len, limit)
         return r.Fit(fmt, tp, weights, r._tokens_held(free, length, seq_bytes(length)), length,
                      lowered_len_from=lowered, nodes=nodes)
     # Nothing fits: say what the whole pool (or the policy's cap) offers against what is needed.

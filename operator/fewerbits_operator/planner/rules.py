@@ -361,6 +361,21 @@ class Fit:
     """Nodes one replica spans (pipeline-parallel size; planner/multinode.py when above 1)."""
 
 
+def longest_length(conc: int, seq_bytes, free: float, need_len: int, limit: int) -> tuple[int, int | None]:
+    """The longest length at which ``conc`` sequences fit ``free`` bytes (sequence bytes grow with
+    length), and the model's limit when that had to be lowered (rounded down to MODEL_LEN_STEP)."""
+    lo, hi = need_len, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if conc * seq_bytes(mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < limit:
+        return max(need_len, lo // MODEL_LEN_STEP * MODEL_LEN_STEP), limit
+    return lo, None
+
+
 @dataclass(frozen=True)
 class _KVShortfall:
     tp: int
@@ -412,18 +427,7 @@ def fit_format(
             continue
         if target_len is not None:
             return Fit(fmt, tp, weights, _tokens_held(free, target_len, seq_bytes(target_len)), target_len)
-        # The longest length at which `conc` sequences fit (sequence bytes grow with length).
-        lo, hi = need_len, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if conc * seq_bytes(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        length, lowered = lo, None
-        if length < limit:
-            length = max(need_len, length // MODEL_LEN_STEP * MODEL_LEN_STEP)
-            lowered = limit
+        length, lowered = longest_length(conc, seq_bytes, free, need_len, limit)
         return Fit(fmt, tp, weights, _tokens_held(free, length, seq_bytes(length)), length, lowered_len_from=lowered)
     reason = _no_fit_reason(shape, pool, fmt, weights, need_len, candidates, blockers, shortfall, request, kv_dtype)
     if shortfall is not None:
