@@ -83,7 +83,14 @@ class LWS:
         # CRD first: the manager's informers need the kind.
         for crd in sorted((bin_dir / "crd").glob("*.yaml")):
             c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        c.kubectl("wait", "--for=condition=Established", f"crd/leaderworkersets.{LWS_GROUP}", "--timeout=60s")
+        from kubernetes import client
+
+        ext = client.ApiextensionsV1Api(c.api_client())
+        # `kubectl wait` errors while the CRD has no conditions yet: poll the API instead.
+        _wait("LeaderWorkerSet CRD established", lambda: any(
+            x.type == "Established" and x.status == "True"
+            for x in ext.read_custom_resource_definition(f"leaderworkersets.{LWS_GROUP}").status.conditions or []),
+            60, None, None)
         self.timings["crd"] = time.monotonic() - t
         t = time.monotonic()
 
@@ -145,7 +152,7 @@ def _wait(what, check, timeout, proc, log):
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode}; last lines of {log}:\n{procs.tail(log)}")
         try:
             if check():
@@ -153,7 +160,8 @@ def _wait(what, check, timeout, proc, log):
         except Exception as e:  # noqa: BLE001 — retried until the deadline, then reported
             last = e
         time.sleep(0.2)
-    raise RuntimeError(f"{what} not ready after {timeout}s (last error: {last}); last lines of {log}:\n{procs.tail(log)}")
+    tail = procs.tail(log) if log else ""
+    raise RuntimeError(f"{what} not ready after {timeout}s (last error: {last}); last lines of {log}:\n{tail}")
 
 
 _started: dict[int, LWS] = {}
