@@ -444,14 +444,9 @@ class Kube:
         """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed), from
         API discovery (open to every authenticated user), remembered for 10 s."""
         def load() -> bool:
-            try:
-                self.api.call_api(f"/apis/{LWS_GROUP}/{LWS_VERSION}", "GET", auth_settings=["BearerToken"],
-                                  response_type="object", _return_http_data_only=True)
-            except ApiException as e:
-                if e.status == 404:
-                    return False
-                raise
-            return True
+            groups = client.ApisApi(self.api).get_api_versions().groups or []
+            return any(g.name == LWS_GROUP and any(v.version == LWS_VERSION for v in g.versions or [])
+                       for g in groups)
 
         return bool(self._lws_discovery.get("lws", load))
 

@@ -83,3 +83,24 @@ def test_ready_from_the_groups():
     assert cond(out, C.DEPLOYED).status == "True"
     assert cond(out, C.READY).status == "True"
     assert out.status.replicas == "1/1"
+
+
+def test_kube_reads_the_lws_api_from_discovery():
+    """Kube.lws_available asks API discovery (GET /apis) and remembers the answer."""
+    from unittest import mock
+
+    from kubernetes import client as k
+
+    from fewerbits_operator.kube import Kube
+
+    def groups(*names):
+        return k.V1APIGroupList(groups=[k.V1APIGroup(name=n, versions=[k.V1GroupVersionForDiscovery(
+            group_version=f"{n}/v1", version="v1")]) for n in names])
+
+    kube = Kube(api=k.ApiClient(k.Configuration()))
+    with mock.patch.object(k.ApisApi, "get_api_versions", return_value=groups("apps", "leaderworkerset.x-k8s.io")) as m:
+        assert kube.lws_available() and kube.lws_available()
+        assert m.call_count == 1  # remembered
+    kube = Kube(api=k.ApiClient(k.Configuration()))
+    with mock.patch.object(k.ApisApi, "get_api_versions", return_value=groups("apps")):
+        assert not kube.lws_available()
