@@ -16,6 +16,7 @@ KWOK_IMAGE = "registry.example/app:1"
 
 
 def test_lws_groups_ready_scale_and_recreate(cluster, lws, gpu_pool, namespace):
+    print(f"LeaderWorkerSet add-on start: {', '.join(f'{k} {v:.1f}s' for k, v in lws.timings.items())}")
     nodes = gpu_pool("lwsh", "NVIDIA-H100-80GB-HBM3", nodes=3)
     api = cluster.api_client()
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)

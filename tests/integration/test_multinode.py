@@ -112,5 +112,7 @@ def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluste
         return leader.metadata.uid != leader_uid and st.get("readyReplicas") == 2
 
     models.wait("the group recreated and ready", recovered, timeout=180, namespace=namespace, name="big")
-    models.wait_condition(namespace, "big", "Ready", timeout=120)
-    assert models.get(namespace, "big")["status"]["replicas"] == "2/2"
+    # The model's status follows the groups (the operator re-reads them on its resync).
+    models.wait("status.replicas 2/2 and Ready", lambda: (st := models.get(namespace, "big")["status"])["replicas"]
+                == "2/2" and any(c["type"] == "Ready" and c["status"] == "True" for c in st["conditions"]),
+                timeout=60, namespace=namespace, name="big")
