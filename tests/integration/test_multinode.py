@@ -89,9 +89,15 @@ def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluste
         assert time.monotonic() < deadline, f"no scale-up on KV 0.95\n{models.operator.log_tail()}"
         set_load(core, namespace, "big", 0.95, 0, 4)  # every simulator; the autoscaler reads the leaders
         time.sleep(0.5)
-    models.wait("2 groups ready", lambda: (custom.get_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, name).get("status") or {}).get("readyReplicas") == 2, timeout=180,
-        namespace=namespace, name="big")
+    try:
+        models.wait("2 groups ready", lambda: (custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name).get("status") or {}).get("readyReplicas") == 2, timeout=300,
+            namespace=namespace, name="big")
+    except AssertionError as e:
+        seen = [(p.metadata.name, p.spec.node_name, p.status.phase,
+                 [(c.type, c.status) for c in p.status.conditions or []])
+                for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=big").items]
+        raise AssertionError(f"pods: {seen}") from e
     assert len(pods()) == 4
     set_load(core, namespace, "big", 0.7, 0, 4)  # at the target: the count stays
     events = [e for e in models.events(namespace, "big") if e.reason == "ScaledUp"]
