@@ -2,7 +2,7 @@
 # Build the local control plane's components from their Go modules (no Docker, no release downloads).
 #
 #   e2e/build.sh                 build whatever is missing (all components)
-#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm kueue)
+#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm kueue lws)
 #   e2e/build.sh --print-bin-dir COMPONENT   print where that component's binaries live
 #
 # Idempotent: a component whose cache folder exists is skipped. Binaries live OUTSIDE the repo in
@@ -27,7 +27,7 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
 # Shared machines: keep the compiler polite unless the caller already chose a niceness.
 NICE="${FEWERBITS_BUILD_NICE:-nice -n 10}"
 
-ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue)
+ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue lws)
 
 version_of() {
   case "$1" in
@@ -38,6 +38,7 @@ version_of() {
     sim) echo "$LLM_D_INFERENCE_SIM_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     kueue) echo "$KUEUE_VERSION" ;;
+    lws) echo "$LWS_VERSION" ;;
     *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]})" >&2; return 2 ;;
   esac
 }
@@ -173,6 +174,18 @@ build_kueue() {
   cp "$dir"/config/components/crd/bases/*.yaml "$out/crd/"
   cp "$dir"/config/components/webhook/manifests.yaml "$out/webhook/"
   chmod -R u+w "$out/crd" "$out/webhook"
+}
+
+# LeaderWorkerSet: the manager binary (cmd/main.go) plus the CRD it serves, copied from the same module
+# version so the controller and its schema can never drift apart.
+build_lws() {
+  local out="$1"
+  wrapper_build "$out" lws sigs.k8s.io/lws "$LWS_VERSION" sigs.k8s.io/lws/cmd "-s -w"
+  mv "$out/cmd" "$out/lws-manager"
+  local dir
+  dir="$(cd "$WORK_ROOT/lws-$LWS_VERSION" && go list -m -f '{{.Dir}}' sigs.k8s.io/lws)"
+  mkdir -p "$out/crd"
+  cp "$dir"/config/crd/bases/*.yaml "$out/crd/"
 }
 
 # --- driver ---------------------------------------------------------------------------------------

@@ -38,6 +38,15 @@ def _signed(d: Path, stem: str, subject: str, ext: str) -> None:
     )
 
 
+def serving_cert(d: Path, stem: str, sans: str) -> tuple[Path, Path]:
+    """A serving certificate signed by the CA in ``d`` (made by ``generate``) for ``sans``
+    (``IP:127.0.0.1,DNS:...``), e.g. for an add-on's webhook server: (cert, key)."""
+    if not (d / f"{stem}.crt").exists():
+        _signed(d, stem, f"/CN={stem}",
+                f"keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
+    return d / f"{stem}.crt", d / f"{stem}.key"
+
+
 def generate(d: Path, service_ip: str = "10.96.0.1") -> Path:
     """Write ca, apiserver serving, client certs and the service-account key pair into d."""
     d.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,8 @@ Fixtures:
   gpu_pool  (function) — factory: gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", nodes=1) adds a pool and
                         removes its nodes after the test.
   namespace (function) — a fresh namespace, deleted after the test.
+  lws       (session) — LeaderWorkerSet (CRD, controller, webhooks) on `cluster`, started on first use
+                        (e2e/addons/lws.py): only the tests that ask for it pay for it.
 
 Missing binaries are BUILT (e2e/build.sh), never skipped. Mark tests `cluster` or `s3`.
 Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging.
@@ -138,3 +140,11 @@ def kueue(cluster):
         yield k
     finally:
         kueue_addon.stop(cluster, k)
+
+
+@pytest.fixture(scope="session")
+def lws(cluster):
+    """LeaderWorkerSet on the session's cluster (e2e/addons/lws.py), started once, on first use."""
+    from e2e.addons import lws as lws_addon
+
+    return lws_addon.ensure(cluster)

@@ -37,6 +37,7 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sim": ("LLM_D_INFERENCE_SIM_VERSION", ("llm-d-inference-sim",)),
     "helm": ("HELM_VERSION", ("helm",)),
     "kueue": ("KUEUE_VERSION", ("kueue",)),
+    "lws": ("LWS_VERSION", ("lws-manager",)),
 }
 BINARY_COMPONENT = {b: c for c, (_, bins) in COMPONENTS.items() for b in bins}
 

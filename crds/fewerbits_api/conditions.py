@@ -62,6 +62,8 @@ class Reason:
     POOL_GONE = "PoolGone"
     SERVICE_CONFLICT = "ServiceConflict"
     BLOCKED = "Blocked"
+    LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"
+    """Deployed: a variant's replica spans nodes and the cluster does not serve LeaderWorkerSet."""
 
 
 class Condition(ApiModel):

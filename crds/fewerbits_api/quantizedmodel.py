@@ -364,6 +364,11 @@ class PlanVariant(ApiModel):
     """True when the source checkpoint already is `format` (its config.json carries a
     `quantization_config`): no quantization Job runs; the artifact is the source itself, pinned by
     `spec.source.revision`."""
+    nodesPerReplica: Annotated[int, Field(ge=1, le=64)] = 1
+    """Nodes one replica spans. 1: a Deployment, `tensorParallelSize` GPUs on one node. Above 1:
+    the model fits no single node of the pool, so each replica is a LeaderWorkerSet group of this
+    many pods, one per node, each with `tensorParallelSize` GPUs (tensor parallel inside the node,
+    pipeline parallel across nodes: `--pipeline-parallel-size` = nodesPerReplica)."""
 
 
 class RejectedPool(ApiModel):
@@ -532,6 +537,9 @@ class VariantServingStatus(ApiModel):
     """Average waiting requests per ready replica."""
     lastScaleTime: str | None = None
     """When the autoscaler last changed the replica count (RFC 3339)."""
+    nodesPerReplica: Annotated[int, Field(ge=1, le=64)] = 1
+    """Nodes (pods) per replica: above 1 the variant runs as a LeaderWorkerSet named `deployment`,
+    whose replicas are groups of this many pods."""
 
 
 class EffectiveAutoscaling(AutoscalingSpec):

@@ -52,6 +52,7 @@ from .effective import Effective, combine_policies, effective_spec, effective_va
 from .planner import PlanRequest, plan, unmatched_targets
 from .jobfailure import classify as classify_job_failure
 from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, size_plan_jobs
+from .lws import INSTALL_LWS, lws_status, render_lws
 from .render import (
     ANNOTATION_ARTIFACT_KEY,
     ANNOTATION_SPEC_HASH,
@@ -119,6 +120,8 @@ class ReplaceDeployment:
 class DeleteDeployment:
     namespace: str
     name: str
+    kind: str = "Deployment"
+    """``LeaderWorkerSet`` for a multi-node variant's (lws.py)."""
 
 
 @dataclass(frozen=True)
@@ -767,10 +770,16 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     current: dict[str, Mapping[str, Any]] = {}
     up_to_date: dict[str, bool] = {}
     creates: list[Action] = []
+    no_lws: list = []  # PlanVariants
     for pv in the_plan.variants:
         dname = deployment_name(owner.name, pv.pool)
         cur = existing.get(dname)
         art = by_format[artifact_format(pv)]
+        if pv.nodesPerReplica > 1 and not obs.lws_available:
+            # Multi-node variants need LeaderWorkerSet; without it they are refused, the rest serves.
+            no_lws.append(pv)
+            up_to_date[dname] = False
+            continue
         if not art.deployable or pv.pool not in pool_by_name:
             # Keep what serves (an older artifact) until a new one passes its gate.
             if cur is not None:
@@ -785,8 +794,13 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
             replicas = max(1, spec.autoscaling.minReplicas)
         else:
             replicas = spec.serving.replicas
-        desired = render_deployment(owner, spec, pv, dict(pool.node_selector), pool.cc_str, art.planned.key,
-                                    art.manifest.totalBytes if art.manifest else None, replicas, settings)
+        render = render_lws if pv.nodesPerReplica > 1 else render_deployment
+        desired = render(owner, spec, pv, dict(pool.node_selector), pool.cc_str, art.planned.key,
+                         art.manifest.totalBytes if art.manifest else None, replicas, settings)
+        if cur is not None and cur.get("kind", "Deployment") != desired["kind"]:
+            # The plan moved between one node and several: the old object goes, the new one comes.
+            actions.append(DeleteDeployment(owner.namespace, dname, kind=cur.get("kind", "Deployment")))
+            cur = None
         if cur is None:
             creates.append(CreateDeployment(desired))
             current[dname] = desired
@@ -809,7 +823,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     for dname in sorted(set(existing) - wanted - gone_names):
         pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
         # Deletes first: they free GPUs the new Deployments may need (execute keeps this order).
-        actions.append(DeleteDeployment(owner.namespace, dname))
+        actions.append(DeleteDeployment(owner.namespace, dname, kind=existing[dname].get("kind", "Deployment")))
         st.note("Normal", "DeploymentRemoved", f"Deployment {dname}: pool {pool} is no longer planned for this model")
     actions.extend(creates)
     conflict = None
@@ -831,13 +845,15 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         replicas = int((d.get("spec") or {}).get("replicas") or 0)
         ready = int(ds.get("readyReplicas") or 0)
         updated = int(ds.get("updatedReplicas") or 0)
-        seen = int(ds.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0)
+        seen = int(ds.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0) \
+            if d.get("kind", "Deployment") == "Deployment" else lws_status(d)[3]
         if not (up_to_date[dname] and seen and updated >= replicas and int(ds.get("replicas") or 0) == replicas):
             rolled_out = False
         prev = old_serving.get(pv.pool)
         entry = VariantServingStatus(
             variant=pv.pool, deployment=dname, replicas=replicas, readyReplicas=ready,
-            artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY))
+            artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY),
+            nodesPerReplica=pv.nodesPerReplica)
         if prev is not None:
             entry = entry.model_copy(update={k: getattr(prev, k) for k in AUTOSCALER_FIELDS})
         serving.append(entry)
@@ -853,7 +869,10 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
         return
     blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
-    if blocked:
+    if no_lws:
+        st.set(C.DEPLOYED, False, Reason.LEADER_WORKER_SET_MISSING, "; ".join(
+            f"{v.pool}: " + INSTALL_LWS.format(nodes=v.nodesPerReplica) for v in no_lws))
+    elif blocked:
         gate_failed = any(by_format[artifact_format(v)].passed is False for v in the_plan.variants)
         st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
                f"not rolled out on {', '.join(v.pool for v in blocked)}: " +

@@ -71,6 +71,8 @@ def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -
         if not store.put_claim(action.storage, action.key, creds, action.body, action.take_over):
             metrics.CLAIMS_LOST.inc()
             raise StatusConflict(f"artifact {action.key[:12]} was claimed meanwhile by another namespace; observing again")
+    elif isinstance(action, DeleteDeployment) and action.kind == "LeaderWorkerSet":
+        kube.delete_lws(action.namespace, action.name)
     elif isinstance(action, DeleteDeployment):
         kube.delete_deployment(action.namespace, action.name)
     elif isinstance(action, CreateJob):

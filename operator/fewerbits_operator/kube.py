@@ -25,6 +25,7 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
+from .lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from .informer import (GONE, ChangeHandler, Informer, ListHandler, TTLCache, WatchCache, any_change,
                        model_relevant, node_facts, node_relevant, policy_relevant, selector_matches,
                        without_managed_fields)
@@ -103,7 +104,9 @@ class Kube:
         self.models: Informer | None = None
         self.jobs: Informer | None = None
         self.deployments: Informer | None = None
+        self.lws: Informer | None = None
         self._namespace_labels = TTLCache(0)
+        self._lws_discovery = TTLCache(10)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
                      on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
@@ -129,6 +132,10 @@ class Kube:
             self.deployments = self._informer("deployments", self._list_deployments_raw, any_change,
                                               on_child_change, None)
             informers += [self.models, self.jobs, self.deployments]
+            if self.lws_available():
+                # Multi-node variants' LeaderWorkerSets: their group status enqueues the owning model.
+                self.lws = self._informer("leaderworkersets", self._list_lws_raw, any_change, on_child_change, None)
+                informers.append(self.lws)
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
         threads = [t for inf in informers for t in inf.start(stop)]
         deadline = time.monotonic() + wait_seconds
@@ -160,6 +167,13 @@ class Kube:
         if namespace is None:
             return self.apps.list_deployment_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
         return self.apps.list_namespaced_deployment(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
+
+    def _list_lws_raw(self, namespace: str | None, **kwargs: Any) -> Any:
+        if namespace is None:
+            return self.custom.list_cluster_custom_object(LWS_GROUP, LWS_VERSION, LWS_PLURAL,
+                                                          label_selector=MANAGED_SELECTOR, **kwargs)
+        return self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
+                                                         label_selector=MANAGED_SELECTOR, **kwargs)
 
     def _list_policies_raw(self, **kwargs: Any) -> Any:
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
@@ -316,7 +330,9 @@ class Kube:
         """Create a Job, Deployment or Service; returns None when it already existed."""
         kind, ns = body["kind"], body["metadata"]["namespace"]
         try:
-            if kind == "Job":
+            if kind == "LeaderWorkerSet":
+                out = self.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, body)
+            elif kind == "Job":
                 out = self.batch.create_namespaced_job(ns, body)
             elif kind == "Deployment":
                 out = self.apps.create_namespaced_deployment(ns, body)
@@ -335,7 +351,7 @@ class Kube:
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
         """A write of ours: the watched cache of that kind serves the object again once it has it."""
-        informer = {"Job": self.jobs, "Deployment": self.deployments}.get(kind)
+        informer = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
         if informer is not None and name:
             informer.note(namespace, name, resource_version)
 
@@ -391,6 +407,12 @@ class Kube:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile (e.g. scaled)."""
         md = body["metadata"]
         try:
+            if body.get("kind") == "LeaderWorkerSet":
+                out = self.custom.replace_namespaced_custom_object(LWS_GROUP, LWS_VERSION, md["namespace"],
+                                                                   LWS_PLURAL, md["name"], body)
+                self._wrote()
+                self._noted("LeaderWorkerSet", md["namespace"], md["name"], _rv(out))
+                return True
             out = self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
         except ApiException as e:
             if e.status == 409:
@@ -427,6 +449,54 @@ class Kube:
             if not _missing(e):
                 raise
         self._noted("Deployment", namespace, name, GONE)
+
+    # ------------------------------------------------------------ LeaderWorkerSets (multi-node variants)
+
+    def lws_available(self) -> bool:
+        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed), from
+        API discovery (open to every authenticated user), remembered for 10 s."""
+        def load() -> bool:
+            groups = client.ApisApi(self.api).get_api_versions().groups or []
+            return any(g.name == LWS_GROUP and any(v.version == LWS_VERSION for v in g.versions or [])
+                       for g in groups)
+
+        return bool(self._lws_discovery.get("lws", load))
+
+    def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """A model's LeaderWorkerSets (equality selector), from the watched cache when it is fresh."""
+        if self.lws is not None and self.lws.fresh_namespace(namespace) and selector_matches(selector, {}) is not None:
+            return self.lws.items(namespace, lambda d: bool(selector_matches(
+                selector, (d.get("metadata") or {}).get("labels") or {})))
+        out = self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
+                                                        label_selector=selector)
+        return list(out.get("items") or [])
+
+    def delete_lws(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name,
+                                                        propagation_policy="Background")
+            self._wrote()
+        except ApiException as e:
+            if not _missing(e):
+                raise
+        self._noted("LeaderWorkerSet", namespace, name, GONE)
+
+    def read_lws_scale(self, namespace: str, name: str) -> int | None:
+        """A LeaderWorkerSet's groups from its scale subresource; None when it is gone."""
+        try:
+            scale = self.custom.get_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+        return int(((scale or {}).get("spec") or {}).get("replicas") or 0)
+
+    def patch_lws_scale(self, namespace: str, name: str, replicas: int) -> None:
+        """The autoscaler's write for a multi-node variant: groups, through the scale subresource."""
+        self.custom.patch_namespaced_custom_object_scale(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL, name,
+                                                         {"spec": {"replicas": int(replicas)}},
+                                                         _content_type="application/merge-patch+json")
+        self._wrote()
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

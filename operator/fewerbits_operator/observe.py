@@ -188,6 +188,13 @@ class Observer:
             if (why := check_dataset(self.store, spec.storage, storage_creds, field_name, uri))})
 
         deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
+        if hasattr(self.kube, "lws_available"):
+            # Multi-node variants are LeaderWorkerSets (lws.py): listed where the API is served (API
+            # discovery, remembered 10 s), so one left by a plan that no longer spans nodes is removed.
+            facts["lws_available"] = available = self.kube.lws_available()
+            if available:
+                for lws in self.kube.list_lws(ns, f"{LABEL_MODEL}={name}"):
+                    deployments[lws["metadata"]["name"]] = {**lws, "kind": "LeaderWorkerSet"}
         facts["deployments"] = _freeze(deployments)
         if the_plan.variants:
             facts["service"] = self.kube.get_service(ns, name)

@@ -116,7 +116,11 @@ class Observed:
     artifacts: Mapping[str, ArtifactFacts] = field(default_factory=dict)
     """By artifact key, for the keys the plan names."""
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    """The model's Deployments (label fewerbits.io/model) by name."""
+    """The model's Deployments (label fewerbits.io/model) by name, and its LeaderWorkerSets
+    (multi-node variants, ``kind: LeaderWorkerSet``) when that API is served."""
+    lws_available: bool | None = None
+    """Whether the cluster serves LeaderWorkerSet (its CRD is installed); None: not asked (no
+    variant spans nodes and nothing was read)."""
     service: Mapping[str, Any] | None = None
     service_read: bool = False
     """Whether the Service was looked up (only when something is planned)."""

@@ -49,15 +49,18 @@ class InputError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
-def _gpu_arg(value: str) -> tuple[str, int]:
+def _gpu_arg(value: str) -> tuple[str, int, int]:
+    """``PRODUCT:GPUS`` or ``PRODUCT:GPUSxNODES`` (a pool of NODES nodes, 1 when left out)."""
     product, sep, count = value.rpartition(":")
     if not sep:
         product, count = value, "1"
-    if not product or not count.isdigit() or int(count) < 1:
+    count, x, nodes = count.lower().partition("x")
+    if not product or not count.isdigit() or int(count) < 1 or (x and (not nodes.isdigit() or int(nodes) < 1)):
         raise argparse.ArgumentTypeError(
-            f"{value!r}: expected PRODUCT:COUNT with COUNT ≥ 1, e.g. NVIDIA-H100-80GB-HBM3:8"
+            f"{value!r}: expected PRODUCT:GPUS or PRODUCT:GPUSxNODES with GPUS, NODES ≥ 1, "
+            "e.g. NVIDIA-H100-80GB-HBM3:8 or NVIDIA-H100-80GB-HBM3:8x4"
         )
-    return product, int(count)
+    return product, int(count), int(nodes) if x else 1
 
 
 def _positive_int(value: str) -> int:
@@ -88,8 +91,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model-config", required=True, type=Path, metavar="PATH",
                    help="the model's Hugging Face config.json (or a directory holding it)")
-    p.add_argument("--gpu", action="append", type=_gpu_arg, default=[], metavar="PRODUCT:COUNT",
-                   help="a pool by its nvidia.com/gpu.product value and GPUs per node (repeatable)")
+    p.add_argument("--gpu", action="append", type=_gpu_arg, default=[], metavar="PRODUCT:GPUS[xNODES]",
+                   help="a pool by its nvidia.com/gpu.product value, GPUs per node and nodes (default 1; "
+                        "a model no single node holds is planned across nodes), e.g. NVIDIA-H100-80GB-HBM3:8x4 "
+                        "(repeatable)")
     p.add_argument("--nodes", type=Path, metavar="NODES.yaml",
                    help="Node objects as `kubectl get nodes -o yaml` prints them")
     p.add_argument("--policy", type=Path, metavar="POLICY.yaml",
@@ -191,9 +196,9 @@ def build_request(args: argparse.Namespace, policy) -> PlanRequest:
 
 def build_pools(args: argparse.Namespace) -> tuple[list[GPUPool], str | None]:
     pools: list[GPUPool] = []
-    for product, count in args.gpu:
+    for product, count, nodes in args.gpu:
         try:
-            pools.append(pool_from_product(product, count))
+            pools.append(pool_from_product(product, count, nodes))
         except ValueError as e:
             raise InputError(f"--gpu: {e}") from None
     if args.nodes is not None:
@@ -270,13 +275,13 @@ def plan_table(status: PlanStatus, header: str, note: str | None = None, width: 
         out += _wrap("", note, width)
     out.append("")
     if status.variants:
-        headers = ["POOL", "GPU", "FORMAT", "DTYPE", "KV", "TP", "MAX LEN", "WEIGHTS", "KV TOKENS", "DECODE TOK/S"]
+        headers = ["POOL", "GPU", "FORMAT", "DTYPE", "KV", "TP", "NODES", "MAX LEN", "WEIGHTS", "KV TOKENS", "DECODE TOK/S"]
         rows = [
             [v.pool, v.gpuProduct, v.format.value + (" (as-is)" if v.servedAsIs else ""), v.dtype, v.kvCacheDtype, str(v.tensorParallelSize),
-             f"{v.maxModelLen:,}", f"{v.weightsGiB:.1f} GiB", f"{v.kvCacheTokens:,}", f"{v.decodeTokensPerSecond:,.0f}"]
+             str(v.nodesPerReplica), f"{v.maxModelLen:,}", f"{v.weightsGiB:.1f} GiB", f"{v.kvCacheTokens:,}", f"{v.decodeTokensPerSecond:,.0f}"]
             for v in status.variants
         ]
-        out += _table(headers, rows, right={5, 6, 7, 8, 9})
+        out += _table(headers, rows, right={5, 6, 7, 8, 9, 10})
     else:
         out.append("No pool can serve this model.")
     pad = max((len(p) for p in [*(v.pool for v in status.variants), *(r.pool for r in status.rejected)]), default=0)

@@ -144,6 +144,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.PODS_FAILING: ("Ready", "Degraded"),
     Reason.SERVICE_CONFLICT: ("Deployed", "Degraded"),
     Reason.BLOCKED: ("Ready", "Progressing"),
+    Reason.LEADER_WORKER_SET_MISSING: ("Deployed", "Degraded"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
 

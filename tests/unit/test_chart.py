@@ -177,6 +177,8 @@ NAMESPACED_RULES = {
     ("", "pods"): {"list"},
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
     ("apps", "deployments/scale"): {"get", "patch"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
+    ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
     ("", "events"): {"create"},
 }

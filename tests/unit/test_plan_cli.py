@@ -16,7 +16,7 @@ LLAMA8 = str(CONFIGS / "llama-3.1-8b.json")
 REPO = HERE.parents[1]
 
 VARIANT_KEYS = {"pool", "gpuProduct", "family", "format", "kvCacheDtype", "dtype", "tensorParallelSize",
-                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs", "servedAsIs"}
+                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs", "servedAsIs", "nodesPerReplica"}
 
 
 def run(capsys, *argv):
@@ -134,8 +134,8 @@ def test_without_pools_plans_for_the_catalog(capsys):
     [
         (["--model-config", "/nonexistent/config.json", "--gpu", "NVIDIA-L4:1"], "no such file"),
         (["--model-config", LLAMA8, "--gpu", "NVIDIA-X999:1"], "unknown GPU product 'NVIDIA-X999'"),
-        (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:many"], "expected PRODUCT:COUNT"),
-        (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:0"], "expected PRODUCT:COUNT"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:many"], "expected PRODUCT:GPUS"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:0"], "expected PRODUCT:GPUS"),
         (["--model-config", LLAMA8, "--format", "int3"], "invalid choice: 'int3'"),
         (["--model-config", LLAMA8, "--max-model-len", "0"], "must be at least 1"),
         (["--model-config", LLAMA8, "--nodes", "/nonexistent/nodes.yaml"], "no such file"),

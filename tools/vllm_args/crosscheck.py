@@ -45,6 +45,14 @@ CASES = [
     ["--enable-prefix-caching", "--max-num-seqs", "128"],
     ["--swap-space", "4"],
     ["--hf-overrides", '{"max_position_embeddings": 4096}'],
+    # A multi-node replica (planner/multinode.py, lws.py): the leader, a headless worker, bad ranks.
+    ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "0",
+     "--master-addr", "big-h100-0.big-h100.ns", "--master-port", "29501"],
+    ["--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
+     "--master-addr", "big-h100-0.big-h100.ns", "--master-port", "29501", "--headless"],
+    ["--nnodes", "two"],
+    ["--node-rank", "$(LWS_WORKER_INDEX)"],
+    ["--headless=1"],
 ]
 
 

@@ -22,7 +22,7 @@ local DEGRADED = {
                                     JobExceedsPolicy = true, DatasetUnreadable = true,
                                     CalibrationDataUnavailable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
-  { type = "Deployed", reasons = { ServiceConflict = true } },
+  { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }

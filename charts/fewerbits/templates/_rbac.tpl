@@ -61,6 +61,19 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
   verbs: ["get", "patch"]
+# Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/lws.py): list and watch those
+# labelled app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_lws, started only
+# where the API is served; their events enqueue the owning models), create, update when the rendered
+# spec changes (Kube.replace_deployment), delete one whose variant no longer spans nodes
+# (Kube.delete_lws). Harmless where LeaderWorkerSet is not installed.
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets"]
+  verbs: ["list", "watch", "create", "update", "delete"]
+# Their scale subresource: the autoscaler sets a multi-node variant's groups through it only
+# (Kube.read_lws_scale, Kube.patch_lws_scale).
+- apiGroups: ["leaderworkerset.x-k8s.io"]
+  resources: ["leaderworkersets/scale"]
+  verbs: ["get", "patch"]
 # One Service per model: get, create, patch its selector and ports back when they drift
 # (Kube.get_service, Kube.create, Kube.patch_service).
 - apiGroups: [""]

@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 
-from ..render import LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
+from ..render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
 from .algorithm import Decision, History, Observation, Tuning, decide
 from .metrics import MetricsSource, PodSample, PodTarget
 
@@ -269,17 +269,23 @@ class Autoscaler:
         outcomes: list[VariantOutcome] = []
         updates: dict[str, dict[str, Any]] = {}
         urgent = False
-        for dep in self.io.list_deployments(ns, f"{LABEL_MODEL}={name}"):
+        workloads = [(dep, False) for dep in self.io.list_deployments(ns, f"{LABEL_MODEL}={name}")]
+        if hasattr(self.io, "list_lws") and self.io.lws_available():
+            # Multi-node variants: LeaderWorkerSets, whose replicas are groups (one leader each).
+            workloads += [(lws, True) for lws in self.io.list_lws(ns, f"{LABEL_MODEL}={name}")]
+        for dep, multinode in workloads:
             dname = dep["metadata"]["name"]
             variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
             if not variant:
                 continue
-            current = self.io.read_scale(ns, dname)
+            current = self.io.read_lws_scale(ns, dname) if multinode else self.io.read_scale(ns, dname)
             if current is None:
                 continue
             key = (ns, name, variant)
             seen.add(key)
-            pods = self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}")
+            # A group's leader serves its API and metrics; headless workers serve neither.
+            pods = self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"
+                                         + (f",{LABEL_COMPONENT}=server" if multinode else ""))
             targets, not_ready = classify_pods(ns, pods)
             results = self.source.sample(targets) if targets else {}
             samples = [r for t in targets if isinstance(r := results.get(t.name), PodSample)]
@@ -297,7 +303,7 @@ class Autoscaler:
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
             if d.act:
-                self.io.patch_scale(ns, dname, d.desired)
+                (self.io.patch_lws_scale if multinode else self.io.patch_scale)(ns, dname, d.desired)
                 scaled = True
                 last_scale = rfc3339(now)
                 self.metrics.scale_events.labels(d.direction or ("up" if d.desired > current else "down")).inc()

@@ -357,6 +357,23 @@ class Fit:
     summary: str = ""
     """The same in a few words (for step-down warnings)."""
     lowered_len_from: int | None = None
+    nodes: int = 1
+    """Nodes one replica spans (pipeline-parallel size; planner/multinode.py when above 1)."""
+
+
+def longest_length(conc: int, seq_bytes, free: float, need_len: int, limit: int) -> tuple[int, int | None]:
+    """The longest length at which ``conc`` sequences fit ``free`` bytes (sequence bytes grow with
+    length), and the model's limit when that had to be lowered (rounded down to MODEL_LEN_STEP)."""
+    lo, hi = need_len, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if conc * seq_bytes(mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo < limit:
+        return max(need_len, lo // MODEL_LEN_STEP * MODEL_LEN_STEP), limit
+    return lo, None
 
 
 @dataclass(frozen=True)
@@ -410,18 +427,7 @@ def fit_format(
             continue
         if target_len is not None:
             return Fit(fmt, tp, weights, _tokens_held(free, target_len, seq_bytes(target_len)), target_len)
-        # The longest length at which `conc` sequences fit (sequence bytes grow with length).
-        lo, hi = need_len, limit
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if conc * seq_bytes(mid) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        length, lowered = lo, None
-        if length < limit:
-            length = max(need_len, length // MODEL_LEN_STEP * MODEL_LEN_STEP)
-            lowered = limit
+        length, lowered = longest_length(conc, seq_bytes, free, need_len, limit)
         return Fit(fmt, tp, weights, _tokens_held(free, length, seq_bytes(length)), length, lowered_len_from=lowered)
     reason = _no_fit_reason(shape, pool, fmt, weights, need_len, candidates, blockers, shortfall, request, kv_dtype)
     if shortfall is not None:
@@ -574,6 +580,7 @@ def _variant(
         kvCacheTokens=fit.kv_tokens,
         decodeTokensPerSecond=round(decode, 1),
         warnings=warnings,
+        nodesPerReplica=fit.nodes,
     )
     # For display only: the serving pod renders its arguments from the typed fields.
     return variant.model_copy(update={"vllmArgs": plan_args(variant, request.served_model_name)})
@@ -636,7 +643,8 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
             return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
         if support == "fallback":
             warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
-        fit = fit_format(shape, pool, fmt, kv_dtype, target_len, request)
+        fit = _or_across_nodes(shape, pool, fit_format(shape, pool, fmt, kv_dtype, target_len, request),
+                               kv_dtype, target_len, request, warnings)
         if fit.tp is None:
             hint = ""
             chain, _ = _auto_chain(pool, request)
@@ -672,6 +680,15 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         if support == "fallback":
             warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
         return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+    if pool.node_count > 1:
+        # No single-node layout at any format: span nodes, at the first format that fits so.
+        spanned = []
+        for single in tried:
+            fit = _or_across_nodes(shape, pool, single, kv_dtype, target_len, request, warnings)
+            if fit.tp is not None:
+                return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+            spanned.append(fit)
+        tried = spanned
     # Nothing fits: the reason of the format with the fewest bytes is the one to act on.
     smallest = min(tried, key=lambda f: f.weights.total_bytes if f.weights else math.inf)
     names = ", ".join(f.fmt.value for f in tried)
@@ -715,12 +732,31 @@ def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: s
             "or point spec.source at the 16-bit original so fewerbits can quantize for this GPU"))
     if support == "fallback":
         warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
-    fit = fit_format(shape, pool, fmt, kv_dtype, target_len, request)
+    fit = _or_across_nodes(shape, pool, fit_format(shape, pool, fmt, kv_dtype, target_len, request),
+                           kv_dtype, target_len, request, warnings)
     if fit.tp is None:
         return RejectedPool(pool=pool.name, reason=f"{already}, i.e. {fmt.value}, served as it is: {fit.reason}")
     warnings.append(f"{already}: served as {fmt.value} as it is, no quantization Job")
     variant = _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
     return variant.model_copy(update={"servedAsIs": True})
+
+
+def _or_across_nodes(shape: ModelShape, pool: GPUPool, single: Fit, kv_dtype: str, target_len: int | None,
+                     request: PlanRequest, warnings: list[str]) -> Fit:
+    """``single`` when it fits one node; else the multi-node fit (planner/multinode.py), with a
+    warning that says why, or ``single`` with the multi-node numbers added to its reason."""
+    if single.tp is not None or pool.node_count < 2:
+        return single
+    from .multinode import fit_across_nodes
+
+    multi = fit_across_nodes(shape, pool, single.fmt, kv_dtype, target_len, request)
+    if multi.tp is None:
+        return Fit(single.fmt, None, single.weights, reason=f"{single.reason}; across nodes: {multi.reason}",
+                   summary=single.summary)
+    warnings.append(
+        f"{single.fmt.value} fits no single node ({single.summary}); each replica spans {multi.nodes} nodes as a "
+        f"LeaderWorkerSet group: tensor parallel {multi.tp} inside each node, pipeline parallel {multi.nodes} across them")
+    return multi
 
 
 def _finish(

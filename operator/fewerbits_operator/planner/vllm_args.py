@@ -179,4 +179,14 @@ def plan_args(variant: Any, served_model_name: str | None) -> list[str]:
         "--tensor-parallel-size", str(variant.tensorParallelSize),
         "--max-model-len", str(variant.maxModelLen),
         "--gpu-memory-utilization", f"{variant.gpuMemoryUtilization:g}",
-    ]
+    ] + multinode_args(variant)
+
+
+def multinode_args(variant: Any) -> list[str]:
+    """Arguments every pod of a multi-node replica shares: one pipeline stage per node, vLLM's
+    multiprocessing executor across ``--nnodes`` (planner/multinode.py says why not Ray). The
+    per-pod ones (``--node-rank``, ``--master-addr``, ``--headless``) are the renderer's."""
+    nodes = getattr(variant, "nodesPerReplica", 1) or 1
+    if nodes < 2:
+        return []
+    return ["--pipeline-parallel-size", str(nodes), "--nnodes", str(nodes)]

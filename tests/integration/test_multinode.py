@@ -1,0 +1,124 @@
+"""Multi-node serving end to end: a model whose plan needs 2 nodes per replica on an H100 x8 pool of
+4 nodes is served by a LeaderWorkerSet (e2e/addons/lws.py runs the real controller and webhooks),
+goes Ready, scales from 1 to 2 groups on KV pressure read from the leaders, and survives the
+deletion of a worker pod.
+
+The source is a stand-in for Llama-3.1-405B: the repository's 405B config.json (so the operator
+plans exactly what it would for the real model: 756 GiB at 16 bits, 2 nodes of 8 H100s) next to the
+tiny test model's weights (format none publishes the weights unchanged, without loading them, and
+llm-d-inference-sim plays vLLM in every pod), because 756 GiB of weights and 16 GPUs cannot run here.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from e2e import demo
+from tests.integration.test_autoscaling import set_load
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA405_CONFIG = REPO / "tests" / "unit" / "fixtures" / "model_configs" / "llama-3.1-405b.json"
+GROUP, VERSION, PLURAL = "leaderworkerset.x-k8s.io", "v1", "leaderworkersets"
+PREFIX = "fewerbits-test/llama-405b-standin"
+
+
+def upload_standin(cluster) -> str:
+    """The tiny model's files under a new prefix, with the 405B config.json."""
+    from tests.testmodel import build_test_model
+
+    demo.upload_test_model(cluster)  # buckets
+    local = Path(build_test_model())
+    s3 = cluster.s3.client()
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        key = f"{PREFIX}/{path.relative_to(local)}"
+        if path.name == "config.json" and path.parent == local:
+            s3.put_object(Bucket=demo.MODEL_BUCKET, Key=key, Body=LLAMA405_CONFIG.read_bytes())
+        else:
+            s3.upload_file(str(path), demo.MODEL_BUCKET, key)
+    return f"s3://{demo.MODEL_BUCKET}/{PREFIX}"
+
+
+def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluster, lws, gpu_pool, namespace,
+                                                                         models, model_spec):
+    gpu_pool("mnh100", "NVIDIA-H100-80GB-HBM3", nodes=4, gpus_per_node=8)
+    source = upload_standin(cluster)
+    spec = model_spec(quantization={"format": "none"},
+                      autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetKVCacheUsage": 0.7,
+                                   "scaleDownDelaySeconds": 600})
+    spec["source"] = {**spec["source"], "uri": source}
+    models.apply(namespace, "big", spec)
+    models.wait_condition(namespace, "big", "Ready", timeout=600)
+
+    api = cluster.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    status = models.get(namespace, "big")["status"]
+    (variant,) = status["plan"]["variants"]
+    assert (variant["nodesPerReplica"], variant["tensorParallelSize"], variant["format"]) == (2, 8, "none")
+    assert status["serving"][0]["nodesPerReplica"] == 2
+    assert models.deployments(namespace, "big") == []  # no Deployment: a LeaderWorkerSet
+    name = status["serving"][0]["deployment"]
+    obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    assert obj["spec"]["leaderWorkerTemplate"]["size"] == 2 and obj["spec"]["replicas"] == 1
+
+    def pods(component=None):
+        sel = "fewerbits.io/model=big" + (f",app.kubernetes.io/component={component}" if component else "")
+        return [p for p in core.list_namespaced_pod(namespace, label_selector=sel).items
+                if p.status.pod_ip and not p.metadata.deletion_timestamp]
+
+    group = pods()
+    assert len(group) == 2 and len({p.spec.node_name for p in group}) == 2  # one pod per node
+    for p in group:
+        assert p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+        assert [c.name for c in p.spec.init_containers] == ["fetch"]
+    # The Service answers through the leader.
+    url, answer = demo.completion(cluster, namespace, "big")
+    assert answer["choices"]
+
+    # KV pressure on the leader: 1 -> 2 groups through the LeaderWorkerSet's scale subresource.
+    def groups():
+        return custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, name)["spec"]["replicas"]
+
+    deadline = time.monotonic() + 60
+    while groups() < 2:
+        assert time.monotonic() < deadline, f"no scale-up on KV 0.95\n{models.operator.log_tail()}"
+        set_load(core, namespace, "big", 0.95, 0, 4)  # every simulator; the autoscaler reads the leaders
+        time.sleep(0.5)
+    try:
+        models.wait("2 groups ready", lambda: (custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name).get("status") or {}).get("readyReplicas") == 2, timeout=300,
+            namespace=namespace, name="big")
+    except AssertionError as e:
+        seen = [(p.metadata.name, p.spec.node_name, p.status.phase,
+                 [(c.type, c.status) for c in p.status.conditions or []])
+                for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=big").items]
+        raise AssertionError(f"pods: {seen}") from e
+    assert len(pods()) == 4
+    set_load(core, namespace, "big", 0.7, 0, 4)  # at the target: the count stays
+    events = [e for e in models.events(namespace, "big") if e.reason == "ScaledUp"]
+    assert events and name in events[0].message
+
+    # A worker pod lost: its group is recreated, the model is Ready again with 2 groups.
+    worker = next(p for p in pods("server-worker"))
+    leader_name = worker.metadata.name.rsplit("-", 1)[0]  # <lws>-<group>-<index> -> <lws>-<group>
+    leader_uid = core.read_namespaced_pod(leader_name, namespace).metadata.uid
+    core.delete_namespaced_pod(worker.metadata.name, namespace, grace_period_seconds=0)
+
+    def recovered():
+        try:
+            leader = core.read_namespaced_pod(leader_name, namespace)
+        except client.exceptions.ApiException:
+            return False
+        st = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name).get("status") or {}
+        return leader.metadata.uid != leader_uid and st.get("readyReplicas") == 2
+
+    models.wait("the group recreated and ready", recovered, timeout=180, namespace=namespace, name="big")
+    # The model's status follows the groups (the operator re-reads them on its resync).
+    models.wait("status.replicas 2/2 and Ready", lambda: (st := models.get(namespace, "big")["status"])["replicas"]
+                == "2/2" and any(c["type"] == "Ready" and c["status"] == "True" for c in st["conditions"]),
+                timeout=60, namespace=namespace, name="big")
