@@ -8,6 +8,9 @@ Fixtures:
   gpu_pool  (function) — factory: gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", nodes=1) adds a pool and
                         removes its nodes after the test.
   namespace (function) — a fresh namespace, deleted after the test.
+  prometheus (session) — a real Prometheus scraping the cluster's serving pods and the operator
+                        with Kubernetes service discovery (e2e/addons/prometheus.py); started on
+                        first use only.
 
 Missing binaries are BUILT (e2e/build.sh), never skipped. Mark tests `cluster` or `s3`.
 Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging.
@@ -112,3 +115,17 @@ def namespace(cluster):
     api.create_namespace({"metadata": {"name": name}})
     yield name
     api.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster):
+    """A Prometheus on the session's cluster, configured from the chart's monitors (started once)."""
+    from e2e.addons import prometheus as prom
+
+    d = _state_root("prometheus")
+    p = prom.Prometheus(cluster, d, prom.chart_pod_monitors()).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+        _cleanup(d)

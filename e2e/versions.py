@@ -36,6 +36,7 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "minio": ("MINIO_VERSION", ("minio",)),
     "sim": ("LLM_D_INFERENCE_SIM_VERSION", ("llm-d-inference-sim",)),
     "helm": ("HELM_VERSION", ("helm",)),
+    "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
 }
 BINARY_COMPONENT = {b: c for c, (_, bins) in COMPONENTS.items() for b in bins}
 
