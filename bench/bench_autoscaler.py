@@ -343,11 +343,11 @@ class Oracle:
 
 
 L4 = PoolSpec("l4", "NVIDIA-L4", kv_tokens=30_000, max_seqs=64, prefill_tokens_per_s=3_000, decode_tokens_per_s=15.0,
-              cost=0.15, bandwidth_gbps=300.0)
+              cost=0.27, bandwidth_gbps=300.0)
 """An L4 replica of the same model: a fifth of the KV cache (24 GB card), 1/8 of the prefill
 compute, half the per-sequence decode speed in a full batch: ~1/10 of an H100 replica's chat
-throughput in this model, for a cost weight of 0.15 (on-demand prices of the two are ~1:7).
-Per served token it costs ~1.5x the H100."""
+throughput in this model, for a cost weight of 0.27 (on-demand prices of the two, ~1:3.7).
+Per served token it costs ~2.7x the H100 (``--l4-cost`` changes the weight)."""
 TWO_POOL_SPEC = SPEC.model_copy(update={"maxReplicas": 40})
 
 
