@@ -211,11 +211,17 @@ def register_host_process(cluster, namespace: str, name: str, port: int, labels:
                  "containers": [{"name": "operator", "image": STANDIN_IMAGE,
                                  "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]}]},
     }
-    try:
-        core.create_namespaced_pod(namespace, pod)
-    except ApiException as e:
-        if e.status != 409:
-            raise
+    deadline = time.monotonic() + 30
+    while True:  # a new namespace has no default ServiceAccount for a moment: admission refuses pods
+        try:
+            core.create_namespaced_pod(namespace, pod)
+            break
+        except ApiException as e:
+            if e.status == 409:
+                break
+            if e.status != 403 or "serviceaccount" not in str(e.body).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         p = core.read_namespaced_pod(name, namespace)

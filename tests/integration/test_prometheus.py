@@ -18,7 +18,6 @@ import copy
 import json
 import re
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from e2e import demo
 from e2e.addons.prometheus import OPERATOR_LABELS, register_host_process
 from fewerbits_operator.autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from fewerbits_operator.kube import Kube
+from tests.integration.test_autoscaling import set_load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
 
@@ -114,16 +114,6 @@ def ready_pods(core, ns) -> list:
             and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
 
 
-def set_load(pods, kv: float, waiting: int, running: int) -> None:
-    body = json.dumps({"fake-metrics": {"kv-cache-usage": kv, "waiting-requests": waiting,
-                                        "running-requests": running}}).encode()
-    for p in pods:
-        req = urllib.request.Request(f"http://{p.status.pod_ip}:8000/admin/config", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5):
-            pass
-
-
 def test_prometheus_source_decides_as_the_pods_source(cluster, observed, prometheus):
     ns = observed
     core = client.CoreV1Api(cluster.api_client())
@@ -154,7 +144,7 @@ def test_prometheus_source_decides_as_the_pods_source(cluster, observed, prometh
     ]
     seen = []
     for offset, load, direction in phases:
-        set_load(pods, *load)
+        assert set_load(core, ns, MODEL, *load) == 2
         kv, waiting, _ = load
         sel = f'{{namespace="{ns}",model="{MODEL}"}}'
         prometheus.wait(f"Prometheus to hold the load {load}", lambda: (
@@ -197,7 +187,7 @@ def test_every_dashboard_panel_returns_data(cluster, observed, prometheus):
     prometheus.wait("the operator scraped", lambda: any(
         t["labels"].get("job") == "fewerbits-operator" and t["health"] == "up" for t in prometheus.targets()))
     core = client.CoreV1Api(cluster.api_client())
-    set_load(ready_pods(core, ns), 0.5, 1, 2)
+    set_load(core, ns, MODEL, 0.5, 1, 2)
 
     # Variables: label_values(metric, label) is Grafana's call of /api/v1/label/<label>/values.
     for var in dash["templating"]["list"]:
