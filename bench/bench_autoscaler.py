@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", d) for d in ("operator", "crds")]
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec  # noqa: E402
-from fewerbits_operator.autoscaler.algorithm import History, Observation, decide  # noqa: E402
+from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, bounds, decide  # noqa: E402
+from fewerbits_operator.autoscaler.capacity import PoolEconomics, prefer_cheapest, state_of  # noqa: E402
 from fewerbits_operator.autoscaler.metrics import PodSample  # noqa: E402
 
 DT = 15.0
@@ -50,19 +51,45 @@ SPEC = AutoscalingSpec(minReplicas=1, maxReplicas=24, targetKVCacheUsage=0.7, ma
 
 
 @dataclass(frozen=True)
+class PoolSpec:
+    """One replica of a GPU pool in the fluid model; the defaults are the single-pool bench's H100."""
+
+    name: str = "h100"
+    product: str = "NVIDIA-H100-80GB-HBM3"
+    kv_tokens: float = KV_TOKENS
+    max_seqs: int = MAX_SEQS
+    prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
+    decode_tokens_per_s: float = DECODE_TOKENS_PER_S
+    """Per sequence, in a full batch."""
+    cost: float = 1.0
+    """Cost of one replica per hour, relative (the GPU cost weight)."""
+    bandwidth_gbps: float = 3350.0
+    """What the planner's decode estimate scales with (planner/catalog.py)."""
+
+
+H100 = PoolSpec()
+
+
+@dataclass(frozen=True)
 class RequestClass:
     name: str
     prompt: int
     output: int
 
+    def duration_on(self, pool: PoolSpec) -> float:
+        return self.prompt / pool.prefill_tokens_per_s + self.output / pool.decode_tokens_per_s
+
+    def kv_on(self, pool: PoolSpec) -> float:
+        """Fraction of one replica's KV cache a sequence holds on average over its life."""
+        return (self.prompt + self.output / 2) / pool.kv_tokens
+
     @property
     def duration(self) -> float:
-        return self.prompt / PREFILL_TOKENS_PER_S + self.output / DECODE_TOKENS_PER_S
+        return self.duration_on(H100)
 
     @property
     def kv(self) -> float:
-        """Fraction of one replica's KV cache a sequence holds on average over its life."""
-        return (self.prompt + self.output / 2) / KV_TOKENS
+        return self.kv_on(H100)
 
 
 CHAT = RequestClass("chat", 1500, 350)   # KV-bound: ~7.4 req/s per replica at full KV
@@ -109,6 +136,12 @@ def make_trace(seed: int, hours: float) -> list[tuple[float, float]]:
 # ------------------------------------------------------------------ cluster
 
 
+def draw(rates: tuple[float, float], rng: random.Random) -> list[float]:
+    """Arrivals of one step for each request class."""
+    arrivals = [rng.gauss(r * DT, math.sqrt(r * DT)) if r * DT > 30 else _poisson(rng, r * DT) for r in rates]
+    return [max(0.0, a) for a in arrivals]
+
+
 @dataclass
 class Variant:
     """The fluid model of one variant's replicas."""
@@ -117,6 +150,7 @@ class Variant:
     ready_at: list[float] = field(default_factory=lambda: [-1e9, -1e9])
     backlog: list[float] = field(default_factory=lambda: [0.0, 0.0])
     inflight: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    pool: PoolSpec = H100
 
     def ready(self, t: float) -> int:
         return sum(1 for r in self.ready_at if r <= t)
@@ -129,32 +163,46 @@ class Variant:
             self.ready_at = sorted(self.ready_at)[:desired]
         self.replicas = desired
 
+    def capacity(self, mix: list[float]) -> float:
+        """Requests/s one replica serves at most for this mix of classes (its tightest limit)."""
+        total = sum(mix)
+        if total <= 0:
+            return 0.0
+        share = [m / total for m in mix]
+        p = self.pool
+        kv = sum(share[i] * CLASSES[i].duration_on(p) * CLASSES[i].kv_on(p) for i in range(2))
+        seqs = sum(share[i] * CLASSES[i].duration_on(p) for i in range(2)) / p.max_seqs
+        prefill = sum(share[i] * CLASSES[i].prompt for i in range(2)) / p.prefill_tokens_per_s
+        return 1.0 / max(kv, seqs, prefill)
+
     def step(self, t: float, rates: tuple[float, float], rng: random.Random) -> None:
-        arrivals = [rng.gauss(r * DT, math.sqrt(r * DT)) if r * DT > 30 else _poisson(rng, r * DT) for r in rates]
-        arrivals = [max(0.0, a) for a in arrivals]
+        self.serve(t, draw(rates, rng))
+
+    def serve(self, t: float, arrivals: list[float]) -> None:
         ready = self.ready(t)
+        p = self.pool
         # Offered rate this step: new arrivals plus the backlog, per second.
         offered = [(self.backlog[i] + arrivals[i]) / DT for i in range(2)]
         if ready == 0:
             self.backlog = [self.backlog[i] + arrivals[i] for i in range(2)]
             self.inflight = [0.0, 0.0]
             return
-        kv_need = sum(offered[i] * CLASSES[i].duration * CLASSES[i].kv for i in range(2))
-        seq_need = sum(offered[i] * CLASSES[i].duration for i in range(2))
+        kv_need = sum(offered[i] * CLASSES[i].duration_on(p) * CLASSES[i].kv_on(p) for i in range(2))
+        seq_need = sum(offered[i] * CLASSES[i].duration_on(p) for i in range(2))
         prefill_need = sum(offered[i] * CLASSES[i].prompt for i in range(2))
         alpha = min(1.0,
                     ready * 1.0 / kv_need if kv_need else 1.0,
-                    ready * MAX_SEQS / seq_need if seq_need else 1.0,
-                    ready * PREFILL_TOKENS_PER_S / prefill_need if prefill_need else 1.0)
+                    ready * p.max_seqs / seq_need if seq_need else 1.0,
+                    ready * p.prefill_tokens_per_s / prefill_need if prefill_need else 1.0)
         served = [alpha * o for o in offered]
-        self.inflight = [served[i] * CLASSES[i].duration for i in range(2)]
+        self.inflight = [served[i] * CLASSES[i].duration_on(p) for i in range(2)]
         self.backlog = [max(0.0, (offered[i] - served[i]) * DT) for i in range(2)]
 
     def samples(self, t: float, rng: random.Random) -> list[PodSample]:
         ready = self.ready(t)
         if not ready:
             return []
-        kv = sum(self.inflight[i] * CLASSES[i].kv for i in range(2)) / ready
+        kv = sum(self.inflight[i] * CLASSES[i].kv_on(self.pool) for i in range(2)) / ready
         running = sum(self.inflight) / ready
         waiting = sum(self.backlog) / ready
         return [PodSample(f"p{j}", min(1.0, max(0.0, kv + rng.uniform(-KV_NOISE, KV_NOISE))), waiting, running)
@@ -162,7 +210,7 @@ class Variant:
 
     def kv_true(self, t: float) -> float:
         ready = self.ready(t)
-        return sum(self.inflight[i] * CLASSES[i].kv for i in range(2)) / ready if ready else 1.0
+        return sum(self.inflight[i] * CLASSES[i].kv_on(self.pool) for i in range(2)) / ready if ready else 1.0
 
 
 def _poisson(rng: random.Random, lam: float) -> float:
@@ -185,11 +233,14 @@ class Fewerbits:
     def __init__(self, spec: AutoscalingSpec = SPEC):
         self.spec = spec
         self.history = History()
+        self.last: tuple[Decision, Observation] | None = None
 
     def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
         ready = v.ready(t)
-        d = decide(self.spec, None, Observation(v.replicas, tuple(samples), 0, v.replicas - ready), self.history, t)
+        obs = Observation(v.replicas, tuple(samples), 0, v.replicas - ready)
+        d = decide(self.spec, None, obs, self.history, t)
         self.history = d.history
+        self.last = (d, obs)
         return d.desired
 
 
@@ -260,6 +311,118 @@ def simulate(policy, trace: list[tuple[float, float]], seed: int) -> Result:
     return Result(policy.name, gpu_s / 3600, sat_s / 60, queued, events, peak)
 
 
+class Oracle:
+    """The bound: a policy that knows the trace. At each step it holds the replicas the mean load of
+    the next ``STARTUP_S`` + 2 steps needs at utilisation ``u`` of a replica's capacity (for that
+    step's mix of requests), ordering them one start-up ahead and releasing them at once. No
+    online policy sees the future, so the oracle's GPU-hours at a given saturation are a lower
+    bound for any policy's (up to the Poisson noise of the arrivals, which it does not know).
+    With ``foresight=False`` it sees only the present load, exactly (no noise, no averaging, no
+    delay to scale down): the bound for any policy that reacts to what it measures, as every
+    metrics-driven autoscaler does."""
+
+    def __init__(self, trace: list[tuple[float, float]], u: float, foresight: bool = True):
+        self.u = u
+        self.name = (f"oracle (knows the trace, utilisation {u:.2f})" if foresight
+                     else f"reactive oracle (exact load now, util. {u:.2f})")
+        probe = Variant()
+        need = []
+        for rates in trace:
+            cap = probe.capacity(list(rates))
+            need.append(math.ceil(sum(rates) / (cap * u) - 1e-9) if cap else SPEC.minReplicas)
+        ahead = int(STARTUP_S / DT) + 2 if foresight else 0
+        self.plan = [min(SPEC.maxReplicas, max([SPEC.minReplicas] + need[k:k + ahead + 1]))
+                     for k in range(len(trace))]
+
+    def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
+        k = min(len(self.plan) - 1, int(round(t / DT)))
+        return self.plan[k]
+
+
+# ------------------------------------------------------------------ two pools
+
+
+L4 = PoolSpec("l4", "NVIDIA-L4", kv_tokens=30_000, max_seqs=64, prefill_tokens_per_s=3_000, decode_tokens_per_s=15.0,
+              cost=0.27, bandwidth_gbps=300.0)
+"""An L4 replica of the same model: a fifth of the KV cache (24 GB card), 1/8 of the prefill
+compute, half the per-sequence decode speed in a full batch: ~1/10 of an H100 replica's chat
+throughput in this model, for a cost weight of 0.27 (on-demand prices of the two, ~1:3.7).
+Per served token it costs ~2.7x the H100 (``--l4-cost`` changes the weight)."""
+TWO_POOL_SPEC = SPEC.model_copy(update={"maxReplicas": 40})
+
+
+@dataclass
+class TwoPoolResult:
+    name: str
+    cost: float
+    """Sum over pools of replicas x cost weight, hours (H100-hour equivalents)."""
+    saturated_min: float
+    """Minutes in which any pool was saturated (average KV > 0.95 or a request waiting)."""
+    replica_hours: dict[str, float]
+    share: dict[str, float]
+    """Share of requests each pool served."""
+
+
+def route(pools: list[Variant], t: float, arrivals: list[float], routing: str) -> list[list[float]]:
+    """Split one step's arrivals over the pools: ``service`` evenly over ready pods (a Service),
+    ``capacity`` in proportion to each pool's ready capacity for this mix (an endpoint picker that
+    scores on KV usage and queue keeps every pool at about the same utilisation)."""
+    if routing == "service":
+        weights = [float(v.ready(t)) for v in pools]
+    else:
+        weights = [v.ready(t) * v.capacity(arrivals) for v in pools]
+    total = sum(weights)
+    if total <= 0:
+        weights, total = [1.0] + [0.0] * (len(pools) - 1), 1.0
+    return [[a * w / total for a in arrivals] for w in weights]
+
+
+def simulate_two_pools(name: str, trace: list[tuple[float, float]], seed: int, pools: tuple[PoolSpec, ...],
+                       routing: str, capacity_aware: bool) -> TwoPoolResult:
+    arrivals_rng = random.Random(seed * 7919 + 1)
+    noise_rng = random.Random(seed * 7919 + 2)
+    fleet = [Variant(pool=p) for p in pools]
+    policies = [Fewerbits(TWO_POOL_SPEC) for _ in pools]
+    # The planner's decode estimate is bandwidth / bytes read per token: for one model and format,
+    # its ratio between pools is the bandwidth ratio.
+    economics = {p.name: PoolEconomics(p.bandwidth_gbps, p.cost) for p in pools}
+    lo, hi = bounds(TWO_POOL_SPEC, None)
+    cost = sat_s = 0.0
+    rh = {p.name: 0.0 for p in pools}
+    served = {p.name: 0.0 for p in pools}
+    for k, rates in enumerate(trace):
+        t = k * DT
+        arrivals = draw(rates, arrivals_rng)
+        for v, part in zip(fleet, route(fleet, t, arrivals, routing)):
+            v.serve(t, part)
+            served[v.pool.name] += sum(part)
+        saturated = False
+        for v in fleet:
+            cost += v.replicas * v.pool.cost * DT / 3600
+            rh[v.pool.name] += v.replicas * DT / 3600
+            saturated |= v.ready(t) > 0 and (v.kv_true(t) > 0.95 or sum(v.backlog) >= 1.0)
+            saturated |= v.ready(t) == 0 and sum(v.backlog) >= 1.0
+        sat_s += DT if saturated else 0.0
+        wants = [pol.desired(t, v, v.samples(t, noise_rng)) for pol, v in zip(policies, fleet)]
+        if capacity_aware:
+            states = [state_of(v.pool.name, pol.last[0], lo, hi, pol.last[1].complete) for pol, v in zip(policies, fleet)]
+            wants = [c.desired for c in prefer_cheapest(states, economics)]
+        for v, w in zip(fleet, wants):
+            if w != v.replicas:
+                v.scale(t, w)
+    total = sum(served.values()) or 1.0
+    return TwoPoolResult(name, cost, sat_s / 60, rh, {n: x / total for n, x in served.items()})
+
+
+def two_pool_rows(seed: int, hours: float, pools: tuple[PoolSpec, ...] = (H100, L4)) -> list[TwoPoolResult]:
+    trace = make_trace(seed, hours)
+    return [
+        simulate_two_pools("independent, Service routing", trace, seed, pools, "service", False),
+        simulate_two_pools("independent, capacity routing", trace, seed, pools, "capacity", False),
+        simulate_two_pools("capacity-aware, capacity routing", trace, seed, pools, "capacity", True),
+    ]
+
+
 def interpolate(points: list[tuple[float, float]], x: float) -> float | None:
     """Linear interpolation on (x, y) points sorted by x; None outside their range."""
     points = sorted(points)
@@ -269,46 +432,138 @@ def interpolate(points: list[tuple[float, float]], x: float) -> float | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--hours", type=float, default=24.0)
-    args = ap.parse_args(argv)
-    started = time.perf_counter()
-    trace = make_trace(args.seed, args.hours)
-    ours = simulate(Fewerbits(), trace, args.seed)
-    base = simulate(Threshold(), trace, args.seed)
-    ablation = simulate(Fewerbits(SPEC.model_copy(update={"maxWaitingRequests": 100000})), trace, args.seed)
+def single_pool(seed: int, hours: float, verbose: bool = True) -> dict[str, float | None]:
+    """One seed of the single-pool comparison; returns its ratios."""
+    trace = make_trace(seed, hours)
+    ours = simulate(Fewerbits(), trace, seed)
+    base = simulate(Threshold(), trace, seed)
+    ablation = simulate(Fewerbits(SPEC.model_copy(update={"maxWaitingRequests": 100000})), trace, seed)
     ablation.name = "fewerbits, queue rule off (ablation)"
     # The baseline's trade-off curve: the same threshold policy at other KV targets.
-    sweep = [simulate(Threshold(SPEC.model_copy(update={"targetKVCacheUsage": round(x, 3)})), trace, args.seed)
+    sweep = [simulate(Threshold(SPEC.model_copy(update={"targetKVCacheUsage": round(x, 3)})), trace, seed)
              for x in [0.40 + 0.025 * i for i in range(17)]]
+    # The bound's curve: the oracle at several utilisations.
+    oracle = [simulate(Oracle(trace, u), trace, seed) for u in (0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.05, 1.1)]
     rows = [ours, base, ablation] + [r for r in reversed(sweep) if r.name.endswith(("0.60)", "0.50)", "0.40)"))]
-    print(f"autoscaler bench: {args.hours:g} h at {DT:g} s steps, seed {args.seed}, pod start-up {STARTUP_S:g} s, "
+    reactive = [simulate(Oracle(trace, u, foresight=False), trace, seed) for u in (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0)]
+    rows += [r for r in oracle if r.name.endswith(("0.80)", "0.90)"))]
+    rows += [r for r in reactive if r.name.endswith(("0.60)", "0.70)", "0.80)"))]
+    frontier = [(r.gpu_hours, r.saturated_min) for r in sweep]
+    sat_at_our_gpu = interpolate(frontier, ours.gpu_hours)
+    gpu_at_our_sat = interpolate([(y, x) for x, y in frontier], ours.saturated_min)
+    oracle_at_our_sat = interpolate([(r.saturated_min, r.gpu_hours) for r in oracle], ours.saturated_min)
+    reactive_at_our_sat = interpolate([(r.saturated_min, r.gpu_hours) for r in reactive], ours.saturated_min)
+    out = {
+        "prefill_heavy_min": None,
+        "gpu_ratio_same_config": ours.gpu_hours / base.gpu_hours,
+        "sat_ratio_same_config": ours.saturated_min / base.saturated_min if base.saturated_min else None,
+        "sat_ratio_equal_gpu": ours.saturated_min / sat_at_our_gpu if sat_at_our_gpu else None,
+        "gpu_ratio_equal_sat": ours.gpu_hours / gpu_at_our_sat if gpu_at_our_sat else None,
+        "bound_equal_sat": oracle_at_our_sat / gpu_at_our_sat if oracle_at_our_sat and gpu_at_our_sat else None,
+        "reactive_bound_equal_sat": reactive_at_our_sat / gpu_at_our_sat if reactive_at_our_sat and gpu_at_our_sat else None,
+        "ours_sat": ours.saturated_min, "ours_gpu": ours.gpu_hours,
+    }
+    if not verbose:
+        return out
+    print(f"autoscaler bench: {hours:g} h at {DT:g} s steps, seed {seed}, pod start-up {STARTUP_S:g} s, "
           f"replicas {SPEC.minReplicas}-{SPEC.maxReplicas}, target KV 0.70, maxWaitingRequests 5, "
           f"scale-down delay 300 s")
     print(f"{'policy':46} {'GPU-h':>7} {'saturated min':>14} {'queued req-min':>15} {'scalings':>9} {'peak':>5}")
     for r in rows:
         print(f"{r.name:46} {r.gpu_hours:7.1f} {r.saturated_min:14.1f} {r.queued_request_min:15.0f} "
               f"{r.scale_events:9d} {r.peak_replicas:5d}")
-    gpu_ratio = ours.gpu_hours / base.gpu_hours
-    sat_ratio = ours.saturated_min / base.saturated_min if base.saturated_min else float("inf")
-    print(f"\nsame configuration (target 0.70), fewerbits / threshold: GPU-hours {gpu_ratio:.3f}, "
-          f"saturated minutes {sat_ratio:.3f}")
-    # Frontier of the baseline over its target sweep (monotone envelope: best saturation per GPU-hour).
-    frontier = [(r.gpu_hours, r.saturated_min) for r in sweep]
-    sat_at_our_gpu = interpolate(frontier, ours.gpu_hours)
-    gpu_at_our_sat = interpolate([(y, x) for x, y in frontier], ours.saturated_min)
+    print(f"\nsame configuration (target 0.70), fewerbits / threshold: GPU-hours {out['gpu_ratio_same_config']:.3f}, "
+          f"saturated minutes {ours.saturated_min / base.saturated_min if base.saturated_min else float('inf'):.3f}")
     if sat_at_our_gpu is not None:
         print(f"at equal GPU-hours ({ours.gpu_hours:.1f}), threshold (interpolated over its target sweep) is "
               f"saturated {sat_at_our_gpu:.1f} min: ratio {ours.saturated_min / sat_at_our_gpu:.3f}")
     if gpu_at_our_sat is not None:
         print(f"at equal saturated minutes ({ours.saturated_min:.1f}), threshold needs {gpu_at_our_sat:.1f} GPU-h: "
               f"ratio {ours.gpu_hours / gpu_at_our_sat:.3f}")
+    if oracle_at_our_sat is not None and gpu_at_our_sat is not None:
+        print(f"bound: at those saturated minutes the oracle (knows the trace) needs {oracle_at_our_sat:.1f} GPU-h, "
+              f"{oracle_at_our_sat / gpu_at_our_sat:.3f} of the threshold's: no policy can do better")
+    if reactive_at_our_sat is not None and gpu_at_our_sat is not None:
+        print(f"bound for a reactive policy: the reactive oracle (exact present load) needs {reactive_at_our_sat:.1f} "
+              f"GPU-h there, {reactive_at_our_sat / gpu_at_our_sat:.3f} of the threshold's")
     goal_a = gpu_at_our_sat is not None and ours.gpu_hours <= 0.85 * gpu_at_our_sat
     goal_b = sat_at_our_gpu is not None and ours.saturated_min < sat_at_our_gpu
     print(f"goal '<= saturated minutes with >= 15% fewer GPU-hours': {'met' if goal_a else 'NOT met'}; "
           f"goal 'fewer saturated minutes at equal GPU-hours': {'met' if goal_b else 'NOT met'}")
+    return out
+
+
+def two_pools(seed: int, hours: float, pools: tuple[PoolSpec, ...], verbose: bool = True) -> dict[str, float]:
+    """One seed of the two-pool comparison; returns capacity-aware / independent ratios."""
+    service, independent, aware = two_pool_rows(seed, hours, pools)
+    # What the independent run's capacity would have cost on the cheapest pool per token: the most
+    # any placement can save (the other pools kept at minReplicas).
+    cheapest = min(pools, key=lambda p: p.cost / Variant(pool=p).capacity([1.0, 0.0]))
+    capacity_used = sum(independent.replica_hours[p.name] * Variant(pool=p).capacity([1.0, 0.0]) for p in pools)
+    floor_cost = sum(TWO_POOL_SPEC.minReplicas * hours * p.cost for p in pools if p is not cheapest)
+    floor_cap = sum(TWO_POOL_SPEC.minReplicas * hours * Variant(pool=p).capacity([1.0, 0.0])
+                    for p in pools if p is not cheapest)
+    best = floor_cost + cheapest.cost * (capacity_used - floor_cap) / Variant(pool=cheapest).capacity([1.0, 0.0])
+    out = {
+        "cost_vs_independent": aware.cost / independent.cost,
+        "sat_vs_independent": aware.saturated_min - independent.saturated_min,
+        "cost_vs_service": aware.cost / service.cost,
+        "sat_vs_service": aware.saturated_min - service.saturated_min,
+        "bound_vs_independent": best / independent.cost,
+    }
+    if verbose:
+        names = ", ".join(f"{p.name} (cost {p.cost:g}/replica-h, chat capacity {Variant(pool=p).capacity([1.0, 0.0]):.2f} "
+                          f"req/s/replica, estimate {p.bandwidth_gbps:g})" for p in pools)
+        print(f"\ntwo pools, seed {seed}: {names}")
+        print(f"{'policy':36} {'cost':>7} {'saturated min':>14} {'replica-h per pool':>30} {'share of requests':>24}")
+        for r in (service, independent, aware):
+            rh = " ".join(f"{n} {x:.0f}" for n, x in r.replica_hours.items())
+            sh = " ".join(f"{n} {x:.2f}" for n, x in r.share.items())
+            print(f"{r.name:36} {r.cost:7.1f} {r.saturated_min:14.1f} {rh:>30} {sh:>24}")
+        print(f"capacity-aware / independent (same routing): cost {out['cost_vs_independent']:.3f}, saturated "
+              f"minutes {aware.saturated_min:.1f} vs {independent.saturated_min:.1f}; best placement of the "
+              f"independent run's capacity: {out['bound_vs_independent']:.3f}")
+        print(f"capacity-aware / independent behind a Service: cost {out['cost_vs_service']:.3f}, saturated "
+              f"minutes {aware.saturated_min:.1f} vs {service.saturated_min:.1f}")
+    return out
+
+
+def seeds_arg(text: str) -> list[int]:
+    if "-" in text:
+        a, b = text.split("-", 1)
+        return list(range(int(a), int(b) + 1))
+    return [int(x) for x in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=None, help="one seed (default: --seeds)")
+    ap.add_argument("--seeds", type=seeds_arg, default=[1], help="seeds: 1-5 or 1,3,5")
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--only", choices=("single", "two"), default=None, help="run one comparison only")
+    ap.add_argument("--l4-cost", type=float, default=L4.cost, help="cost weight of the L4 pool (H100: 1)")
+    args = ap.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else args.seeds
+    started = time.perf_counter()
+    single, two = {}, {}
+    pools = (H100, PoolSpec(**{**L4.__dict__, "cost": args.l4_cost}))
+    for seed in seeds:
+        if args.only in (None, "single"):
+            single[seed] = single_pool(seed, args.hours)
+        if args.only in (None, "two"):
+            two[seed] = two_pools(seed, args.hours, pools)
+    if len(seeds) > 1 and single:
+        print("\nsingle pool, per seed: GPU-h at equal saturation (ours / threshold), and the oracles' bounds")
+        for seed, r in single.items():
+            print(f"  seed {seed}: {r['gpu_ratio_equal_sat'] or float('nan'):.3f}  bound: reactive "
+                  f"{r['reactive_bound_equal_sat'] or float('nan'):.3f}, with foresight {r['bound_equal_sat'] or float('nan'):.3f}")
+    if len(seeds) > 1 and two:
+        print("\ntwo pools, per seed: cost capacity-aware / independent (same routing), saturated minutes difference, "
+              "best possible; and against independent behind a Service")
+        for seed, r in two.items():
+            print(f"  seed {seed}: cost {r['cost_vs_independent']:.3f} (saturated {r['sat_vs_independent']:+.1f} min, "
+                  f"best {r['bound_vs_independent']:.3f}); vs Service: cost {r['cost_vs_service']:.3f} "
+                  f"(saturated {r['sat_vs_service']:+.1f} min)")
     print(f"({time.perf_counter() - started:.1f} s)")
     return 0
 

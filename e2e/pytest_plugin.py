@@ -10,6 +10,9 @@ Fixtures:
   namespace (function) — a fresh namespace, deleted after the test.
   lws       (session) — LeaderWorkerSet (CRD, controller, webhooks) on `cluster`, started on first use
                         (e2e/addons/lws.py): only the tests that ask for it pay for it.
+  prometheus (session) — a real Prometheus scraping the cluster's serving pods and the operator
+                        with Kubernetes service discovery (e2e/addons/prometheus.py); started on
+                        first use only.
 
 Missing binaries are BUILT (e2e/build.sh), never skipped. Mark tests `cluster` or `s3`.
 Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging.
@@ -148,3 +151,17 @@ def lws(cluster):
     from e2e.addons import lws as lws_addon
 
     return lws_addon.ensure(cluster)
+
+
+@pytest.fixture(scope="session")
+def prometheus(cluster):
+    """A Prometheus on the session's cluster, configured from the chart's monitors (started once)."""
+    from e2e.addons import prometheus as prom
+
+    d = _state_root("prometheus")
+    p = prom.Prometheus(cluster, d, prom.chart_pod_monitors()).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+        _cleanup(d)

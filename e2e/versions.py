@@ -38,6 +38,7 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "helm": ("HELM_VERSION", ("helm",)),
     "kueue": ("KUEUE_VERSION", ("kueue",)),
     "lws": ("LWS_VERSION", ("lws-manager",)),
+    "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
 }
 BINARY_COMPONENT = {b: c for c, (_, bins) in COMPONENTS.items() for b in bins}
 

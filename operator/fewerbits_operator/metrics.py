@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -31,16 +32,30 @@ MODELS = Gauge("fewerbits_models", "QuantizedModels by condition and status", ["
 PERPLEXITY_INCREASE = Gauge("fewerbits_artifact_perplexity_increase_percent",
                             "Measured perplexity increase of each model's artifacts",
                             ["namespace", "model", "format"])
+QUANTIZATION_DURATION = Gauge("fewerbits_quantization_job_duration_seconds",
+                              "Seconds from the operator's first sight of an artifact's quantization Job to the "
+                              "artifact published (resolution: the resync period)", ["namespace", "model", "format"])
 
 _lock = threading.Lock()
 _max_duration = 0.0
 _models: dict[tuple[str, str], QuantizedModelStatus] = {}
+_jobs_seen: dict[tuple[str, str, str], float] = {}
+"""(namespace, model, artifact key) -> monotonic time its Job was first seen running."""
 
 
 def observe_model(namespace: str, name: str, status: QuantizedModelStatus) -> None:
     with _lock:
         _models[(namespace, name)] = status
         _refresh()
+        now = time.monotonic()
+        for a in status.artifacts:
+            key = (namespace, name, a.key)
+            if a.job and a.sizeBytes is None and a.failure is None:
+                _jobs_seen.setdefault(key, now)
+            elif key in _jobs_seen:
+                started = _jobs_seen.pop(key)
+                if a.sizeBytes is not None:
+                    QUANTIZATION_DURATION.labels(namespace, name, a.format.value).set(round(now - started, 3))
     for a in status.artifacts:
         if a.quality is not None:
             PERPLEXITY_INCREASE.labels(namespace, name, a.format.value).set(a.quality.increasePercent)
@@ -50,6 +65,8 @@ def forget_model(namespace: str, name: str) -> None:
     with _lock:
         gone = _models.pop((namespace, name), None)
         _refresh()
+        for key in [k for k in _jobs_seen if k[:2] == (namespace, name)]:
+            del _jobs_seen[key]
     try:
         MODEL_RECONCILES.remove(namespace, name)
     except KeyError:
@@ -58,6 +75,10 @@ def forget_model(namespace: str, name: str) -> None:
         for a in gone.artifacts:
             try:
                 PERPLEXITY_INCREASE.remove(namespace, name, a.format.value)
+            except KeyError:
+                pass
+            try:
+                QUANTIZATION_DURATION.remove(namespace, name, a.format.value)
             except KeyError:
                 pass
 

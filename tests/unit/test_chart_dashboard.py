@@ -110,8 +110,8 @@ def test_every_panel_has_the_datasource_and_a_query():
 
 def test_panels_cover_what_operators_ask_about():
     text = " ".join(_exprs(_dashboard()))
-    for needle in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "kube_job_status_completion_time",
-                   'label_app_kubernetes_io_managed_by="fewerbits"', "fewerbits_autoscaler_desired_replicas",
+    for needle in ("vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "fewerbits_quantization_job_duration_seconds",
+                   'up{namespace=~"$namespace",model=~"$model"', "fewerbits_autoscaler_desired_replicas",
                    "fewerbits_autoscaler_scale_events_total", "fewerbits_reconcile_duration_seconds_bucket",
                    "fewerbits_models", "fewerbits_artifact_perplexity_increase_percent"):
         assert needle in text, needle

@@ -1,0 +1,216 @@
+"""A real Prometheus (built from its Go module, e2e/addons/prometheus.py) on the control plane,
+finding the serving pods (simulators run by the pod runner) and the operator with Kubernetes
+service discovery, configured from the chart's monitors.
+
+1. The autoscaler's ``prometheus`` metrics source against it makes the same decisions as the
+   ``pods`` source on the same load, phase by phase (scale up on KV, up on queue depth, hold,
+   hold inside the scale-down delay, down after it).
+2. Every panel query of the Grafana dashboard, and each of its variables, returns data from it.
+
+One model serves two replicas (min = max = 2, so the session operator keeps exactly two pods). The
+two autoscalers under test read the same pods and see the model with wider bounds (1-6); their
+writes are recorded, never sent, so the two runs see the same cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from e2e import demo
+from e2e.addons.prometheus import OPERATOR_LABELS, register_host_process
+from fewerbits_operator.autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
+from fewerbits_operator.kube import Kube
+from tests.integration.test_autoscaling import set_load
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "dashboards" / "fewerbits.json"
+DELAY = 20
+MODEL = "observed"
+
+
+class RecordingIO:
+    """Reads through the real API; records the writes instead of sending them, and shows the
+    autoscaler the model with the bounds under test."""
+
+    def __init__(self, kube: Kube, lo: int, hi: int):
+        self.kube, self.lo, self.hi = kube, lo, hi
+        self.scales: list[tuple[str, int]] = []
+
+    def list_models(self, namespaces):
+        out = []
+        for m in self.kube.list_models(namespaces):
+            m = copy.deepcopy(m)
+            auto = (m.get("status") or {}).get("autoscaling")
+            if isinstance(auto, dict):
+                auto.update(minReplicas=self.lo, maxReplicas=self.hi, policyMaxReplicas=None)
+            out.append(m)
+        return out
+
+    def list_deployments(self, namespace, selector):
+        return self.kube.list_deployments(namespace, selector)
+
+    def list_pods(self, namespace, selector):
+        return self.kube.list_pods(namespace, selector)
+
+    def read_scale(self, namespace, name):
+        return self.kube.read_scale(namespace, name)
+
+    def patch_scale(self, namespace, name, replicas):
+        self.scales.append((name, replicas))
+
+    def patch_serving_status(self, namespace, name, updates):
+        pass
+
+    def post_event(self, obj, type_, reason, message):
+        pass
+
+
+@pytest.fixture(scope="module")
+def observed(cluster, gpu_pool_module, models, test_model_uri, operator, prometheus):
+    """A namespace with the model serving two ready replicas, the operator published to Prometheus."""
+    ns = f"t-prom-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": ns}})
+    register_host_process(cluster, "fewerbits-system", "fewerbits-operator", operator.metrics_port,
+                          {**OPERATOR_LABELS, "app.kubernetes.io/instance": "e2e"})
+    demo.create_s3_secret(cluster, ns, "s3-credentials")
+    spec = demo.test_model_spec(cluster.s3.endpoint, test_model_uri, "s3-credentials", ns,
+                                quantization={"format": "fp8-dynamic"},
+                                autoscaling={"enabled": True, "minReplicas": 2, "maxReplicas": 2,
+                                              "targetKVCacheUsage": 0.7, "maxWaitingRequests": 5,
+                                              "scaleDownDelaySeconds": DELAY})
+    models.apply(ns, MODEL, spec)
+    models.wait_condition(ns, MODEL, "Ready", timeout=600)
+    models.wait("two ready serving pods", lambda: len(ready_pods(core, ns)) == 2, timeout=120, namespace=ns)
+    try:
+        yield ns
+    finally:
+        models.delete(ns, MODEL)
+        core.delete_namespace(ns)
+
+
+@pytest.fixture(scope="module")
+def gpu_pool_module(cluster):
+    cluster.add_gpu_pool("prom-h100", "NVIDIA-H100-80GB-HBM3")
+    yield
+    cluster.remove_pool("prom-h100")
+
+
+def ready_pods(core, ns) -> list:
+    pods = core.list_namespaced_pod(ns, label_selector=f"fewerbits.io/model={MODEL}").items
+    return [p for p in pods if p.status.pod_ip and not p.metadata.deletion_timestamp
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+
+
+def test_prometheus_source_decides_as_the_pods_source(cluster, observed, prometheus):
+    ns = observed
+    core = client.CoreV1Api(cluster.api_client())
+    pods = ready_pods(core, ns)
+    names = sorted(p.metadata.name for p in pods)
+    # Service discovery found both pods (and labelled them as the chart's PodMonitor says).
+    prometheus.wait("both serving pods scraped", lambda: sorted(
+        t["labels"]["pod"] for t in prometheus.targets()
+        if t["labels"].get("namespace") == ns and t["health"] == "up" and t["labels"].get("model") == MODEL) == names)
+
+    kube = Kube(cluster.api_client())
+    ios = {"pods": RecordingIO(kube, 1, 6), "prometheus": RecordingIO(kube, 1, 6)}
+    scalers = {
+        "pods": Autoscaler(ios["pods"], DirectScrapeSource(timeout=3), [ns], registry=CollectorRegistry()),
+        "prometheus": Autoscaler(ios["prometheus"], PrometheusSource(prometheus.url, timeout=5), [ns],
+                                 registry=CollectorRegistry()),
+    }
+    t0 = time.time()
+    phases = [  # (seconds after t0, (KV, waiting, running) on every pod, expected direction)
+        (0, (0.95, 0, 8), "up"),        # KV 0.95 vs 0.7: ceil(2 x 0.95 / 0.7) = 3
+        (2, (0.3, 20, 4), "up"),        # queue rule: 20 waiting per pod with KV at 0.3
+        (4, (0.7, 0, 4), None),         # at the target
+        (6, (0.1, 0, 1), None),         # lower demand: held for scaleDownDelaySeconds (20 s)...
+        (12, (0.1, 0, 1), None),
+        (18, (0.1, 0, 1), None),
+        (24, (0.1, 0, 1), None),        # (the 6 replicas wanted at 2 s left the window at 22 s; 2 at 4 s)
+        (30, (0.1, 0, 1), "down"),      # ...then down: the window holds only lower demand
+    ]
+    seen = []
+    for offset, load, direction in phases:
+        assert set_load(core, ns, MODEL, *load) == 2
+        kv, waiting, _ = load
+        sel = f'{{namespace="{ns}",model="{MODEL}"}}'
+        prometheus.wait(f"Prometheus to hold the load {load}", lambda: (
+            len(r1 := prometheus.query(f"vllm:kv_cache_usage_perc{sel}")) == 2
+            and all(abs(float(r["value"][1]) - kv) < 1e-6 for r in r1)
+            and all(abs(float(r["value"][1]) - waiting) < 1e-6
+                    for r in prometheus.query(f"vllm:num_requests_waiting{sel}"))))
+        now = t0 + offset
+        out = {k: s.run_once(now) for k, s in scalers.items()}
+        row = {}
+        for k, outcomes in out.items():
+            (o,) = outcomes
+            d = o.decision
+            row[k] = (d.desired, d.direction, d.kv_wants, d.queue_wants, round(d.avg_kv, 6), round(d.avg_waiting, 6),
+                      d.reason)
+        seen.append((load, row))
+        assert row["prometheus"] == row["pods"], f"{load}: the sources decided differently:\n{row}"
+        assert row["pods"][1] == direction, f"{load}: expected {direction}: {row['pods'][6]}"
+    # The writes each would have made are the same too.
+    assert ios["pods"].scales == ios["prometheus"].scales and len(ios["pods"].scales) == 3, seen
+
+
+def _substitute(expr: str, ns: str) -> str:
+    expr = expr.replace("${model:regex}", MODEL).replace("$namespace", ns).replace("$model", MODEL)
+    return expr.replace("$__rate_interval", "30s")
+
+
+def _panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for p in dash["panels"]:
+        out.append(p)
+        out += p.get("panels", [])
+    return out
+
+
+def test_every_dashboard_panel_returns_data(cluster, observed, prometheus):
+    ns = observed
+    dash = json.loads(DASHBOARD.read_text())
+    # The operator (a host process published as a hostNetwork pod) is found and scraped.
+    prometheus.wait("the operator scraped", lambda: any(
+        t["labels"].get("job") == "fewerbits-operator" and t["health"] == "up" for t in prometheus.targets()))
+    core = client.CoreV1Api(cluster.api_client())
+    set_load(core, ns, MODEL, 0.5, 1, 2)
+
+    # Variables: label_values(metric, label) is Grafana's call of /api/v1/label/<label>/values.
+    for var in dash["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        m = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", var["query"]["query"])
+        assert m, var["query"]["query"]
+        match, label = _substitute(m.group(1), ns), m.group(2)
+        want = ns if label == "namespace" else MODEL
+        prometheus.wait(f"variable {var['name']} to offer {want}",
+                        lambda: want in prometheus.api(f"label/{label}/values", **{"match[]": match}), timeout=90)
+
+    queries = {f"{p['title']} [{t.get('legendFormat', '')}]": _substitute(t["expr"], ns)
+               for p in _panels(dash) for t in p.get("targets", [])}
+    assert len(queries) >= 15, queries
+
+    def empty() -> dict[str, str]:
+        return {k: q for k, q in queries.items()
+                if not [r for r in prometheus.query(q) if r["value"][1] not in ("NaN", "+Inf", "-Inf")]}
+
+    missing = empty()
+    deadline = time.monotonic() + 90
+    while missing and time.monotonic() < deadline:
+        time.sleep(1)
+        missing = empty()
+    assert not missing, "panels nothing feeds:\n" + "\n".join(f"{k}: {q}" for k, q in missing.items())
