@@ -45,7 +45,8 @@ MODES: dict[str, list[str]] = {
                    "config.defaultStorage.endpoint=https://minio.example:9000",
                    "config.defaultStorage.region=eu-central-1", "config.defaultStorage.credentialsSecret=artifact-store",
                    "config.autoscaler.metricsSource=prometheus",
-                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090"],
+                   "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090",
+                   "config.nodeCache.budget=500Gi"],
 }
 
 
