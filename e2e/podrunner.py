@@ -322,7 +322,12 @@ class PodRun(threading.Thread):
         for v in self.pod["spec"].get("volumes") or []:
             name = v["name"]
             if "hostPath" in v:
-                vols[name] = Path(v["hostPath"]["path"])
+                # One folder per (fake) node and host path, for the cluster's lifetime: the stand-in
+                # for a node's disk, so pods on the same node share it and pods elsewhere do not.
+                node = self.pod["spec"].get("nodeName") or "_unbound"
+                p = self.runner.state_dir / "nodes" / node / v["hostPath"]["path"].lstrip("/")
+                p.mkdir(parents=True, exist_ok=True)
+                vols[name] = p
                 continue
             if "persistentVolumeClaim" in v:
                 # Claims outlive pods: one folder per claim for the cluster's lifetime.
