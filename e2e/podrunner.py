@@ -429,11 +429,13 @@ class PodRun(threading.Thread):
 
     @staticmethod
     def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
-        for mount, local in mounts:
-            if mount == "/":
-                continue
-            s = re.sub(rf"(?<![\w./-]){re.escape(mount)}(?=/|$|[^\w.-])", lambda _m, lp=str(local): lp, s)
-        return s
+        # One pass over all mounts (longest first): a local path that replaced one mount path
+        # (e.g. under /tmp) is never rewritten again by another mount (e.g. /tmp).
+        table = {mount: str(local) for mount, local in mounts if mount != "/"}
+        if not table:
+            return s
+        alts = "|".join(re.escape(m) for m in sorted(table, key=len, reverse=True))
+        return re.sub(rf"(?<![\w./-])({alts})(?=/|$|[^\w.-])", lambda m: table[m.group(1)], s)
 
     # ---------------------------------------------------------------- processes
 
