@@ -268,6 +268,12 @@ class ServingSpec(ApiModel):
     scale-up on a node that holds it fetches nothing. `Node` mounts a hostPath, which only the
     `privileged` Pod Security level admits (docs/cache.md)."""
 
+    @model_validator(mode="after")
+    def _stream_keeps_nothing_on_the_node(self) -> "ServingSpec":
+        if self.loadFormat == "stream" and self.artifactCache == "Node":
+            raise ValueError("artifactCache: Node needs loadFormat: fetch (a streamed load keeps nothing on the node)")
+        return self
+
 
 class AutoscalingSpec(ApiModel):
     """Scaling of each variant on vLLM's KV-cache usage and queue depth."""

@@ -228,3 +228,74 @@ def test_streamed_load_checks_the_manifest_and_fails_on_unreachable_storage(s3, 
     assert term["component"] == "launch" and term["reason"] == "StorageError"
     assert f"127.0.0.1:{dead}" in term["message"] and model in term["message"]
     assert s3.secret_key not in r.stderr + json.dumps(term)
+
+
+# ----------------------------------------------------------------------------------- on the cluster
+
+
+def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_label: str, replicas: int) -> dict:
+    from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
+    from fewerbits_operator.render import Owner, render_deployment
+    from fewerbits_operator.settings import OperatorSettings
+
+    spec = QuantizedModelSpec.model_validate({
+        "source": {"uri": "hf://fewerbits-test/node-cache", "revision": "0" * 40},
+        "storage": {"uri": "s3://nc-artifacts/artifacts", "endpoint": cluster.s3.endpoint,
+                    "credentialsSecret": "s3-credentials"},
+        "serving": {"artifactCache": "Node"},
+    })
+    variant = PlanVariant(pool="nc", gpuProduct="NVIDIA-H100-80GB-HBM3", format="fp8-dynamic", kvCacheDtype="fp8",
+                          dtype="bfloat16", tensorParallelSize=1, maxModelLen=1024, weightsGiB=0.01,
+                          kvCacheTokens=10000, decodeTokensPerSecond=100.0)
+    d = render_deployment(Owner("nc", namespace, "00000000-0000-4000-8000-0000000000aa"), spec, variant,
+                          {"kubernetes.io/hostname": node_label}, "9.0", key, total, replicas, OperatorSettings())
+    d["metadata"].pop("ownerReferences")
+    return d
+
+
+def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret):
+    """Two replicas on one node: one fetches, the other finds the verified copy (CacheHit, no file
+    GET); the restricted Pod Security level refuses the hostPath, as docs/cache.md says."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    s3c = cluster.s3.client()
+    with __import__("contextlib").suppress(Exception):
+        s3c.create_bucket(Bucket="nc-artifacts")
+    files = _files(b"on-cluster")
+    m = publish_bytes(s3c, "s3://nc-artifacts/artifacts", files, name=f"nc-cluster-{namespace}")
+    (node,) = cluster.add_gpu_pool(f"nc{namespace[-6:]}", "h100", nodes=1)
+    d = _node_cache_deployment(cluster, namespace, m.key, m.totalBytes, node, replicas=2)
+    core = client.CoreV1Api(cluster.api_client())
+
+    # Pod Security: a restricted namespace refuses the pod (hostPath), with the reason.
+    restricted = f"{namespace}-r"
+    core.create_namespace({"metadata": {"name": restricted, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": d["spec"]["template"]["spec"]}
+        with pytest.raises(ApiException) as e:
+            core.create_namespaced_pod(restricted, pod, dry_run="All")
+        assert e.value.status == 403 and "hostPath" in e.value.body
+    finally:
+        core.delete_namespace(restricted)
+
+    cluster.apply(d)
+    deadline = time.monotonic() + 120
+    while True:
+        pods = core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=nc").items
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        if len(ready) == 2:
+            break
+        for p in pods:
+            for ic in p.status.init_container_statuses or []:
+                t = ic.state.terminated or (ic.last_state and ic.last_state.terminated)
+                assert not t or t.exit_code == 0, t.message
+        assert time.monotonic() < deadline, [p.status.init_container_statuses for p in pods]
+        time.sleep(0.3)
+    reasons = sorted(json.loads(p.status.init_container_statuses[0].state.terminated.message)["reason"] for p in ready)
+    assert reasons == ["CacheHit", "Fetched"]
+    assert {p.spec.node_name for p in ready} == {node}
+    entry = cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache/artifacts" / m.key
+    _assert_served(entry, files)
+    client.AppsV1Api(cluster.api_client()).delete_namespaced_deployment(d["metadata"]["name"], namespace)

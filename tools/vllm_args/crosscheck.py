@@ -45,6 +45,7 @@ CASES = [
     ["--enable-prefix-caching", "--max-num-seqs", "128"],
     ["--swap-space", "4"],
     ["--hf-overrides", '{"max_position_embeddings": 4096}'],
+    ["--load-format", "runai_streamer"],
 ]
 
 
