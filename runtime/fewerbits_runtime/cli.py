@@ -131,11 +131,22 @@ def _setup_logging(level: str) -> None:
 
 
 def _run_fetch(a: argparse.Namespace) -> int:
-    from .fetch import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, MIN_PART_SIZE, FetchOptions, fetch
-
     storage_uri = a.storage_uri or _env_default("storage_uri")
     key = a.key or _env_default("key")
     node_cache = a.node_cache or _env_default("node_cache", Path)
+    rehash = a.rehash if a.rehash is not None else bool(_env_default("rehash", _bool))
+    if node_cache and storage_uri and key and not rehash and len(key) == 64 \
+            and all(c in "0123456789abcdef" for c in key):
+        # The node cache's hit needs the standard library only: no boto3, no pydantic to import,
+        # so a scale-up onto a node that holds the artifact spends well under a second here.
+        from .nodecache import NodeCache
+
+        hit = NodeCache(Path(node_cache)).hit(key, storage_uri, a.endpoint or _env_default("endpoint"))
+        if hit is not None:
+            return _fetch_done(a, key, Path(node_cache) / "artifacts" / key, hit, True)
+
+    from .fetch import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, MIN_PART_SIZE, FetchOptions, fetch
+
     dest = a.dest or _env_default("dest", Path) or (Path(node_cache) / "artifacts" / key if node_cache and key else None)
     missing = [n for n, v in (("--storage-uri", storage_uri), ("--key", key), ("--dest", dest)) if not v]
     if missing:
@@ -150,7 +161,6 @@ def _run_fetch(a: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency must be 1..256, got {concurrency}")
     if part_size < MIN_PART_SIZE:
         raise UsageError(f"--part-size must be at least {MIN_PART_SIZE} bytes, got {part_size}")
-    rehash = a.rehash if a.rehash is not None else bool(_env_default("rehash", _bool))
     interval = a.progress_interval or _env_default("progress_interval", float) or 10.0
     opts = FetchOptions(
         storage_uri=storage_uri, key=key, dest=Path(dest),
@@ -172,7 +182,10 @@ def _run_fetch(a: argparse.Namespace) -> int:
         dest = opts.dest
     else:
         stats = fetch(opts)
-    summary = stats.to_dict()
+    return _fetch_done(a, key, dest, stats.to_dict(), stats.cacheHit)
+
+
+def _fetch_done(a: argparse.Namespace, key: str, dest: Path, summary: dict, cache_hit: bool) -> int:
     log.info("fetch done: %s", " ".join(f"{k}={v}" for k, v in summary.items()))
     stats_file = a.stats_file or _env_default("stats_file", Path)
     if stats_file:
@@ -184,7 +197,7 @@ def _run_fetch(a: argparse.Namespace) -> int:
         install_launcher(Path(launcher_dir))
         log.info("launch wrapper installed in %s (PYTHONPATH for the vLLM container)", launcher_dir)
     write_termination_message(termination_message(
-        "fetch", "CacheHit" if stats.cacheHit else "Fetched",
+        "fetch", "CacheHit" if cache_hit else "Fetched",
         f"artifact {key} ready in {dest}", EXIT_OK,
         **{k: summary[k] for k in ("filesTotal", "bytesTotal", "bytesDownloaded", "seconds", "mbPerSecond")}))
     return EXIT_OK

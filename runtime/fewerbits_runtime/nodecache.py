@@ -49,12 +49,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fewerbits_api.artifact import Manifest
-
 from .errors import DiskFull
-from .fetch import FetchOptions, Fetcher, FetchStats
 from .layout import MARKER_NAME, STAGING_DIR
-from .partfile import fmt_bytes, free_bytes
+
+# Standard library only at import time (the fetcher, boto3 and pydantic come in only when there is
+# something to download): the hit path of a scale-up must not pay seconds of imports.
 
 log = logging.getLogger("fewerbits.nodecache")
 
@@ -72,6 +71,17 @@ class Entry:
     bytes: int
     last_used: float
     verified: bool
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def fmt_bytes(n: float) -> str:
+    from .partfile import fmt_bytes as fmt
+
+    return fmt(n)
 
 
 def _fingerprint(path: Path) -> list[int]:
@@ -196,7 +206,35 @@ class NodeCache:
         st.pop("files", None)
         self._write_state(key, st)
 
-    def _seal(self, key: str) -> None:
+    def hit(self, key: str, storage_uri: str, endpoint: str | None) -> dict | None:
+        """The fetch statistics of a hit, or None: under the key's lock, an entry whose marker is
+        present, that was verified from this same storage location (URI and endpoint: a pod never
+        gets a copy through another store's credentials), and whose every file still matches its
+        fingerprint. Storage is not contacted: the copy is content-addressed and was verified
+        against the manifest when it was filled."""
+        t0 = time.monotonic()
+        base = self.entry(key)
+        with _flock(self._lock_path(key), fcntl.LOCK_EX):
+            try:
+                marker = json.loads((base / MARKER_NAME).read_text())
+            except (OSError, ValueError):
+                return None
+            state = self._read_state(key)
+            if marker.get("key") != key or state.get("source") != {"uri": storage_uri, "endpoint": endpoint or ""}:
+                return None
+            if self.changed_files(key) != []:
+                return None  # the full path withdraws and repairs it
+            state["lastUsed"] = time.time()
+            self._write_state(key, state)
+        total = int(marker.get("totalBytes") or 0)
+        log.info("node cache hit: %s holds a verified copy of %s (%d files); nothing downloaded", base, key,
+                 int(marker.get("files") or 0))
+        return {"key": key, "cacheHit": True, "offline": False, "filesTotal": int(marker.get("files") or 0),
+                "filesDownloaded": 0, "filesReused": int(marker.get("files") or 0), "bytesTotal": total,
+                "bytesDownloaded": 0, "bytesReused": total, "fileGets": 0, "partsResumed": 0, "filesRestarted": 0,
+                "seconds": round(time.monotonic() - t0, 3), "mbPerSecond": 0.0}
+
+    def _seal(self, key: str, source: dict | None = None) -> None:
         """Make the verified files read-only and record their fingerprint (after the chmod, which
         changes the ctime)."""
         base = self.entry(key)
@@ -208,7 +246,8 @@ class NodeCache:
             if f.stat().st_mode & 0o777 != READ_ONLY:
                 f.chmod(READ_ONLY)
             files[rel] = _fingerprint(f)
-        self._write_state(key, {"key": key, "files": files, "verifiedAt": time.time(), "lastUsed": time.time()})
+        self._write_state(key, {"key": key, "files": files, "verifiedAt": time.time(), "lastUsed": time.time(),
+                                **({"source": source} if source else {})})
 
     # ---- eviction ---------------------------------------------------------------------------
 
@@ -263,8 +302,11 @@ class NodeCache:
 
     # ---- the fetch --------------------------------------------------------------------------
 
-    def fetch(self, opts: FetchOptions, client=None) -> FetchStats:
+    def fetch(self, opts, client=None):
+        """Fetch ``opts.key`` into its entry (``FetchOptions``; its dest is replaced), repairing a
+        changed copy, evicting for room; returns the fetcher's ``FetchStats``."""
         key = opts.key
+        source = {"uri": opts.storage_uri, "endpoint": opts.endpoint or ""}
         opts.dest = self.entry(key)
         with _flock(self._lock_path(key), fcntl.LOCK_EX):
             base = self.entry(key)
@@ -274,35 +316,41 @@ class NodeCache:
                     log.warning("node cache: %s changed since it was verified (%s): withdrawn, fetching again",
                                 key, ", ".join(changed[:5]) if changed else "no fingerprint")
                     self._withdraw(key, changed)
-            fetcher = _CacheFetcher(self, opts, client)
-            stats = fetcher.run()
-            if not stats.cacheHit or not self._read_state(key).get("files"):
-                self._seal(key)
+            stats = _cache_fetcher(self, opts, client).run()
+            st = self._read_state(key)
+            if not stats.cacheHit or not st.get("files"):
+                self._seal(key, source)
             else:
-                st = self._read_state(key)
                 st["lastUsed"] = time.time()
+                st["source"] = source  # this location's manifest matched the verified copy
                 self._write_state(key, st)
         if self.budget is not None:
             self.make_room(key, 0)
         return stats
 
 
-class _CacheFetcher(Fetcher):
-    def __init__(self, cache: NodeCache, opts: FetchOptions, client=None) -> None:
-        super().__init__(opts, client=client)
-        self.cache = cache
+def _cache_fetcher(cache: NodeCache, opts, client=None):
+    from .fetch import Fetcher
 
-    def _download(self, manifest: Manifest) -> None:
-        have = _dir_bytes(self.dest)
-        needed = max(0, manifest.totalBytes - have)
-        evicted = self.cache.make_room(self.opts.key, needed)
-        if evicted:
-            log.info("node cache: evicted %d artifact(s) to make room for %s", len(evicted), fmt_bytes(needed))
-        if self.cache.budget is not None and manifest.totalBytes > self.cache.budget:
-            raise DiskFull(f"artifact {self.opts.key} ({fmt_bytes(manifest.totalBytes)}) is larger than the node "
-                           f"cache's budget ({fmt_bytes(self.cache.budget)}): raise the budget or serve it "
-                           "with artifactCache: Pod", neededBytes=manifest.totalBytes, budgetBytes=self.cache.budget)
-        super()._download(manifest)
+    class _CacheFetcher(Fetcher):
+        def _download(self, manifest) -> None:
+            _make_room_for(cache, self, manifest)
+            super()._download(manifest)
+
+    return _CacheFetcher(opts, client=client)
+
+
+def _make_room_for(cache: NodeCache, fetcher, manifest) -> None:
+    """Before a download: refuse an artifact larger than the budget, evict for the rest."""
+    key = fetcher.opts.key
+    if cache.budget is not None and manifest.totalBytes > cache.budget:
+        raise DiskFull(f"artifact {key} ({fmt_bytes(manifest.totalBytes)}) is larger than the node cache's budget "
+                       f"({fmt_bytes(cache.budget)}): raise the budget or serve it with artifactCache: Pod",
+                       neededBytes=manifest.totalBytes, budgetBytes=cache.budget)
+    needed = max(0, manifest.totalBytes - _dir_bytes(fetcher.dest))
+    evicted = cache.make_room(key, needed)
+    if evicted:
+        log.info("node cache: evicted %d artifact(s) to make room for %s", len(evicted), fmt_bytes(needed))
 
 
 def read_referenced(path: Path | None) -> list[str] | None:
