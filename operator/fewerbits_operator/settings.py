@@ -74,7 +74,7 @@ class OperatorSettings(BaseSettings):
     """Least time between status writes that only refresh load figures (decisions are written at once)."""
     node_cache_root: str = "/var/lib/fewerbits/cache"
     """Host directory of the node-local artifact cache (models with `serving.artifactCache: Node`)."""
-    node_cache_budget: str | None = None
+    node_cache_budget: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi)?$")
     """Size above which the node cache evicts least recently used artifacts, e.g. `500Gi`
     (unset: only a full disk evicts)."""
     storage_timeout_seconds: float = 20.0
