@@ -1,5 +1,6 @@
 """Loading weights from object storage: the fewerbits fetcher, boto3 and the Run:ai model streamer.
 
+    pip install -e ".[bench]"   # the Run:ai streamer (runai-model-streamer 0.17.0, -s3 0.17.1)
     python bench/bench_streaming.py [--size-gib 1] [--repeat 2]
 
 One ~N GiB safetensors artifact (4 shards of 64 MiB bfloat16-sized tensors, random bytes, built once
