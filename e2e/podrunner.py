@@ -322,7 +322,12 @@ class PodRun(threading.Thread):
         for v in self.pod["spec"].get("volumes") or []:
             name = v["name"]
             if "hostPath" in v:
-                vols[name] = Path(v["hostPath"]["path"])
+                # One folder per (fake) node and host path, for the cluster's lifetime: the stand-in
+                # for a node's disk, so pods on the same node share it and pods elsewhere do not.
+                node = self.pod["spec"].get("nodeName") or "_unbound"
+                p = self.runner.state_dir / "nodes" / node / v["hostPath"]["path"].lstrip("/")
+                p.mkdir(parents=True, exist_ok=True)
+                vols[name] = p
                 continue
             if "persistentVolumeClaim" in v:
                 # Claims outlive pods: one folder per claim for the cluster's lifetime.
@@ -424,11 +429,13 @@ class PodRun(threading.Thread):
 
     @staticmethod
     def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
-        for mount, local in mounts:
-            if mount == "/":
-                continue
-            s = re.sub(rf"(?<![\w./-]){re.escape(mount)}(?=/|$|[^\w.-])", lambda _m, lp=str(local): lp, s)
-        return s
+        # One pass over all mounts (longest first): a local path that replaced one mount path
+        # (e.g. under /tmp) is never rewritten again by another mount (e.g. /tmp).
+        table = {mount: str(local) for mount, local in mounts if mount != "/"}
+        if not table:
+            return s
+        alts = "|".join(re.escape(m) for m in sorted(table, key=len, reverse=True))
+        return re.sub(rf"(?<![\w./-])({alts})(?=/|$|[^\w.-])", lambda m: table[m.group(1)], s)
 
     # ---------------------------------------------------------------- processes
 

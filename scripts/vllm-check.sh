@@ -40,6 +40,10 @@ if [[ ${#DIRS[@]} -gt 0 ]]; then
     > "$WORK/load.log" 2>&1 || true
 fi
 loaded=$(date +%s)
+# The streamed load's argv (spec.serving.loadFormat: stream) through vLLM's parser and loader registry.
+.venv/bin/python tools/vllm_check/stream_check.py render > "$WORK/stream-argv.json"
+"$VENV/bin/python" tools/vllm_check/stream_check.py check "$WORK/stream-argv.json" 2>"$WORK/stream.log" \
+  || { tail -20 "$WORK/stream.log" >&2; exit 1; }
 rc=0
 .venv/bin/python -m tools.vllm_check.report "$WORK/rows.json" "$WORK/loads.json" ${JSON:+--json "$JSON"} || rc=$?
 echo "quantize $(( quantized - started )) s, vLLM load check $(( loaded - quantized )) s (${#DIRS[@]} checkpoints)"

@@ -227,6 +227,14 @@ class ServingTarget(ApiModel):
 class ServingSpec(ApiModel):
     """How the quantized model is served: vLLM, one Deployment per GPU pool behind one Service."""
 
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.loadFormat) || self.loadFormat != 'stream' || !has(self.artifactCache) "
+                     "|| self.artifactCache != 'Node'",
+             "message": "artifactCache: Node needs loadFormat: fetch (a streamed load keeps nothing on the node)"},
+        ]
+    }}
+
     targets: Annotated[list[ServingTarget], Field(max_length=16)] = Field(default_factory=list)
     """GPU pools to serve on. Empty: every pool the planner finds able to run the model."""
 
@@ -254,6 +262,25 @@ class ServingSpec(ApiModel):
     """Extra vLLM arguments, appended after the planned ones. Flags that the plan owns or that
     change trust (`--quantization`, `--kv-cache-dtype`, `--dtype`, `--tensor-parallel-size`,
     `--trust-remote-code`, ...) are refused unless a policy allows them."""
+
+    loadFormat: Literal["fetch", "stream"] = "fetch"
+    """How vLLM gets the weights. `fetch`: the init container downloads and verifies every file
+    (sha256 against the manifest) to local disk, then vLLM loads them. `stream`: vLLM reads the
+    safetensors straight from object storage with the Run:ai model streamer
+    (`--load-format runai_streamer`); the init container only checks the manifest, so the files'
+    digests are not verified before serving. See docs/cache.md for the measured trade-off."""
+
+    artifactCache: Literal["Pod", "Node"] = "Pod"
+    """Where a fetched artifact is kept. `Pod`: an emptyDir per pod (every pod downloads).
+    `Node`: one verified copy per node, shared read-only by every pod of the artifact there, so a
+    scale-up on a node that holds it fetches nothing. `Node` mounts a hostPath, which only the
+    `privileged` Pod Security level admits (docs/cache.md)."""
+
+    @model_validator(mode="after")
+    def _stream_keeps_nothing_on_the_node(self) -> "ServingSpec":
+        if self.loadFormat == "stream" and self.artifactCache == "Node":
+            raise ValueError("artifactCache: Node needs loadFormat: fetch (a streamed load keeps nothing on the node)")
+        return self
 
 
 class AutoscalingSpec(ApiModel):

@@ -44,6 +44,7 @@ from fewerbits_api.quantizedmodel import (
 
 from .artifacts import PlannedArtifact
 from .jobresources import job_resources, pool_placement
+from .nodecache import serving_load, stream_model_uri
 from .planner.vllm_args import plan_args
 from .queueing import kueue_labels
 from .settings import OperatorSettings
@@ -289,9 +290,10 @@ def render_deployment(
         "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",
         "--node-cc", compute_capability,
         "--",
-        "vllm", "serve", model_dir,
+        "vllm", "serve", stream_model_uri(spec, artifact_key) or model_dir,
         "--host", "0.0.0.0", "--port", str(VLLM_PORT),
         *vllm_args,
+        *(["--load-format", "runai_streamer"] if spec.serving.loadFormat == "stream" else []),
         *spec.serving.extraArgs,
     ]
     # emptyDir sized for the artifact plus headroom, so a full node disk shows as an eviction
@@ -301,6 +303,7 @@ def render_deployment(
         model_volume["sizeLimit"] = f"{math.ceil(artifact_bytes * 1.2 / 2**20) + 256}Mi"
     budget = startup_budget_seconds(variant.weightsGiB)
     probe = {"httpGet": {"path": "/health", "port": "http"}}
+    load = serving_load(spec, artifact_key, settings)
     gpus = str(variant.tensorParallelSize)
     template = {
         "metadata": {
@@ -317,7 +320,7 @@ def render_deployment(
             "initContainers": [{
                 "name": "fetch",
                 "image": settings.runtime_image,
-                "args": ["fetch", "--storage-uri", spec.storage.uri, "--key", artifact_key, "--dest", model_dir,
+                "args": ["fetch", "--storage-uri", spec.storage.uri, "--key", artifact_key, *load.fetch_args(model_dir),
                          "--launcher-dir", LAUNCHER_DIR,
                          *(["--endpoint", spec.storage.endpoint] if spec.storage.endpoint else []),
                          *(["--region", spec.storage.region] if spec.storage.region else [])],
@@ -325,7 +328,7 @@ def render_deployment(
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                 "securityContext": dict(CONTAINER_SECURITY),
                 "volumeMounts": [
-                    {"name": "models", "mountPath": MODELS_DIR},
+                    *load.fetch_mounts(),
                     {"name": "launcher", "mountPath": "/fewerbits"},
                     {"name": "tmp", "mountPath": "/tmp"},
                 ],
@@ -342,6 +345,7 @@ def render_deployment(
                     {"name": "HF_HOME", "value": "/tmp/hf"},
                     {"name": "HF_HUB_OFFLINE", "value": "1"},
                     {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+                    *load.serving_env(),
                 ],
                 "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
                 "resources": {
@@ -354,7 +358,7 @@ def render_deployment(
                 "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
                 "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
                 "volumeMounts": [
-                    {"name": "models", "mountPath": MODELS_DIR, "readOnly": True},
+                    load.serving_mount(model_dir),
                     {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
                     {"name": "tmp", "mountPath": "/tmp"},
                     {"name": "shm", "mountPath": "/dev/shm"},
@@ -362,7 +366,7 @@ def render_deployment(
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }],
             "volumes": [
-                {"name": "models", "emptyDir": model_volume},
+                load.volume(model_volume),
                 {"name": "launcher", "emptyDir": {"sizeLimit": "64Mi"}},
                 {"name": "tmp", "emptyDir": {}},
                 # vLLM's tensor-parallel workers talk through shared memory.

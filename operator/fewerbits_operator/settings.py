@@ -98,6 +98,11 @@ class OperatorSettings(BaseSettings):
     """Timeout of one pod scrape or Prometheus query."""
     autoscaler_status_interval_seconds: float = 60.0
     """Least time between status writes that only refresh load figures (decisions are written at once)."""
+    node_cache_root: str = "/var/lib/fewerbits/cache"
+    """Host directory of the node-local artifact cache (models with `serving.artifactCache: Node`)."""
+    node_cache_budget: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi)?$")
+    """Size above which the node cache evicts least recently used artifacts, e.g. `500Gi`
+    (unset: only a full disk evicts)."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage and for reading a model's config.json
     from its source (one ObjectStore serves both)."""

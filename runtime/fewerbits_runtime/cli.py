@@ -43,6 +43,10 @@ ENV = {
     "manifest": "FEWERBITS_MANIFEST",
     "require_gpu_info": "FEWERBITS_REQUIRE_GPU_INFO",
     "launcher_dir": "FEWERBITS_LAUNCHER_DIR",
+    "node_cache": "FEWERBITS_NODE_CACHE",
+    "node_cache_budget": "FEWERBITS_NODE_CACHE_BUDGET",
+    "referenced_keys": "FEWERBITS_REFERENCED_KEYS",
+    "manifest_only": "FEWERBITS_MANIFEST_ONLY",
 }
 
 _SIZE_SUFFIX = {"": 1, "k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2, "g": 1024**3, "gi": 1024**3}
@@ -99,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--launcher-dir", type=Path,
                    help="after a successful fetch, copy the launch wrapper (standard library only) here, for "
                         f"the vLLM container's PYTHONPATH [{ENV['launcher_dir']}]")
+    f.add_argument("--node-cache", type=Path,
+                   help="fetch into this node-local cache (ROOT/artifacts/<key>, verified once per node) "
+                        f"instead of --dest [{ENV['node_cache']}]")
+    f.add_argument("--node-cache-budget", type=parse_size,
+                   help=f"evict least recently used artifacts above this size, e.g. 500Gi [{ENV['node_cache_budget']}]")
+    f.add_argument("--referenced-keys", type=Path,
+                   help="file of artifact keys (one a line) still referenced by a QuantizedModel: evicted "
+                        f"only when the disk cannot hold the new artifact otherwise [{ENV['referenced_keys']}]")
+    f.add_argument("--manifest-only", action="store_true", default=None,
+                   help="read and check the manifest only (a streamed load): storage reachable, credentials "
+                        f"accepted, artifact published; writes the manifest to --dest [{ENV['manifest_only']}=true]")
 
     la = sub.add_parser("launch", help="check the GPU against the artifact format, then exec the command after --")
     la.add_argument("--format", help=f"artifact format (default: read from the fetched manifest) [{ENV['format']}]")
@@ -116,11 +131,23 @@ def _setup_logging(level: str) -> None:
 
 
 def _run_fetch(a: argparse.Namespace) -> int:
-    from .fetch import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, MIN_PART_SIZE, FetchOptions, fetch
-
     storage_uri = a.storage_uri or _env_default("storage_uri")
     key = a.key or _env_default("key")
-    dest = a.dest or _env_default("dest", Path)
+    node_cache = a.node_cache or _env_default("node_cache", Path)
+    rehash = a.rehash if a.rehash is not None else bool(_env_default("rehash", _bool))
+    if node_cache and storage_uri and key and not rehash and len(key) == 64 \
+            and all(c in "0123456789abcdef" for c in key):
+        # The node cache's hit needs the standard library only: no boto3, no pydantic to import,
+        # so a scale-up onto a node that holds the artifact spends well under a second here.
+        from .nodecache import NodeCache
+
+        hit = NodeCache(Path(node_cache)).hit(key, storage_uri, a.endpoint or _env_default("endpoint"))
+        if hit is not None:
+            return _fetch_done(a, key, Path(node_cache) / "artifacts" / key, hit, True)
+
+    from .fetch import DEFAULT_CONCURRENCY, DEFAULT_PART_SIZE, MIN_PART_SIZE, FetchOptions, fetch
+
+    dest = a.dest or _env_default("dest", Path) or (Path(node_cache) / "artifacts" / key if node_cache and key else None)
     missing = [n for n, v in (("--storage-uri", storage_uri), ("--key", key), ("--dest", dest)) if not v]
     if missing:
         raise UsageError(f"missing {', '.join(missing)} (or {', '.join(ENV[m.strip('-').replace('-', '_')] for m in missing)})")
@@ -134,7 +161,6 @@ def _run_fetch(a: argparse.Namespace) -> int:
         raise UsageError(f"--concurrency must be 1..256, got {concurrency}")
     if part_size < MIN_PART_SIZE:
         raise UsageError(f"--part-size must be at least {MIN_PART_SIZE} bytes, got {part_size}")
-    rehash = a.rehash if a.rehash is not None else bool(_env_default("rehash", _bool))
     interval = a.progress_interval or _env_default("progress_interval", float) or 10.0
     opts = FetchOptions(
         storage_uri=storage_uri, key=key, dest=Path(dest),
@@ -144,8 +170,22 @@ def _run_fetch(a: argparse.Namespace) -> int:
         rate_limit=a.rate_limit or _env_default("rate_limit", parse_size),
         progress_interval=max(0.1, interval),
     )
-    stats = fetch(opts)
-    summary = stats.to_dict()
+    manifest_only = a.manifest_only if a.manifest_only is not None else bool(_env_default("manifest_only", _bool))
+    if manifest_only:
+        return _check_manifest(opts, a)
+    if node_cache:
+        from .nodecache import NodeCache, read_referenced
+
+        budget = a.node_cache_budget or _env_default("node_cache_budget", parse_size)
+        refs = read_referenced(a.referenced_keys or _env_default("referenced_keys", Path))
+        stats = NodeCache(Path(node_cache), budget, refs).fetch(opts)
+        dest = opts.dest
+    else:
+        stats = fetch(opts)
+    return _fetch_done(a, key, dest, stats.to_dict(), stats.cacheHit)
+
+
+def _fetch_done(a: argparse.Namespace, key: str, dest: Path, summary: dict, cache_hit: bool) -> int:
     log.info("fetch done: %s", " ".join(f"{k}={v}" for k, v in summary.items()))
     stats_file = a.stats_file or _env_default("stats_file", Path)
     if stats_file:
@@ -157,14 +197,40 @@ def _run_fetch(a: argparse.Namespace) -> int:
         install_launcher(Path(launcher_dir))
         log.info("launch wrapper installed in %s (PYTHONPATH for the vLLM container)", launcher_dir)
     write_termination_message(termination_message(
-        "fetch", "CacheHit" if stats.cacheHit else "Fetched",
+        "fetch", "CacheHit" if cache_hit else "Fetched",
         f"artifact {key} ready in {dest}", EXIT_OK,
         **{k: summary[k] for k in ("filesTotal", "bytesTotal", "bytesDownloaded", "seconds", "mbPerSecond")}))
     return EXIT_OK
 
 
+def _check_manifest(opts, a: argparse.Namespace) -> int:
+    """A streamed load's init container: the manifest answers for storage, credentials and the
+    artifact; the launcher reads the format from the copy written here."""
+    import time
+
+    from .fetch import Fetcher
+    from .layout import DEST_MANIFEST_NAME
+    from .partfile import atomic_write
+
+    t0 = time.monotonic()
+    fetcher = Fetcher(opts)
+    manifest, raw = fetcher.read_manifest()
+    opts.dest.mkdir(parents=True, exist_ok=True)
+    atomic_write(opts.dest / DEST_MANIFEST_NAME, raw)
+    launcher_dir = a.launcher_dir or _env_default("launcher_dir", Path)
+    if launcher_dir:
+        from .install import install_launcher
+
+        install_launcher(Path(launcher_dir))
+    write_termination_message(termination_message(
+        "fetch", "ManifestChecked", f"artifact {opts.key} published at {fetcher.where}: vLLM streams it",
+        EXIT_OK, filesTotal=len(manifest.files), bytesTotal=manifest.totalBytes,
+        seconds=round(time.monotonic() - t0, 3)))
+    return EXIT_OK
+
+
 def _run_launch(a: argparse.Namespace) -> int:
-    from .launch import detect_gpu, exec_command, prepare, resolve_format
+    from .launch import check_stream_source, detect_gpu, exec_command, hold_in_use, model_dir_from_args, prepare, resolve_format
 
     cmd = list(a.cmd)
     if cmd and cmd[0] == "--":
@@ -175,6 +241,8 @@ def _run_launch(a: argparse.Namespace) -> int:
     gpu = detect_gpu(a.node_cc)
     require = a.require_gpu_info if a.require_gpu_info is not None else bool(_env_default("require_gpu_info", _bool))
     prepare(fmt, gpu, allow_unknown_gpu=not require)
+    check_stream_source(cmd)
+    hold_in_use(model_dir_from_args(cmd))
     exec_command(cmd)
     return EXIT_OK  # not reached: exec replaced the process
 

@@ -14,19 +14,22 @@ Compute capabilities are compared as numbers (10.0 > 9.0), never as strings.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from fewerbits_api.formats import CC, FORMAT_FACTS, QuantFormat, cc_verdict, fmt_cc
 
-from .errors import ExecFailed, GPUIncompatible, UsageError
-from .layout import DEST_MANIFEST_NAME
+from .errors import ExecFailed, GPUIncompatible, StorageError, UsageError
+from .layout import DEST_MANIFEST_NAME, MARKER_NAME
 
 log = logging.getLogger("fewerbits.launch")
 
@@ -207,3 +210,48 @@ def exec_command(cmd: list[str]) -> None:
         os.execvp(cmd[0], cmd)
     except OSError as e:
         raise ExecFailed(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+
+
+def hold_in_use(model_dir: str | None) -> int | None:
+    """Take a shared lock on a node-cache entry's marker and keep it across the ``exec``: the
+    node cache never evicts an entry whose marker someone holds (``fewerbits_runtime.nodecache``).
+    Returns the descriptor, or None when ``model_dir`` holds no verified copy (a pod-local copy,
+    or a streamed load)."""
+    if not model_dir or "://" in model_dir:
+        return None
+    try:
+        fd = os.open(os.path.join(model_dir, MARKER_NAME), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # an eviction holds it this instant: the entry is going away
+        os.close(fd)
+        raise UsageError(f"{model_dir} is being evicted from the node cache: restart the pod") from None
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def check_stream_source(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 10.0) -> None:
+    """For ``--load-format runai_streamer`` from ``s3://``: make sure the storage endpoint answers
+    before vLLM starts, so an unreachable store fails the pod in seconds with the storage error in
+    its termination message (after the exec, vLLM's own failure would be all there is). Standard
+    library only: one TCP connection to the endpoint (``AWS_ENDPOINT_URL``, else the bucket's
+    regional AWS host); credentials and the artifact itself were checked by the init container."""
+    model = model_dir_from_args(cmd)
+    if not model or not model.startswith("s3://"):
+        return
+    env = os.environ if env is None else env
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        u = urllib.parse.urlsplit(endpoint)
+        host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+    else:
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+        host, port = f"s3.{region}.amazonaws.com", 443
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        raise StorageError(f"cannot reach storage at {host}:{port} to stream {model}: "
+                           f"{e.strerror or type(e).__name__}", endpoint=f"{host}:{port}") from None

@@ -48,7 +48,9 @@ MODES: dict[str, list[str]] = {
                    "config.autoscaler.prometheusUrl=http://prometheus.monitoring:9090",
                    "quantjobImage.tools.llmcompressor=0.15.0",
                    "config.quantizationJob.ephemeralStorageRequest=50Gi",
-                   "config.quantizationJob.storageClassName=fast-nvme"],
+                   "config.quantizationJob.storageClassName=fast-nvme",
+
+                   "config.nodeCache.budget=500Gi"],
 }
 
 

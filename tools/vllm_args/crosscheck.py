@@ -53,6 +53,7 @@ CASES = [
     ["--nnodes", "two"],
     ["--node-rank", "$(LWS_WORKER_INDEX)"],
     ["--headless=1"],
+    ["--load-format", "runai_streamer"],
 ]
 
 

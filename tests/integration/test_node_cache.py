@@ -1,0 +1,299 @@
+"""The node-local artifact cache and the streamed load, against a real S3 server (MinIO built from
+its Go module, fixture `s3`): the fetcher run as the init container runs it (a process, its exit
+code, its termination message), and one serving pod pair on the real control plane that shares
+one verified copy on a node."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fewerbits_runtime.errors import EXIT_DISK_FULL, EXIT_STORAGE, DiskFull
+from fewerbits_runtime.fetch import DEST_MANIFEST_NAME, MARKER_NAME, STAGING_DIR, FetchOptions
+from fewerbits_runtime.nodecache import NodeCache
+from fewerbits_runtime.testing import publish_bytes
+
+pytestmark = pytest.mark.s3
+
+REPO = Path(__file__).resolve().parents[2]
+KiB, MiB = 1024, 1024 * 1024
+
+
+def _files(seed: bytes, big: int = 2 * MiB + 4321) -> dict[str, bytes]:
+    block = hashlib.sha512(seed).digest() * (64 * KiB // 64)
+    def blob(n: int, salt: int) -> bytes:
+        return ((block[salt % 64:] + block[: salt % 64]) * (n // len(block) + 1))[:n]
+    return {
+        "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
+        "model-00001-of-00002.safetensors": blob(big, 1),
+        "model-00002-of-00002.safetensors": blob(big // 2, 2),
+        "tokenizer/tokenizer.json": b'{"model": {}}' * 40,
+    }
+
+
+def _env(s3, tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FEWERBITS_"))}
+    env.update({"PYTHONPATH": os.pathsep.join([str(REPO / "crds"), str(REPO / "runtime")]),
+                "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+                "AWS_REGION": s3.region, "FEWERBITS_TERMINATION_LOG": str(tmp_path / "termination-log")})
+    env.update(extra)
+    return env
+
+
+def _fetch(s3, bucket: str, key: str, root: Path, tmp_path: Path, *more: str) -> tuple[subprocess.CompletedProcess, dict]:
+    stats = tmp_path / f"stats-{time.monotonic_ns()}.json"
+    r = subprocess.run([sys.executable, "-m", "fewerbits_runtime", "fetch", "--storage-uri", f"s3://{bucket}/artifacts",
+                        "--key", key, "--node-cache", str(root), "--endpoint", s3.endpoint,
+                        "--part-size", "1Mi", "--stats-file", str(stats), *more],
+                       env=_env(s3, tmp_path), capture_output=True, text=True, timeout=120)
+    return r, (json.loads(stats.read_text()) if stats.exists() else {})
+
+
+def _termination(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "termination-log").read_text())
+
+
+def _assert_served(entry: Path, files: dict[str, bytes]) -> None:
+    assert (entry / MARKER_NAME).exists() and not (entry / STAGING_DIR).exists()
+    for path, data in files.items():
+        assert hashlib.sha256((entry / path).read_bytes()).digest() == hashlib.sha256(data).digest(), path
+
+
+def _publish(s3, bucket: str, files: dict[str, bytes], name: str):
+    return publish_bytes(s3.client(), f"s3://{bucket}/artifacts", files, name=name)
+
+
+def test_verified_once_per_node_then_hits_without_reading_files(s3, s3_bucket, tmp_path):
+    files = _files(b"once")
+    m = _publish(s3, s3_bucket, files, "nc-once")
+    root = tmp_path / "node"
+    r, st = _fetch(s3, s3_bucket, m.key, root, tmp_path)
+    assert r.returncode == 0, r.stderr
+    entry = root / "artifacts" / m.key
+    _assert_served(entry, files)
+    assert st["bytesDownloaded"] == m.totalBytes and not st["cacheHit"]
+    # Sealed: read-only files, fingerprint recorded outside the entry the pods mount.
+    assert all(stat.S_IMODE((entry / p).stat().st_mode) == 0o444 for p in files)
+    state = json.loads((root / "state" / f"{m.key}.json").read_text())
+    assert set(state["files"]) == set(files) | {DEST_MANIFEST_NAME}
+    # The next pod on this node: no file GET, well under a second.
+    r, st = _fetch(s3, s3_bucket, m.key, root, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert st["cacheHit"] and st["fileGets"] == 0 and st["bytesDownloaded"] == 0
+    assert st["seconds"] < 1.0, st
+    assert _termination(tmp_path)["reason"] == "CacheHit"
+
+
+def test_a_changed_file_in_the_cache_is_refetched_never_served(s3, s3_bucket, tmp_path):
+    files = _files(b"damage")
+    m = _publish(s3, s3_bucket, files, "nc-damage")
+    root = tmp_path / "node"
+    assert _fetch(s3, s3_bucket, m.key, root, tmp_path)[0].returncode == 0
+    entry = root / "artifacts" / m.key
+    flipped, truncated = entry / "model-00001-of-00002.safetensors", entry / "model-00002-of-00002.safetensors"
+    for f in (flipped, truncated):
+        f.chmod(0o644)
+    st0 = flipped.stat()  # same size, mtime put back: only the ctime (and the digest) can tell
+    with open(flipped, "r+b") as f:
+        f.seek(1000)
+        b = f.read(1)
+        f.seek(1000)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(flipped, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    os.truncate(truncated, 12345)
+    r, st = _fetch(s3, s3_bucket, m.key, root, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "changed since it was verified" in r.stderr and flipped.name in r.stderr and truncated.name in r.stderr
+    assert not st["cacheHit"] and st["bytesDownloaded"] == len(files[flipped.name]) + len(files[truncated.name])
+    _assert_served(entry, files)
+    assert _termination(tmp_path)["reason"] == "Fetched"
+
+
+def test_a_file_that_fails_verification_is_never_marked_served(s3, s3_bucket, tmp_path):
+    files = _files(b"bad-object")
+    m = _publish(s3, s3_bucket, files, "nc-bad-object")
+    bucket, prefix = s3_bucket, f"artifacts/{m.key}/"
+    bad = bytearray(files["model-00002-of-00002.safetensors"])
+    bad[7] ^= 0xFF
+    s3.client().put_object(Bucket=bucket, Key=f"{prefix}files/model-00002-of-00002.safetensors", Body=bytes(bad))
+    root = tmp_path / "node"
+    r, _ = _fetch(s3, s3_bucket, m.key, root, tmp_path)
+    assert r.returncode == 12 and _termination(tmp_path)["reason"] == "DigestMismatch"
+    entry = root / "artifacts" / m.key
+    assert not (entry / MARKER_NAME).exists() and not (entry / "model-00002-of-00002.safetensors").exists()
+
+
+def _cache_fetch(s3, bucket, key, cache: NodeCache):
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", s3.access_key)
+    return cache.fetch(FetchOptions(storage_uri=f"s3://{bucket}/artifacts", key=key, dest=Path("/nonexistent"),
+                                    endpoint=s3.endpoint, part_size=1 * MiB), client=s3.client())
+
+
+def test_eviction_by_budget_and_references_never_under_a_running_pod(s3, s3_bucket, tmp_path):
+    arts = {n: _publish(s3, s3_bucket, _files(n.encode(), big=MiB), f"nc-evict-{n}") for n in "abcd"}
+    size = arts["a"].totalBytes
+    root = tmp_path / "node"
+    # Budget for three artifacts. a is referenced by a QuantizedModel, b is in use by a running pod.
+    refs = [arts["a"].key]
+    for n in "abc":
+        _cache_fetch(s3, s3_bucket, arts[n].key, NodeCache(root, budget_bytes=int(3.5 * size), referenced=refs))
+        time.sleep(0.02)  # distinct last-use times: a oldest
+    from fewerbits_runtime.launch import hold_in_use
+
+    fd = hold_in_use(str(root / "artifacts" / arts["b"].key))
+    assert fd is not None
+    try:
+        _cache_fetch(s3, s3_bucket, arts["d"].key, NodeCache(root, budget_bytes=int(3.5 * size), referenced=refs))
+        have = {p.name for p in (root / "artifacts").iterdir()}
+        # c: unreferenced and not in use, so it goes first, though a is older.
+        assert have == {arts["a"].key, arts["b"].key, arts["d"].key}
+        assert not (root / "state" / f"{arts['c'].key}.json").exists()
+    finally:
+        os.close(fd)
+
+
+def test_a_full_disk_evicts_then_fails_with_the_reason(s3, s3_bucket, tmp_path, monkeypatch):
+    import fewerbits_runtime.fetch as fetch_mod
+    import fewerbits_runtime.nodecache as nc_mod
+
+    arts = {n: _publish(s3, s3_bucket, _files(n.encode(), big=MiB), f"nc-full-{n}") for n in "xy"}
+    root = tmp_path / "node"
+    _cache_fetch(s3, s3_bucket, arts["x"].key, NodeCache(root))
+    size = arts["x"].totalBytes
+
+    # A disk with room for one artifact: what the cache holds counts against it.
+    def free(_path):
+        used = sum(e.bytes for e in NodeCache(root).entries())
+        return max(0, int(1.5 * size) - used)
+    monkeypatch.setattr(nc_mod, "free_bytes", free)
+    monkeypatch.setattr(fetch_mod, "free_bytes", free)
+    _cache_fetch(s3, s3_bucket, arts["y"].key, NodeCache(root, referenced=[arts["x"].key]))
+    assert {p.name for p in (root / "artifacts").iterdir()} == {arts["y"].key}  # x evicted: the disk needed it
+
+    # In use and a disk too small: the fetch fails with both figures; nothing is marked served.
+    fd = os.open(root / "artifacts" / arts["y"].key / MARKER_NAME, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        with pytest.raises(DiskFull) as e:
+            _cache_fetch(s3, s3_bucket, arts["x"].key, NodeCache(root))
+        assert "not enough space" in e.value.message and e.value.details["neededBytes"] > 0
+        assert not (root / "artifacts" / arts["x"].key / MARKER_NAME).exists()
+    finally:
+        os.close(fd)
+
+
+def test_budget_smaller_than_the_artifact_fails_the_pod_with_the_reason(s3, s3_bucket, tmp_path):
+    m = _publish(s3, s3_bucket, _files(b"huge"), "nc-huge")
+    r, _ = _fetch(s3, s3_bucket, m.key, tmp_path / "node", tmp_path, "--node-cache-budget", "1Mi")
+    assert r.returncode == EXIT_DISK_FULL, r.stderr
+    term = _termination(tmp_path)
+    assert term["reason"] == "DiskFull" and "larger than the node cache's budget" in term["message"]
+    assert not (tmp_path / "node" / "artifacts" / m.key / MARKER_NAME).exists()
+
+
+def test_streamed_load_checks_the_manifest_and_fails_on_unreachable_storage(s3, s3_bucket, tmp_path):
+    m = _publish(s3, s3_bucket, _files(b"stream"), "nc-stream")
+    dest = tmp_path / "models" / m.key
+    r = subprocess.run([sys.executable, "-m", "fewerbits_runtime", "fetch", "--storage-uri", f"s3://{s3_bucket}/artifacts",
+                        "--key", m.key, "--dest", str(dest), "--endpoint", s3.endpoint, "--manifest-only"],
+                       env=_env(s3, tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert _termination(tmp_path)["reason"] == "ManifestChecked"
+    assert (dest / DEST_MANIFEST_NAME).exists() and not (dest / "config.json").exists()  # nothing downloaded
+
+    # vLLM would stream from an endpoint nothing listens on: the launcher fails the pod first.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    model = f"s3://{s3_bucket}/artifacts/{m.key}/files/"
+    # -S: the launcher needs the standard library only (as in the vLLM image), and no torch probe.
+    r = subprocess.run([sys.executable, "-S", "-m", "fewerbits_runtime", "launch", "--manifest", str(dest / DEST_MANIFEST_NAME),
+                        "--node-cc", "9.0", "--", "true", "serve", model, "--load-format", "runai_streamer"],
+                       env=_env(s3, tmp_path, AWS_ENDPOINT_URL=f"http://127.0.0.1:{dead}"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_STORAGE, r.stderr
+    term = _termination(tmp_path)
+    assert term["component"] == "launch" and term["reason"] == "StorageError"
+    assert f"127.0.0.1:{dead}" in term["message"] and model in term["message"]
+    assert s3.secret_key not in r.stderr + json.dumps(term)
+
+
+# ----------------------------------------------------------------------------------- on the cluster
+
+
+def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_label: str, replicas: int) -> dict:
+    from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
+    from fewerbits_operator.render import Owner, render_deployment
+    from fewerbits_operator.settings import OperatorSettings
+
+    spec = QuantizedModelSpec.model_validate({
+        "source": {"uri": "hf://fewerbits-test/node-cache", "revision": "0" * 40},
+        "storage": {"uri": "s3://nc-artifacts/artifacts", "endpoint": cluster.s3.endpoint,
+                    "credentialsSecret": "s3-credentials"},
+        "serving": {"artifactCache": "Node"},
+    })
+    variant = PlanVariant(pool="nc", gpuProduct="NVIDIA-H100-80GB-HBM3", format="fp8-dynamic", kvCacheDtype="fp8",
+                          dtype="bfloat16", tensorParallelSize=1, maxModelLen=1024, weightsGiB=0.01,
+                          kvCacheTokens=10000, decodeTokensPerSecond=100.0)
+    d = render_deployment(Owner("nc", namespace, "00000000-0000-4000-8000-0000000000aa"), spec, variant,
+                          {"kubernetes.io/hostname": node_label}, "9.0", key, total, replicas, OperatorSettings())
+    d["metadata"].pop("ownerReferences")
+    return d
+
+
+def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret):
+    """Two replicas on one node: one fetches, the other finds the verified copy (CacheHit, no file
+    GET); the restricted Pod Security level refuses the hostPath, as docs/cache.md says."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    s3c = cluster.s3.client()
+    with __import__("contextlib").suppress(Exception):
+        s3c.create_bucket(Bucket="nc-artifacts")
+    files = _files(b"on-cluster")
+    m = publish_bytes(s3c, "s3://nc-artifacts/artifacts", files, name=f"nc-cluster-{namespace}")
+    (node,) = cluster.add_gpu_pool(f"nc{namespace[-6:]}", "h100", nodes=1)
+    d = _node_cache_deployment(cluster, namespace, m.key, m.totalBytes, node, replicas=2)
+    core = client.CoreV1Api(cluster.api_client())
+
+    # Pod Security: a restricted namespace refuses the pod (hostPath), with the reason.
+    restricted = f"{namespace}-r"
+    core.create_namespace({"metadata": {"name": restricted, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": d["spec"]["template"]["spec"]}
+        with pytest.raises(ApiException) as e:
+            core.create_namespaced_pod(restricted, pod, dry_run="All")
+        assert e.value.status == 403 and "hostPath" in e.value.body
+    finally:
+        core.delete_namespace(restricted)
+
+    cluster.apply(d)
+    deadline = time.monotonic() + 120
+    while True:
+        pods = core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=nc").items
+        ready = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        if len(ready) == 2:
+            break
+        for p in pods:
+            for ic in p.status.init_container_statuses or []:
+                t = ic.state.terminated or (ic.last_state and ic.last_state.terminated)
+                assert not t or t.exit_code == 0, t.message
+        assert time.monotonic() < deadline, [p.status.init_container_statuses for p in pods]
+        time.sleep(0.3)
+    reasons = sorted(json.loads(p.status.init_container_statuses[0].state.terminated.message)["reason"] for p in ready)
+    assert reasons == ["CacheHit", "Fetched"]
+    assert {p.spec.node_name for p in ready} == {node}
+    entry = cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache/artifacts" / m.key
+    _assert_served(entry, files)
+    client.AppsV1Api(cluster.api_client()).delete_namespaced_deployment(d["metadata"]["name"], namespace)
