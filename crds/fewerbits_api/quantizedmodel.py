@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
 from .formats import KVCacheSetting, QuantFormat
+from .quality import BenchmarkSpec, CustomEvalSpec, MetricResult
 from .validation import (
     DATASET_URI,
     DNS1123_LABEL,
@@ -118,7 +119,16 @@ class QualityGateSpec(ApiModel):
     overlap the calibration data; the built-in `general-en-heldout` does not."""
 
     evalSamples: Annotated[int, Field(ge=1, le=4096)] = 64
-    """Number of evaluation windows."""
+    """Number of evaluation windows (of up to 512 tokens: 64 windows score about 32k tokens of
+    the built-in set)."""
+
+    benchmarks: Annotated[list[BenchmarkSpec], Field(max_length=16)] = Field(default_factory=list)
+    """lm-evaluation-harness tasks run on the base and the quantized model with the same settings
+    and seeds; each must keep `minRecoveryPercent` of the base score. See docs/quality.md."""
+
+    customEval: CustomEvalSpec | None = None
+    """Your own prompts and references (S3 JSON Lines), greedy generation scored by a metric,
+    base against quantized."""
 
     @field_validator("evalDataset")
     @classmethod
@@ -394,6 +404,14 @@ class QualityStatus(ApiModel):
     """The gate it was judged against."""
     passed: bool
     """Whether the artifact passed the gate."""
+    metrics: list[MetricResult] = Field(default_factory=list)
+    """Every metric of the gate: base, quantized, recovery, threshold, verdict, evaluation time."""
+    worstRecoveryPercent: float | None = None
+    """The lowest recovery over the metrics."""
+    evalIdentity: str | None = None
+    """The evaluation identity the figures were measured under (docs/quality.md)."""
+    evaluationJob: str | None = None
+    """The evaluation-only Job measuring this artifact under the current gate, while it runs."""
 
 
 class ArtifactFailure(ApiModel):
@@ -512,6 +530,9 @@ class QuantizedModelStatus(ApiModel):
     """Formats in the plan, comma-separated (for `kubectl get`)."""
     replicas: str | None = None
     """Ready/desired replicas over all variants, e.g. `3/4` (for `kubectl get`)."""
+    worstRecovery: str | None = None
+    """The lowest quality recovery over the artifacts' metrics, e.g. `98.2% benchmark:arc_easy/acc`
+    (for `kubectl get -o wide`)."""
     autoscaling: EffectiveAutoscaling | None = None
     """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
     with the policy's replica cap. Absent while the spec is not accepted (an invalid or
