@@ -410,8 +410,9 @@ class QualityStatus(ApiModel):
     """The lowest recovery over the metrics."""
     evalIdentity: str | None = None
     """The evaluation identity the figures were measured under (docs/quality.md)."""
-    evaluationJob: str | None = None
-    """The evaluation-only Job measuring this artifact under the current gate, while it runs."""
+    missing: list[str] = Field(default_factory=list)
+    """Metrics the gate asks for that were not measured under its evaluation identity (the gate
+    fails closed until they are)."""
 
 
 class ArtifactFailure(ApiModel):

@@ -34,6 +34,7 @@ from fewerbits_api.quantizedmodel import (
     EffectiveAutoscaling,
     EffectivePolicies,
     PlanStatus,
+    QualityGateSpec,
     QualityStatus,
     QuantizedModelSpec,
     QuantizedModelStatus,
@@ -58,6 +59,7 @@ from .render import (
     render_service,
 )
 from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
+from .quality_gate import failure_text, judge_quality, worst_recovery
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -436,18 +438,16 @@ def pending_text(job_name: str) -> str:
     return f"Job {job_name} pending (waiting for a node with room)"
 
 
-def judge(v: ArtifactVerdict, gate: float) -> None:
-    """The operator enforces the gate, with this model's threshold: an artifact shared by two
-    models may pass one's gate and fail the other's."""
+def judge(v: ArtifactVerdict, gate: float, gate_spec: QualityGateSpec | None = None) -> None:
+    """The operator enforces the gate, with this model's thresholds: an artifact shared by two
+    models may pass one's gate and fail the other's (every metric: quality_gate.judge_quality)."""
     if v.manifest is None:
         return
     q = v.manifest.quality
     if q is None:
         v.passed = v.manifest.format is QuantFormat.NONE
         return
-    v.quality = QualityStatus(baselinePerplexity=q.baselinePerplexity, perplexity=q.perplexity,
-                              increasePercent=q.increasePercent, maxIncreasePercent=gate,
-                              passed=q.increasePercent <= gate)
+    v.quality = judge_quality(q, gate_spec or QualityGateSpec(maxPerplexityIncreasePercent=gate))
     v.passed = v.quality.passed
 
 
@@ -554,14 +554,16 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
                "; ".join(f"{v.planned.format.value}: {v.waiting or 'waiting'}" for v in waiting))
     if gate_failed := [v for v in verdicts if v.ready and v.passed is False]:
         st.set(C.QUALITY_GATE_PASSED, False, Reason.GATE_FAILED, "; ".join(
-            f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
+            failure_text(v.planned.format.value, v.quality) if v.quality and (v.quality.metrics[1:] or v.quality.missing)
+            else f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
             f"({v.quality.increasePercent:+.2f}%) exceeds the gate of {gate:g}%; not rolled out"
             if v.quality else f"{v.planned.format.value}: no quality figures in the manifest; not rolled out"
             for v in gate_failed))
     elif all(v.deployable for v in verdicts):
         st.set(C.QUALITY_GATE_PASSED, True, Reason.GATE_PASSED, ", ".join(
-            f"{v.planned.format.value}: {v.quality.increasePercent:+.2f}% ≤ {gate:g}%" if v.quality
-            else f"{v.planned.format.value}: unquantized" for v in verdicts))
+            f"{v.planned.format.value}: {v.quality.increasePercent:+.2f}% ≤ {gate:g}%"
+            + "".join(f", {m.name} {m.recoveryPercent:.1f}% ≥ {m.minRecoveryPercent:g}%" for m in v.quality.metrics[1:])
+            if v.quality else f"{v.planned.format.value}: unquantized" for v in verdicts))
     else:
         st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "waiting for the quantized artifacts")
 
@@ -792,9 +794,10 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     for planned in planned_artifacts(spec, the_plan):
         facts = obs.artifacts.get(planned.key, ArtifactFacts(storage_error="storage was not read"))
         v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions)
-        judge(v, gate)
+        judge(v, gate, eff.gate())
         verdicts.append(v)
     status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]
+    status.worstRecovery = worst_recovery([v.quality for v in verdicts])
     quantized_conditions(verdicts, gate, st)
 
     # 4. Deployed / Ready: one Deployment per variant, one Service.

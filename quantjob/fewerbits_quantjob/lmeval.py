@@ -138,7 +138,6 @@ def download_task_source(uri: str, dest: Path, s3_client_factory) -> Path:
     """Copy every object under the ``taskSource`` prefix into ``dest``; make relative
     ``data_files`` in its YAML absolute (lm-eval would resolve them against the working
     directory)."""
-    import yaml
 
     bucket, prefix = split_s3_uri(uri)
     prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -155,6 +154,13 @@ def download_task_source(uri: str, dest: Path, s3_client_factory) -> Path:
             count += 1
     if count == 0:
         raise JobError(errors.DATASET_NOT_FOUND, f"taskSource {uri}: no objects under this prefix", permanent=True)
+    return absolutize_data_files(dest)
+
+
+def absolutize_data_files(dest: Path) -> Path:
+    """Make relative ``dataset_kwargs.data_files`` in the task YAML under ``dest`` absolute."""
+    import yaml
+
     for path in [*dest.rglob("*.yaml"), *dest.rglob("*.yml")]:
         doc = yaml.safe_load(path.read_text())
         files = ((doc or {}).get("dataset_kwargs") or {}).get("data_files") if isinstance(doc, dict) else None
@@ -182,11 +188,21 @@ def _leaf_tasks(task_dict) -> list:
     return out
 
 
-def prepare(gate, workdir: Path, s3_client_factory=None, local_custom: bytes | None = None) -> Prepared:
-    """Resolve and check everything the gate asks for, before any model is loaded."""
+def prepare(gate, workdir: Path, s3_client_factory=None, local_custom: bytes | None = None,
+            local_task_dirs: list[Path] | None = None) -> Prepared:
+    """Resolve and check everything the gate asks for, before any model is loaded.
+
+    ``local_custom`` and ``local_task_dirs`` stand in for the S3 objects in tests of this module
+    alone (the Job reads S3)."""
+    import shutil
+
     prepared = Prepared()
     if not gate.benchmarks and gate.customEval is None:
         return prepared
+    for j, local in enumerate(local_task_dirs or []):
+        dest = workdir / "lmeval-local" / str(j)
+        shutil.copytree(local, dest, dirs_exist_ok=True)
+        prepared.include_paths.append(str(absolutize_data_files(dest)))
     for i, b in enumerate(gate.benchmarks):
         if b.taskSource:
             if s3_client_factory is None:
