@@ -59,7 +59,8 @@ from .render import (
     render_service,
 )
 from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
-from .quality_gate import failure_text, judge_quality, worst_recovery
+from .evaljob import render_eval_job
+from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -389,6 +390,10 @@ class ArtifactVerdict:
     """Its Job has no running pod yet."""
     passed: bool | None = None
     quality: QualityStatus | None = None
+    quality_result: Any = None
+    """Figures measured after publishing under the current evaluation identity (they answer the gate)."""
+    evaluating: str | None = None
+    """The evaluation-only Job that measures the artifact under the current gate, and its state."""
 
     @property
     def ready(self) -> bool:
@@ -443,12 +448,12 @@ def judge(v: ArtifactVerdict, gate: float, gate_spec: QualityGateSpec | None = N
     models may pass one's gate and fail the other's (every metric: quality_gate.judge_quality)."""
     if v.manifest is None:
         return
-    q = v.manifest.quality
+    q = v.quality_result or v.manifest.quality
     if q is None:
         v.passed = v.manifest.format is QuantFormat.NONE
         return
     v.quality = judge_quality(q, gate_spec or QualityGateSpec(maxPerplexityIncreasePercent=gate))
-    v.passed = v.quality.passed
+    v.passed = v.quality.passed if not (v.evaluating and not v.quality.passed) else None
 
 
 def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
@@ -473,6 +478,7 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         if v.cache_hit and (previous is None or not previous.cacheHit):
             st.note("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already published: "
                                           "no quantization Job needed")
+        decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
         return v
     if job is None:
         if previous is not None and previous.failure is not None and previous.failure.generation == obs.generation:
@@ -513,6 +519,34 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     else:
         v.pending, v.waiting = True, pending_text(job.name)
     return v
+
+
+def decide_evaluation(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
+                      placement: QuantizationJobPlacement, settings: OperatorSettings, st: StatusBuilder,
+                      actions: list[Action], v: ArtifactVerdict) -> None:
+    """A published artifact whose figures do not answer the current gate is measured again by an
+    evaluation-only Job (evaljob.py); it is never re-quantized (docs/quality.md)."""
+    gate = acc.effective.gate()
+    if facts.quality_result is not None:
+        v.quality_result = facts.quality_result
+        return
+    if not needs_evaluation(v.manifest.quality, gate):
+        return
+    job = facts.eval_job
+    if job is None:
+        rendered = render_eval_job(Owner(obs.name, obs.namespace, obs.uid), acc.spec, planned, placement, gate,
+                                   settings)
+        actions.append(CreateJob(rendered))
+        name = rendered["metadata"]["name"]
+        v.evaluating = f"evaluation Job {name} pending"
+        st.note("Normal", "EvaluationStarted", f"Job {name} evaluates artifact {planned.key[:12]} under the changed "
+                                               "quality gate (no re-quantization)")
+    elif job.state is JobState.FAILED:
+        v.evaluating = job_failure_text(job)
+    elif job.state is JobState.SUCCEEDED:
+        v.evaluating = f"evaluation Job {job.name} succeeded but wrote no result; was it removed?"
+    else:
+        v.evaluating = f"evaluation Job {job.name} running"
 
 
 def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
@@ -565,7 +599,9 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
             + "".join(f", {m.name} {m.recoveryPercent:.1f}% ≥ {m.minRecoveryPercent:g}%" for m in v.quality.metrics[1:])
             if v.quality else f"{v.planned.format.value}: unquantized" for v in verdicts))
     else:
-        st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "waiting for the quantized artifacts")
+        st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "; ".join(
+            f"{v.planned.format.value}: {v.evaluating}" for v in verdicts if v.evaluating)
+            or "waiting for the quantized artifacts")
 
 
 # ------------------------------------------------------------------ Deployed and Ready

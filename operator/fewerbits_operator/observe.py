@@ -20,9 +20,12 @@ from pydantic import ValidationError
 
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.policy import LabelSelector, QuantizationPolicy
+from fewerbits_api.quality import eval_identity
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import planned_artifacts
+from .evaljob import eval_job_name
+from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
@@ -142,7 +145,9 @@ class Observer:
             if manifest is not None:
                 job = self.kube.get_job(ns, planned.job_name)
                 artifacts[planned.key] = ArtifactFacts(manifest=manifest,
-                                                       job=self._job(ns, job, pods=False) if job else None)
+                                                       job=self._job(ns, job, pods=False) if job else None,
+                                                       **self._reevaluation(ns, spec, planned, manifest, eff,
+                                                                            storage_creds))
                 continue
             job = self.kube.get_job(ns, planned.job_name)
             artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
@@ -163,6 +168,22 @@ class Observer:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
         return Observed(**facts)
+
+    def _reevaluation(self, ns: str, spec, planned, manifest, eff, creds) -> dict[str, Any]:
+        """The facts an evaluation-only Job decision needs, read only when the manifest's figures
+        do not answer the current gate (quality_gate.needs_evaluation)."""
+        gate = eff.effective.gate()
+        if not needs_evaluation(manifest.quality, gate):
+            return {}
+        identity = eval_identity(gate)
+        try:
+            result = self.store.get_quality_result(spec.storage, planned.key, identity, creds)
+        except StorageError:
+            result = None
+        if result is not None:
+            return {"quality_result": result}
+        job = self.kube.get_job(ns, eval_job_name(planned.job_name, identity))
+        return {"eval_job": self._job(ns, job) if job else None}
 
     def _job(self, namespace: str, job: dict[str, Any], pods: bool = True) -> JobFacts:
         name = job["metadata"]["name"]

@@ -55,6 +55,11 @@ class ArtifactFacts:
     storage_error: str | None = None
     """Storage could not be read (the manifest's presence is unknown)."""
     job: JobFacts | None = None
+    quality_result: Any = None
+    """A ``QualityReport`` measured after publishing, under the current evaluation identity
+    (``<key>/quality/<identity>.json``); read only when the manifest's figures do not answer the gate."""
+    eval_job: JobFacts | None = None
+    """The evaluation-only Job for the current evaluation identity, when one exists."""
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,15 @@ def worst_recovery(qualities: list[QualityStatus | None]) -> str | None:
             if worst is None or m.recoveryPercent < worst.recoveryPercent:
                 worst = m
     return f"{worst.recoveryPercent:.1f}% {worst.name}" if worst else None
+
+
+def needs_evaluation(q: QualityReport | None, gate: QualityGateSpec) -> bool:
+    """Whether the manifest's figures cannot answer ``gate``: they were measured under another
+    evaluation identity, or the gate asks for a metric they lack. A manifest from before
+    evaluation identities (None) that measured perplexity only is still judged as it is for a
+    perplexity-only gate: an upgrade starts no Job."""
+    if q is None:
+        return False
+    if q.evalIdentity is not None and q.evalIdentity != eval_identity(gate):
+        return True
+    return bool(judge_quality(q, gate).missing)

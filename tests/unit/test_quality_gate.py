@@ -141,3 +141,55 @@ def test_quality_cli_prints_the_table(capsys):
     assert "75.0%" in row and "97.0%" in row and "false" in row
     assert QuantizedModelStatus.model_validate(o.status.to_wire()).artifacts[0].quality.metrics
     assert NOW
+
+
+def _published_under(measured: QualityGateSpec) -> World:
+    w = World(spec=base_spec(quantization={"format": "auto", "qualityGate": GATE}))
+    w.publish()
+    for key, facts in list(w.artifacts.items()):
+        q = report(measured)
+        q = q.model_copy(update={"metrics": q.metrics[:1]})
+        w.artifacts[key] = dataclasses.replace(facts, manifest=facts.manifest.model_copy(update={"quality": q}))
+    return w
+
+
+def test_changed_gate_starts_an_evaluation_only_job_not_a_quantization():
+    import json
+
+    from fewerbits_operator.decide import CreateJob
+
+    w = _published_under(QualityGateSpec(maxPerplexityIncreasePercent=5))
+    o = decide(w.observed(), SETTINGS)
+    jobs = [a.job for a in o.actions if isinstance(a, CreateJob)]
+    assert len(jobs) == 1, o.actions
+    job = jobs[0]
+    assert job["metadata"]["name"].startswith("fewerbits-evaluate-") and len(job["metadata"]["name"]) <= 63
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    contract = json.loads(env["FEWERBITS_JOB_CONTRACT"])
+    assert contract["mode"] == "evaluate" and contract["qualityGate"]["benchmarks"][0]["task"] == "arc_easy"
+    assert contract["key"] == next(iter(w.artifacts))  # the same artifact: nothing is re-quantized
+    assert _cond(o, "Quantized").status == "True"
+    cond = _cond(o, "QualityGatePassed")
+    assert (cond.status, cond.reason) == ("False", "AwaitingArtifact") and "evaluation Job" in cond.message
+    assert "EvaluationStarted" in {e.reason for e in o.events}
+
+
+def test_the_evaluation_result_beside_the_artifact_answers_the_gate():
+    gate = QualityGateSpec(**GATE)
+    w = _published_under(QualityGateSpec(maxPerplexityIncreasePercent=5))
+    for key, facts in list(w.artifacts.items()):
+        w.artifacts[key] = dataclasses.replace(facts, quality_result=report(gate))
+    o = decide(w.observed(), SETTINGS)
+    assert not [a for a in o.actions if type(a).__name__ == "CreateJob"]
+    assert _cond(o, "QualityGatePassed").status == "True"
+    assert [m.name for m in o.status.artifacts[0].quality.metrics] == ["perplexity", "benchmark:arc_easy/acc",
+                                                                       "custom:rougeL"]
+
+
+def test_an_older_perplexity_only_manifest_starts_no_job_for_a_perplexity_only_gate():
+    from fewerbits_operator.quality_gate import needs_evaluation
+
+    gate = QualityGateSpec(maxPerplexityIncreasePercent=5)
+    q = report(gate).model_copy(update={"metrics": [], "evalIdentity": None})
+    assert not needs_evaluation(q, gate)
+    assert needs_evaluation(q, QualityGateSpec(**GATE))
