@@ -56,6 +56,8 @@ class PreparedTask:
 class Prepared:
     tasks: list[PreparedTask] = field(default_factory=list)
     include_paths: list[str] = field(default_factory=list)
+    include_defaults: bool = False
+    """Index lm-eval's own tasks (thousands of YAML files: seconds) only when a benchmark names one."""
     custom_sha256: str | None = None
 
     def __bool__(self) -> bool:
@@ -172,10 +174,10 @@ def absolutize_data_files(dest: Path) -> Path:
     return dest
 
 
-def _task_manager(include_paths: list[str]):
+def _task_manager(include_paths: list[str], include_defaults: bool = True):
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_paths or None, include_defaults=True)
+    return TaskManager(include_path=include_paths or None, include_defaults=include_defaults)
 
 
 def _leaf_tasks(task_dict) -> list:
@@ -211,7 +213,8 @@ def prepare(gate, workdir: Path, s3_client_factory=None, local_custom: bytes | N
             prepared.include_paths.append(str(dest))
     from lm_eval.tasks import get_task_dict
 
-    manager = _task_manager(prepared.include_paths)
+    prepared.include_defaults = any(b.taskSource is None for b in gate.benchmarks) and not local_task_dirs
+    manager = _task_manager(prepared.include_paths, prepared.include_defaults)
     known = set(manager.all_tasks)
     for i, b in enumerate(gate.benchmarks):
         where = f"spec.quantization.qualityGate.benchmarks[{i}]"
@@ -275,7 +278,7 @@ def score(model, tokenizer, prepared: Prepared, max_length: int,
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=BATCH_SIZE, max_length=max_length)
-    manager = _task_manager(prepared.include_paths)
+    manager = _task_manager(prepared.include_paths, prepared.include_defaults)
     out: dict[str, Score] = {}
     for t in prepared.tasks:
         if on_task:
