@@ -115,8 +115,10 @@ class QualityGateSpec(ApiModel):
     is published (with its verdict) but never rolled out."""
 
     evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en-heldout"
-    """Held-out text for perplexity, in the same forms as `calibration.dataset`. Must not
-    overlap the calibration data; the built-in `general-en-heldout` does not."""
+    """Held-out text for perplexity, in the same forms as `calibration.dataset`, where a Hub set
+    may name its configuration and split: `hf://datasets/Salesforce/wikitext#wikitext-2-raw-v1/test`
+    (default split: `test`, else `validation`, else the first). Must not overlap the calibration
+    data; the built-in `general-en-heldout` (≥32k tokens of public-domain English) does not."""
 
     evalSamples: Annotated[int, Field(ge=1, le=4096)] = 64
     """Number of evaluation windows (of up to 512 tokens: 64 windows score about 32k tokens of

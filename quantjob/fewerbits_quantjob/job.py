@@ -329,7 +329,7 @@ def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, wor
     gate = contract.qualityGate
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731
     with progress.stage("eval-data") as st:
-        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory)
+        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=("test", "validation", "train"))
         prepared = lmeval.prepare(gate, workdir, s3_factory)
         st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks))
     return eval_set, prepared

@@ -193,3 +193,25 @@ def test_an_older_perplexity_only_manifest_starts_no_job_for_a_perplexity_only_g
     q = report(gate).model_copy(update={"metrics": [], "evalIdentity": None})
     assert not needs_evaluation(q, gate)
     assert needs_evaluation(q, QualityGateSpec(**GATE))
+
+
+def test_a_hub_evaluation_set_names_its_configuration_and_split():
+    from fewerbits_quantjob import textdata
+
+    uri = "hf://datasets/Salesforce/wikitext@main#wikitext-2-raw-v1/test"
+    assert QualityGateSpec(evalDataset=uri).evalDataset == uri
+    assert textdata.parse_hf_dataset_uri(uri) == ("Salesforce/wikitext", "main")
+    assert textdata.hf_config_and_split(uri) == ("wikitext-2-raw-v1", "test")
+    assert textdata.hf_config_and_split("hf://datasets/org/name") == (None, None)
+
+
+def test_the_builtin_evaluation_set_holds_at_least_32k_tokens_of_text():
+    from fewerbits_quantjob import textdata
+
+    held = textdata.load_texts("general-en-heldout", {})
+    words = sum(len(t.split()) for t in held.texts)
+    # ~1.3 tokens per English word with Llama-style BPE tokenizers: 31.9k words is ~41k tokens.
+    assert words >= 30000 and sum(map(len, held.texts)) >= 175_000
+    joined = " ".join(held.texts)
+    for source in ("State of the Union", "ORLANDO", "Of Man's first disobedience"):
+        assert source in joined, source
