@@ -128,7 +128,7 @@ def test_bad_input_is_refused_before_any_model_loads(tmp_path):
     assert "benchmarks[0].task" in msg and "no_such_task_anywhere" in msg
     msg = refused({"benchmarks": [{"task": "fewerbits_cloze", "metric": "exact_match"}]}, local_task_dirs=[FIXTURES])
     assert "benchmarks[0].metric" in msg and "acc" in msg
-    custom = {"customEval": {"dataset": "s3://b/x.jsonl", "metric": "contains"}}
+    custom = {"customEval": {"dataset": "s3://bucket/x.jsonl", "metric": "contains"}}
     assert "no records" in refused(custom, local_custom=b"\n\n")
     msg = refused(custom, local_custom=b'{"prompt": "a"}\n')
     assert "customEval.dataset" in msg and "line 1" in msg and "'reference'" in msg
