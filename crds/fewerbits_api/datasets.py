@@ -10,7 +10,7 @@ from __future__ import annotations
 
 BUILTIN_DATASET_SHA256: dict[str, str] = {
     "general-en": "19e8bffa6d01312ed0d7485039835ab605d13d9ddcd2292dbdad44f034f40fac",
-    "general-en-heldout": "aabfd1aa041a2711ff1d9072edb2c224b174893997d2b6c9e68c82887a2bd35f",
+    "general-en-heldout": "875f176ba28d9e2be60e7d3913ba3166146ab9a54affe1bbbb8b60a15857905c",
 }
 """Name -> sha256 (hex) of the file the quantjob image ships."""
 

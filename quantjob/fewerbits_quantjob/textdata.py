@@ -134,7 +134,7 @@ def _load_hf(uri: str, env: Mapping[str, str], limit: int | None,
     config, wanted_split = hf_config_and_split(uri)
     token = env.get(ENV_HF_TOKEN) or None
     try:
-        dsd = datasets.load_dataset(repo, config, revision=revision, token=token, streaming=True)
+        dsd = datasets.load_dataset(repo, *([config] if config else []), revision=revision, token=token, streaming=True)
     except Exception as e:  # noqa: BLE001 — network, auth or a missing set: one line, no traceback
         name = type(e).__name__
         reason = errors.DATASET_NOT_FOUND if "NotFound" in name or "FileNotFound" in name else errors.DATASET_FETCH_FAILED

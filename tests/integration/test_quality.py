@@ -45,7 +45,6 @@ def test_benchmarks_and_custom_eval_reach_ready_then_a_changed_gate_only_re_eval
     models.wait_condition(namespace, "q", "Quantized", timeout=900)
     passed = models.wait_condition(namespace, "q", "QualityGatePassed", timeout=120)
     assert "benchmark:fewerbits_cloze/acc" in passed["message"] and "custom:rougeL" in passed["message"]
-    models.wait_condition(namespace, "q", "Ready", timeout=300)
 
     status = models.get(namespace, "q")["status"]
     (artifact,) = status["artifacts"]
@@ -84,3 +83,5 @@ def test_benchmarks_and_custom_eval_reach_ready_then_a_changed_gate_only_re_eval
     stored = json.loads(client.get_object(Bucket=bucket, Key=results[0]["Key"])["Body"].read())
     assert results[0]["Key"].endswith(f"{stored['evalIdentity']}.json")
     assert stored["metrics"][2]["samples"] == 2
+    # The Deployment rolled out for the first verdict kept serving through the re-evaluation.
+    models.wait_condition(namespace, "q", "Ready", timeout=600)

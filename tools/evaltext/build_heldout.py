@@ -67,7 +67,28 @@ def paradise_lost(path: Path) -> list[str]:
     return [" ".join(p.split()) for p in paras if p.strip()]
 
 
+MIN_PARAGRAPH = 200
+
+
+def merged(paras: list[str]) -> list[str]:
+    """Short paragraphs (a stage direction, a one-line speech) joined to the next: every sample
+    is at least MIN_PARAGRAPH characters, as the built-in sets promise."""
+    out: list[str] = []
+    cur = ""
+    for p in paras:
+        cur = f"{cur} {p}" if cur else p
+        if len(cur) >= MIN_PARAGRAPH:
+            out.append(cur)
+            cur = ""
+    if cur and out:
+        out[-1] = f"{out[-1]} {cur}"
+    elif cur:
+        out.append(cur)
+    return out
+
+
 def blocks(paras: list[str]) -> list[list[str]]:
+    paras = merged(paras)
     out, cur, size = [], [], 0
     for p in paras:
         cur.append(p)
