@@ -18,6 +18,7 @@ from .base import ApiModel
 from .errors import field_path, format_validation_error
 from .formats import QuantFormat
 from .names import FILES_DIR, MANIFEST_NAME
+from .quality import MetricResult
 
 __all__ = ["FILES_DIR", "MANIFEST_NAME", "ArtifactKeyInputs", "Manifest", "ManifestError", "ManifestFile",
            "QualityReport", "artifact_prefix", "split_s3_uri"]
@@ -134,6 +135,17 @@ class QualityReport(ManifestModel):
     """Number of windows evaluated."""
     evalTokens: int
     """Tokens scored."""
+    metrics: list[MetricResult] = Field(default_factory=list)
+    """Every metric of the gate (perplexity first): base, quantized, recovery, threshold, verdict
+    and evaluation seconds."""
+    evalIdentity: str | None = None
+    """``fewerbits_api.quality.eval_identity`` of the gate these figures were measured under."""
+    increaseCI95: list[float] | None = None
+    """95% interval of the perplexity increase, percent, from the per-window spread (paired)."""
+    noiseFloorPercent: float | None = None
+    """Half-width of that interval: an increase below it is not told apart from noise."""
+    evalDatasetSha256: str | None = None
+    """Hash of the evaluation text as read (S3 ETag-independent)."""
 
 
 class Manifest(ManifestModel):

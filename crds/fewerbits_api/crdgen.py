@@ -175,6 +175,8 @@ def quantizedmodel_crd() -> dict[str, Any]:
              "description": "Why the model is or is not ready"},
             {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint", "priority": 1,
              "description": "OpenAI-compatible endpoint"},
+            {"name": "Recovery", "type": "string", "jsonPath": ".status.worstRecovery", "priority": 1,
+             "description": "Lowest quality recovery (quantized / base) over the gate's metrics"},
             {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         ],
     )

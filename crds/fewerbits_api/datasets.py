@@ -10,7 +10,7 @@ from __future__ import annotations
 
 BUILTIN_DATASET_SHA256: dict[str, str] = {
     "general-en": "19e8bffa6d01312ed0d7485039835ab605d13d9ddcd2292dbdad44f034f40fac",
-    "general-en-heldout": "ab383ae06612caf6b47a138f84e90ad0c55fb46f70e5a19807bf5130a1f8f469",
+    "general-en-heldout": "875f176ba28d9e2be60e7d3913ba3166146ab9a54affe1bbbb8b60a15857905c",
 }
 """Name -> sha256 (hex) of the file the quantjob image ships."""
 

@@ -74,6 +74,10 @@ class QuantJobContract(ApiModel):
     """Where to publish (credentials by environment)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Where to run: `auto` uses a GPU when one is visible."""
+    mode: Literal["quantize", "evaluate"] = "quantize"
+    """`evaluate`: the artifact exists; measure it under ``qualityGate`` and write the result to
+    ``<key>/quality/<evaluation identity>.json`` (fewerbits_api.quality), never touching its files
+    or manifest."""
 
     @model_validator(mode="after")
     def _consistent(self) -> QuantJobContract:

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
 from .formats import KVCacheSetting, QuantFormat
+from .quality import BenchmarkSpec, CustomEvalSpec, MetricResult
 from .validation import (
     DATASET_URI,
     DNS1123_LABEL,
@@ -114,11 +115,22 @@ class QualityGateSpec(ApiModel):
     is published (with its verdict) but never rolled out."""
 
     evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en-heldout"
-    """Held-out text for perplexity, in the same forms as `calibration.dataset`. Must not
-    overlap the calibration data; the built-in `general-en-heldout` does not."""
+    """Held-out text for perplexity, in the same forms as `calibration.dataset`, where a Hub set
+    may name its configuration and split: `hf://datasets/Salesforce/wikitext#wikitext-2-raw-v1/test`
+    (default split: `test`, else `validation`, else the first). Must not overlap the calibration
+    data; the built-in `general-en-heldout` (≥32k tokens of public-domain English) does not."""
 
     evalSamples: Annotated[int, Field(ge=1, le=4096)] = 64
-    """Number of evaluation windows."""
+    """Number of evaluation windows (of up to 512 tokens: 64 windows score about 32k tokens of
+    the built-in set)."""
+
+    benchmarks: Annotated[list[BenchmarkSpec], Field(max_length=16)] = Field(default_factory=list)
+    """lm-evaluation-harness tasks run on the base and the quantized model with the same settings
+    and seeds; each must keep `minRecoveryPercent` of the base score. See docs/quality.md."""
+
+    customEval: CustomEvalSpec | None = None
+    """Your own prompts and references (S3 JSON Lines), greedy generation scored by a metric,
+    base against quantized."""
 
     @field_validator("evalDataset")
     @classmethod
@@ -465,6 +477,15 @@ class QualityStatus(ApiModel):
     """The gate it was judged against."""
     passed: bool
     """Whether the artifact passed the gate."""
+    metrics: list[MetricResult] = Field(default_factory=list)
+    """Every metric of the gate: base, quantized, recovery, threshold, verdict, evaluation time."""
+    worstRecoveryPercent: float | None = None
+    """The lowest recovery over the metrics."""
+    evalIdentity: str | None = None
+    """The evaluation identity the figures were measured under (docs/quality.md)."""
+    missing: list[str] = Field(default_factory=list)
+    """Metrics the gate asks for that were not measured under its evaluation identity (the gate
+    fails closed until they are)."""
 
 
 class ArtifactFailure(ApiModel):
@@ -621,6 +642,9 @@ class QuantizedModelStatus(ApiModel):
     """Formats in the plan, comma-separated (for `kubectl get`)."""
     replicas: str | None = None
     """Ready/desired replicas over all variants, e.g. `3/4` (for `kubectl get`)."""
+    worstRecovery: str | None = None
+    """The lowest quality recovery over the artifacts' metrics, e.g. `98.2% benchmark:arc_easy/acc`
+    (for `kubectl get -o wide`)."""
     autoscaling: EffectiveAutoscaling | None = None
     """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
     with the policy's replica cap. Absent while the spec is not accepted (an invalid or

@@ -24,7 +24,7 @@ STORAGE_URI = rf"^s3://{S3_BUCKET}(/{SAFE_PATH})?$"
 # Calibration / evaluation data: a built-in name, an S3 JSONL object, or a Hub dataset.
 BUILTIN_DATASET = r"[a-z0-9][a-z0-9-]{0,62}"
 DATASET_URI = (
-    rf"^({BUILTIN_DATASET}|s3://{S3_BUCKET}/{SAFE_PATH}\.jsonl|hf://datasets/{HF_REPO}(@[A-Za-z0-9._/-]+)?)$"
+    rf"^({BUILTIN_DATASET}|s3://{S3_BUCKET}/{SAFE_PATH}\.jsonl|hf://datasets/{HF_REPO}(@[A-Za-z0-9._/-]+)?(#[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)?)?)$"
 )
 # Revisions: a commit hash, tag or branch name (git ref characters only).
 REVISION = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$"

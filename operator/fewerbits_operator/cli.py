@@ -10,10 +10,10 @@ import argparse
 import sys
 from importlib.metadata import version
 
-from . import explain_cmd, plan_cmd, validate_cmd
+from . import explain_cmd, plan_cmd, quality_cmd, validate_cmd
 
 # Subcommand modules, in the order `fewerbits --help` lists them.
-SUBCOMMANDS = [validate_cmd, plan_cmd, explain_cmd]
+SUBCOMMANDS = [validate_cmd, plan_cmd, explain_cmd, quality_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,7 @@ from fewerbits_api.quantizedmodel import (
     EffectiveAutoscaling,
     EffectivePolicies,
     PlanStatus,
+    QualityGateSpec,
     QualityStatus,
     QuantizedModelSpec,
     QuantizedModelStatus,
@@ -66,6 +67,8 @@ from .render import (
 )
 from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
 from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
+from .evaljob import render_eval_job
+from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -463,6 +466,10 @@ class ArtifactVerdict:
     refused_reason: str = Reason.JOB_EXCEEDS_POLICY
     queue: ArtifactQueue | None = None
     """Its Job waits: not created yet under the operator's cap, or suspended until Kueue admits it."""
+    quality_result: Any = None
+    """Figures measured after publishing under the current evaluation identity (they answer the gate)."""
+    evaluating: str | None = None
+    """The evaluation-only Job that measures the artifact under the current gate, and its state."""
 
     @property
     def ready(self) -> bool:
@@ -512,19 +519,17 @@ def pending_text(job_name: str) -> str:
     return f"Job {job_name} pending (waiting for a node with room)"
 
 
-def judge(v: ArtifactVerdict, gate: float) -> None:
-    """The operator enforces the gate, with this model's threshold: an artifact shared by two
-    models may pass one's gate and fail the other's."""
+def judge(v: ArtifactVerdict, gate: float, gate_spec: QualityGateSpec | None = None) -> None:
+    """The operator enforces the gate, with this model's thresholds: an artifact shared by two
+    models may pass one's gate and fail the other's (every metric: quality_gate.judge_quality)."""
     if v.manifest is None:
         return
-    q = v.manifest.quality
+    q = v.quality_result or v.manifest.quality
     if q is None:
         v.passed = v.manifest.format is QuantFormat.NONE
         return
-    v.quality = QualityStatus(baselinePerplexity=q.baselinePerplexity, perplexity=q.perplexity,
-                              increasePercent=q.increasePercent, maxIncreasePercent=gate,
-                              passed=q.increasePercent <= gate)
-    v.passed = v.quality.passed
+    v.quality = judge_quality(q, gate_spec or QualityGateSpec(maxPerplexityIncreasePercent=gate))
+    v.passed = v.quality.passed if not (v.evaluating and not v.quality.passed) else None
 
 
 def kueue_text(job_name: str, local_queue: str | None) -> str:
@@ -561,6 +566,7 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
         if v.cache_hit and (previous is None or not previous.cacheHit):
             st.note("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already published: "
                                           "no quantization Job needed")
+        decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
         return v
     if job is None:
         if previous is not None and previous.failure is not None and previous.failure.generation == obs.generation:
@@ -645,6 +651,34 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     return v
 
 
+def decide_evaluation(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
+                      placement: QuantizationJobPlacement, settings: OperatorSettings, st: StatusBuilder,
+                      actions: list[Action], v: ArtifactVerdict) -> None:
+    """A published artifact whose figures do not answer the current gate is measured again by an
+    evaluation-only Job (evaljob.py); it is never re-quantized (docs/quality.md)."""
+    gate = acc.effective.gate()
+    if facts.quality_result is not None:
+        v.quality_result = facts.quality_result
+        return
+    if not needs_evaluation(v.manifest.quality, gate):
+        return
+    job = facts.eval_job
+    if job is None:
+        rendered = render_eval_job(Owner(obs.name, obs.namespace, obs.uid), acc.spec, planned, placement, gate,
+                                   settings)
+        actions.append(CreateJob(rendered))
+        name = rendered["metadata"]["name"]
+        v.evaluating = f"evaluation Job {name} pending"
+        st.note("Normal", "EvaluationStarted", f"Job {name} evaluates artifact {planned.key[:12]} under the changed "
+                                               "quality gate (no re-quantization)")
+    elif job.state is JobState.FAILED:
+        v.evaluating = job_failure_text(job)
+    elif job.state is JobState.SUCCEEDED:
+        v.evaluating = f"evaluation Job {job.name} succeeded but wrote no result; was it removed?"
+    else:
+        v.evaluating = f"evaluation Job {job.name} running"
+
+
 def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
     m = v.manifest
     return ArtifactStatus(
@@ -714,16 +748,20 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
                "; ".join(f"{v.planned.format.value}: {v.waiting or 'waiting'}" for v in waiting))
     if gate_failed := [v for v in verdicts if v.ready and v.passed is False]:
         st.set(C.QUALITY_GATE_PASSED, False, Reason.GATE_FAILED, "; ".join(
-            f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
+            failure_text(v.planned.format.value, v.quality) if v.quality and (v.quality.metrics[1:] or v.quality.missing)
+            else f"{v.planned.format.value}: perplexity {v.quality.baselinePerplexity:.3f} → {v.quality.perplexity:.3f} "
             f"({v.quality.increasePercent:+.2f}%) exceeds the gate of {gate:g}%; not rolled out"
             if v.quality else f"{v.planned.format.value}: no quality figures in the manifest; not rolled out"
             for v in gate_failed))
     elif all(v.deployable for v in verdicts):
         st.set(C.QUALITY_GATE_PASSED, True, Reason.GATE_PASSED, ", ".join(
-            f"{v.planned.format.value}: {v.quality.increasePercent:+.2f}% ≤ {gate:g}%" if v.quality
-            else f"{v.planned.format.value}: unquantized" for v in verdicts))
+            f"{v.planned.format.value}: {v.quality.increasePercent:+.2f}% ≤ {gate:g}%"
+            + "".join(f", {m.name} {m.recoveryPercent:.1f}% ≥ {m.minRecoveryPercent:g}%" for m in v.quality.metrics[1:])
+            if v.quality else f"{v.planned.format.value}: unquantized" for v in verdicts))
     else:
-        st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "waiting for the quantized artifacts")
+        st.set(C.QUALITY_GATE_PASSED, False, Reason.AWAITING_ARTIFACT, "; ".join(
+            f"{v.planned.format.value}: {v.evaluating}" for v in verdicts if v.evaluating)
+            or "waiting for the quantized artifacts")
 
 
 # ------------------------------------------------------------------ Deployed and Ready
@@ -977,9 +1015,10 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
             # Named before any Job starts: without its ETag the key would not name the data.
             facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
         v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing, admission)
-        judge(v, gate)
+        judge(v, gate, eff.gate())
         verdicts.append(v)
     status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]
+    status.worstRecovery = worst_recovery([v.quality for v in verdicts])
     quantized_conditions(verdicts, gate, st)
 
     # 4. Deployed / Ready: one Deployment per variant, one Service.

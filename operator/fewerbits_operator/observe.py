@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.policy import LabelSelector, QuantizationPolicy
+from fewerbits_api.quality import eval_identity
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
@@ -27,6 +28,8 @@ from .claims import Claim
 from .datapins import DataPin, s3_calibration_uri
 from .datasetcheck import check as check_dataset
 from .datasetcheck import datasets_to_check
+from .evaljob import eval_job_name
+from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
@@ -171,7 +174,9 @@ class Observer:
             if manifest is not None:
                 job = self.kube.get_job(ns, planned.job_name)
                 artifacts[planned.key] = ArtifactFacts(manifest=manifest,
-                                                       job=self._job(ns, job, pods=False) if job else None)
+                                                       job=self._job(ns, job, pods=False) if job else None,
+                                                       **self._reevaluation(ns, spec, planned, manifest, eff,
+                                                                            storage_creds))
                 continue
             job = self.kube.get_job(ns, planned.job_name)
             if job is None:
@@ -238,6 +243,22 @@ class Observer:
             if manifest is not None and serves_planned(manifest, planned):
                 return manifest
         return None
+
+    def _reevaluation(self, ns: str, spec, planned, manifest, eff, creds) -> dict[str, Any]:
+        """The facts an evaluation-only Job decision needs, read only when the manifest's figures
+        do not answer the current gate (quality_gate.needs_evaluation)."""
+        gate = eff.effective.gate()
+        if not needs_evaluation(manifest.quality, gate):
+            return {}
+        identity = eval_identity(gate)
+        try:
+            result = self.store.get_quality_result(spec.storage, planned.key, identity, creds)
+        except StorageError:
+            result = None
+        if result is not None:
+            return {"quality_result": result}
+        job = self.kube.get_job(ns, eval_job_name(planned.job_name, identity))
+        return {"eval_job": self._job(ns, job) if job else None}
 
     def _job(self, namespace: str, job: dict[str, Any], pods: bool = True) -> JobFacts:
         name = job["metadata"]["name"]

@@ -74,6 +74,11 @@ class ArtifactFacts:
     """The claim as read (None with ``claim_present``: unreadable)."""
     claim_holder_gone: bool | None = None
     """The claim's holder Job was looked up and is Failed or absent (None: not looked up)."""
+    quality_result: Any = None
+    """A ``QualityReport`` measured after publishing, under the current evaluation identity
+    (``<key>/quality/<identity>.json``); read only when the manifest's figures do not answer the gate."""
+    eval_job: JobFacts | None = None
+    """The evaluation-only Job for the current evaluation identity, when one exists."""
 
 
 @dataclass(frozen=True)

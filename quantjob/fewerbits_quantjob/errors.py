@@ -37,6 +37,8 @@ DATASET_NOT_FOUND = "DatasetNotFound"
 DATASET_INVALID = "DatasetInvalid"
 DATASET_CHANGED = "DatasetChanged"
 DATASET_FETCH_FAILED = "DatasetFetchFailed"
+BENCHMARK_INVALID = "BenchmarkInvalid"
+ARTIFACT_MISSING = "ArtifactMissing"
 NO_GPU = "NoGPU"
 QUANTIZATION_FAILED = "QuantizationFailed"
 SAVE_FAILED = "SaveFailed"
@@ -51,6 +53,7 @@ STAGE_FAILED_REASON = {
     "cache-check": STORAGE_UNAVAILABLE,
     "fetch": SOURCE_FETCH_FAILED,
     "calibration-data": DATASET_FETCH_FAILED,
+    "eval-data": DATASET_FETCH_FAILED,
     "quantize": QUANTIZATION_FAILED,
     "save": SAVE_FAILED,
     "evaluate": EVALUATION_FAILED,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,12 @@ class Perplexities:
     windows: int
     tokens: int
     window_length: int
+    ci95: tuple[float, float] | None = None
+    """95% interval of the increase (percent), paired per window."""
+    noise_floor_percent: float | None = None
+    """Half-width of ci95."""
+    seconds: float = 0.0
+    """Scoring time, both models (loads excluded)."""
 
     @property
     def increase_percent(self) -> float:
@@ -85,25 +92,49 @@ def load_bf16(path: Path, trust_remote_code: bool):
 
 def perplexity(model, windows, on_batch=None) -> tuple[float, int]:
     """(perplexity, tokens scored) of ``model`` on ``windows``."""
+    nlls, tokens = window_nlls(model, windows, on_batch)
+    return math.exp(sum(nlls) / max(sum(tokens), 1)), sum(tokens)
+
+
+def window_nlls(model, windows, on_batch=None) -> tuple[list[float], list[int]]:
+    """Summed negative log-likelihood and tokens scored, per window (for the noise floor)."""
     import torch
 
     vocab = int(getattr(model.config, "vocab_size", 32000) or 32000)
     per_window = windows.shape[1] * vocab
     batch = max(1, min(len(windows), LOGITS_BUDGET_ELEMENTS // max(per_window, 1)))
     device = next(model.parameters()).device
-    total_nll, total_tokens = 0.0, 0
+    nlls: list[float] = []
+    tokens: list[int] = []
     with torch.inference_mode():
         for start in range(0, len(windows), batch):
             ids = windows[start:start + batch].to(device)
             logits = model(input_ids=ids).logits[:, :-1, :].float()
             targets = ids[:, 1:]
-            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                                    reduction="sum")
-            total_nll += float(nll)
-            total_tokens += int(targets.numel())
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(dim=1)
+            nlls.extend(float(x) for x in nll)
+            tokens.extend([int(targets.shape[1])] * int(targets.shape[0]))
             if on_batch:
                 on_batch(min(start + batch, len(windows)), len(windows))
-    return math.exp(total_nll / max(total_tokens, 1)), total_tokens
+    return nlls, tokens
+
+
+def paired_increase_interval(base_nlls: list[float], quant_nlls: list[float], tokens: list[int]) -> tuple[float, float, float]:
+    """95% interval (low, high) and half-width, in percent, of the perplexity increase, from the
+    per-window difference of mean NLL per token (both models see the same windows, so the
+    difference is paired: window difficulty cancels). One window: no spread, (inc, inc, 0)."""
+    diffs = [(q - b) / max(t, 1) for b, q, t in zip(base_nlls, quant_nlls, tokens)]
+    n = len(diffs)
+    total = sum(tokens)
+    mean = (sum(quant_nlls) - sum(base_nlls)) / max(total, 1)
+    if n < 2:
+        inc = (math.exp(mean) - 1) * 100
+        return inc, inc, 0.0
+    m = sum(diffs) / n
+    sd = math.sqrt(sum((d - m) ** 2 for d in diffs) / (n - 1))
+    half = 1.96 * sd / math.sqrt(n)
+    low, high = (math.exp(mean - half) - 1) * 100, (math.exp(mean + half) - 1) * 100
+    return low, high, (high - low) / 2
 
 
 def _free(model) -> None:
@@ -116,16 +147,30 @@ def _free(model) -> None:
 
 
 def evaluate_pair(base: Path, quantized: Path, tokenizer, texts: list[str], max_seq_length: int, count: int,
-                  trust_remote_code: bool, on_progress=None) -> Perplexities:
-    """Baseline and quantized perplexity on the same windows (one model in memory at a time)."""
+                  trust_remote_code: bool, on_progress=None, with_model=None) -> Perplexities:
+    """Baseline and quantized perplexity on the same windows (one model in memory at a time).
+
+    ``with_model(which, model)``, when given, runs on each loaded model before it is freed
+    (``which`` is "base", then "quantized"): the benchmark and custom evaluations reuse the load."""
     model = load_bf16(base, trust_remote_code)
     length = window_length(max_seq_length, model.config)
     windows = build_windows(tokenizer, texts, length, count)
-    base_ppl, tokens = perplexity(model, windows, (lambda d, n: on_progress(0.5 * d / n)) if on_progress else None)
+    t0 = time.monotonic()
+    base_nlls, tokens = window_nlls(model, windows, (lambda d, n: on_progress(0.5 * d / n)) if on_progress else None)
+    seconds = time.monotonic() - t0
+    if with_model:
+        with_model("base", model)
     _free(model)
     model = load_bf16(quantized, trust_remote_code)
-    q_ppl, q_tokens = perplexity(model, windows, (lambda d, n: on_progress(0.5 + 0.5 * d / n)) if on_progress else None)
+    t0 = time.monotonic()
+    q_nlls, q_tokens = window_nlls(model, windows, (lambda d, n: on_progress(0.5 + 0.5 * d / n)) if on_progress else None)
+    seconds += time.monotonic() - t0
+    if with_model:
+        with_model("quantized", model)
     _free(model)
     assert q_tokens == tokens
-    return Perplexities(baseline=base_ppl, quantized=q_ppl, windows=len(windows), tokens=tokens,
-                        window_length=int(windows.shape[1]))
+    total = max(sum(tokens), 1)
+    low, high, half = paired_increase_interval(base_nlls, q_nlls, tokens)
+    return Perplexities(baseline=math.exp(sum(base_nlls) / total), quantized=math.exp(sum(q_nlls) / total),
+                        windows=len(windows), tokens=sum(tokens), window_length=int(windows.shape[1]),
+                        ci95=(low, high), noise_floor_percent=half, seconds=seconds)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from fewerbits_api.artifact import Manifest, QualityReport, artifact_prefix
+from fewerbits_api.artifact import FILES_DIR, Manifest, QualityReport, artifact_prefix
 from fewerbits_api.endpoints import EndpointRefused, check_endpoint, resolve_host
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import (
@@ -194,7 +194,9 @@ def _quality_summary(q: QualityReport | None) -> dict | None:
         return None
     return {"baselinePerplexity": round(q.baselinePerplexity, 4), "perplexity": round(q.perplexity, 4),
             "increasePercent": round(q.increasePercent, 3), "maxIncreasePercent": q.maxIncreasePercent,
-            "passed": q.passed}
+            "passed": q.passed,
+            **({"failing": [m.name for m in q.metrics if not m.passed],
+                "worstRecoveryPercent": round(min(m.recoveryPercent for m in q.metrics), 2)} if q.metrics else {})}
 
 
 def _success(result: str, manifest: Manifest, storage_uri: str) -> dict:
@@ -216,12 +218,19 @@ def _run(contract: QuantJobContract, env: Mapping[str, str], progress: Progress,
         client = storage.storage_client(contract.storage, env)
         manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
         st.summary["found"] = why.replace(" ", "-").split(";")[0]
-        if manifest is not None:
+        if manifest is not None and contract.mode == "evaluate":
+            progress.note(f"evaluation only: artifact {contract.key} exists; measuring it under the current gate")
+        elif manifest is not None:
             progress.note(f"cache hit: a valid manifest for key {contract.key} exists; nothing to do")
             return _success("cache-hit", manifest, contract.storage.uri)
+        elif contract.mode == "evaluate":
+            raise JobError(errors.ARTIFACT_MISSING, f"evaluation only: no artifact at key {contract.key} ({why})",
+                           permanent=True)
         progress.note(why)
         storage.check_bucket(client, contract.storage.uri)
 
+    if contract.mode == "evaluate":
+        return _evaluate_only(contract, env, progress, client, manifest)
     own_workdir = not env.get(WORK_DIR_ENV)
     workdir = Path(env.get(WORK_DIR_ENV) or tempfile.mkdtemp(prefix="fewerbits-quantjob-"))
     try:
@@ -282,7 +291,7 @@ def _runtime_facts() -> dict[str, str]:
 
 
 def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, specs, source: Path, out: Path):
-    from . import evaluate, quantize, textdata
+    from . import quantize, textdata
 
     cal = contract.calibration
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731 — datasets live in the store
@@ -295,6 +304,8 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
             st.summary.update(samples=len(texts), requested=cal.samples, sha256=loaded.sha256[:16])
             if len(texts) < cal.samples:
                 progress.note(f"{cal.dataset} has {len(texts)} samples, fewer than the {cal.samples} requested; using all")
+
+    eval_set, prepared = _prepare_evaluation(contract, env, progress, workdir=out.parent)
 
     with progress.stage("quantize") as st:
         model, tokenizer = quantize.load_for_quantization(source, contract.source.trustRemoteCode)
@@ -309,26 +320,74 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
         del model
 
     with progress.stage("evaluate") as st:
-        gate = contract.qualityGate
-        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory)
-        ppl = evaluate.evaluate_pair(source, out, tokenizer, eval_set.texts, contract.evalMaxSeqLength, gate.evalSamples,
-                                     contract.source.trustRemoteCode, on_progress=lambda f: st.report(f))
-        import math
-
-        if not (math.isfinite(ppl.baseline) and math.isfinite(ppl.quantized)):
-            raise JobError(errors.PERPLEXITY_NOT_FINITE,
-                           f"perplexity is not finite (base {ppl.baseline}, quantized {ppl.quantized}): the checkpoint "
-                           "is broken or the evaluation text is unusable")
-        increase = ppl.increase_percent
-        quality = QualityReport(
-            baselinePerplexity=ppl.baseline, perplexity=ppl.quantized, increasePercent=increase,
-            maxIncreasePercent=gate.maxPerplexityIncreasePercent, passed=increase <= gate.maxPerplexityIncreasePercent,
-            evalDataset=gate.evalDataset, evalWindows=ppl.windows, evalTokens=ppl.tokens,
-        )
-        st.summary.update(baseline=f"{ppl.baseline:.4f}", quantized=f"{ppl.quantized:.4f}",
-                          increase=f"{increase:+.3f}%", gate=f"<={gate.maxPerplexityIncreasePercent}%",
-                          passed=str(quality.passed).lower(), windows=ppl.windows, window=ppl.window_length)
+        quality = _evaluate(contract, progress, st, source, out, tokenizer, eval_set, prepared)
     return out, quality
+
+
+def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, workdir: Path):
+    """The evaluation text, benchmark tasks and custom set, read and checked before any model is
+    loaded: bad input fails here, naming the field, before GPU time is spent."""
+    from . import lmeval, textdata
+
+    gate = contract.qualityGate
+    s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731
+    with progress.stage("eval-data") as st:
+        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=("test", "validation", "train"))
+        prepared = lmeval.prepare(gate, workdir, s3_factory)
+        st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks))
+    return eval_set, prepared
+
+
+def _evaluate(contract: QuantJobContract, progress: Progress, st, source: Path, out: Path, tokenizer, eval_set,
+              prepared):
+    from . import gate as quality_gate
+
+    gate = contract.qualityGate
+    quality = quality_gate.measure(source, out, tokenizer, eval_set.texts, gate.evalDataset, eval_set.sha256, gate,
+                                   contract.evalMaxSeqLength, contract.source.trustRemoteCode, prepared,
+                                   on_progress=lambda f: st.report(f), note=progress.note)
+    for m in quality.metrics:
+        progress.note(f"metric={m.name} base={m.base:.4f} quantized={m.quantized:.4f} "
+                      f"recovery={m.recoveryPercent:.2f}% min={m.minRecoveryPercent:.2f}% "
+                      f"passed={str(m.passed).lower()} seconds={m.seconds:.1f}")
+    st.summary.update(baseline=f"{quality.baselinePerplexity:.4f}", quantized=f"{quality.perplexity:.4f}",
+                      increase=f"{quality.increasePercent:+.3f}%", gate=f"<={gate.maxPerplexityIncreasePercent}%",
+                      passed=str(quality.passed).lower(), windows=quality.evalWindows, metrics=len(quality.metrics))
+    return quality
+
+
+def _evaluate_only(contract: QuantJobContract, env, progress: Progress, client, manifest: Manifest) -> dict:
+    """Measure an existing artifact under the current gate; write the result beside it
+    (``<key>/quality/<identity>.json``). The artifact's files and manifest are never written."""
+    from fewerbits_api.quality import eval_identity, quality_result_key
+
+    from .fetch import fetch_source
+
+    identity = eval_identity(contract.qualityGate)
+    bucket, prefix = artifact_prefix(contract.storage.uri, contract.key)
+    result_key = quality_result_key(prefix, identity)
+    own_workdir = not env.get(WORK_DIR_ENV)
+    workdir = Path(env.get(WORK_DIR_ENV) or tempfile.mkdtemp(prefix="fewerbits-evaljob-"))
+    try:
+        eval_set, prepared = _prepare_evaluation(contract, env, progress, workdir)
+        with progress.stage("fetch") as st:
+            fetched = fetch_source(contract, env, workdir, st)
+            out = workdir / "artifact"
+            storage.download_prefix(client, bucket, f"{prefix}{FILES_DIR}/", out)
+        with progress.stage("evaluate") as st:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(fetched.path, trust_remote_code=contract.source.trustRemoteCode)
+            quality = _evaluate(contract, progress, st, fetched.path, out, tokenizer, eval_set, prepared)
+        with progress.stage("manifest"):
+            body = json.dumps(quality.to_wire(), indent=2, sort_keys=True).encode()
+            client.put_object(Bucket=bucket, Key=result_key, Body=body, ContentType="application/json")
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    summary = _success("evaluated", manifest.model_copy(update={"quality": quality}), contract.storage.uri)
+    summary["evalIdentity"] = identity
+    return summary
 
 
 # ------------------------------------------------------------------------------------------- main

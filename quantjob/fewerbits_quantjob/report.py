@@ -44,6 +44,7 @@ STAGE_SPAN: dict[str, tuple[int, int]] = {
     "cache-check": (1, 2),
     "fetch": (2, 15),
     "calibration-data": (15, 17),
+    "eval-data": (17, 17),
     "quantize": (17, 60),
     "save": (60, 65),
     "evaluate": (65, 85),

@@ -30,7 +30,7 @@ from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 from . import errors
 from .errors import JobError
 
-_HF_DATASET = re.compile(r"^hf://datasets/(?P<repo>[^@]+?)(?:@(?P<rev>.+))?$")
+_HF_DATASET = re.compile(r"^hf://datasets/(?P<repo>[^@#]+?)(?:@(?P<rev>[^#]+))?(?:#(?P<config>[^/]+)(?:/(?P<split>.+))?)?$")
 
 
 @dataclass
@@ -83,12 +83,19 @@ def parse_hf_dataset_uri(uri: str) -> tuple[str, str | None]:
     return m.group("repo"), m.group("rev")
 
 
-def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None) -> TextSet:
+def hf_config_and_split(uri: str) -> tuple[str | None, str | None]:
+    """The ``#config[/split]`` part of a Hub dataset URI (None, None when absent)."""
+    m = _HF_DATASET.match(uri)
+    return (m.group("config"), m.group("split")) if m else (None, None)
+
+
+def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None,
+               splits: tuple[str, ...] = ("train",)) -> TextSet:
     """Load the samples named by ``uri`` (at most ``limit``; the hash covers what is returned)."""
     if uri.startswith("s3://"):
         texts, details = _load_s3_jsonl(uri, s3_client_factory)
     elif uri.startswith("hf://"):
-        texts, details = _load_hf(uri, env, limit)
+        texts, details = _load_hf(uri, env, limit, splits)
     else:
         body = _builtin_bytes(uri)
         texts = split_paragraphs(body.decode("utf-8"))
@@ -119,18 +126,22 @@ def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, st
     return parse_jsonl(body, uri), details
 
 
-def _load_hf(uri: str, env: Mapping[str, str], limit: int | None) -> tuple[list[str], dict[str, str]]:
+def _load_hf(uri: str, env: Mapping[str, str], limit: int | None,
+             splits: tuple[str, ...] = ("train",)) -> tuple[list[str], dict[str, str]]:
     import datasets
 
     repo, revision = parse_hf_dataset_uri(uri)
+    config, wanted_split = hf_config_and_split(uri)
     token = env.get(ENV_HF_TOKEN) or None
     try:
-        dsd = datasets.load_dataset(repo, revision=revision, token=token, streaming=True)
+        dsd = datasets.load_dataset(repo, *([config] if config else []), revision=revision, token=token, streaming=True)
     except Exception as e:  # noqa: BLE001 — network, auth or a missing set: one line, no traceback
         name = type(e).__name__
         reason = errors.DATASET_NOT_FOUND if "NotFound" in name or "FileNotFound" in name else errors.DATASET_FETCH_FAILED
         raise JobError(reason, f"{uri}: {name}: {e}", permanent=reason == errors.DATASET_NOT_FOUND) from e
-    split = "train" if "train" in dsd else next(iter(dsd))
+    if wanted_split is not None and wanted_split not in dsd:
+        raise JobError(errors.DATASET_INVALID, f"{uri}: no split {wanted_split!r} (has {', '.join(dsd)})", permanent=True)
+    split = wanted_split or next((s for s in splits if s in dsd), next(iter(dsd)))
     texts: list[str] = []
     for row in dsd[split]:
         text = row.get("text")
