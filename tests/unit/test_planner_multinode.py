@@ -116,9 +116,13 @@ def test_cli_gpu_nodes_syntax_table_and_json(capsys):
     assert header.split()[5:7] == ["TP", "NODES"]
     row = next(line for line in out.splitlines() if line.startswith("h100-80gb-hbm3-x8 ")).split()
     assert row[row.index("fp8") + 1:row.index("fp8") + 3] == ["8", "2"]
-    # --format none: the checkpoint is FP8, and fewerbits quantizes (or serves 16-bit) only from a
-    # 16-bit original, so every pool is refused with what to do.
-    assert main(["plan", "--model-config", cfg, "--gpu", f"{H100}:8x4", "--format", "none", "-o", "json"]) == 1
+    # --format none ("fewerbits does not quantize") on an FP8 checkpoint: served as it is, the
+    # issue's done-when (there are no 16-bit weights to serve instead).
+    assert main(["plan", "--model-config", cfg, "--gpu", f"{H100}:8x4", "--format", "none", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(v["format"], v["servedAsIs"], v["nodesPerReplica"]) for v in doc["variants"]] == [("fp8-block", True, 2)]
+    # Another format would need the 16-bit original: refused with what to do.
+    assert main(["plan", "--model-config", cfg, "--gpu", f"{H100}:8x4", "--format", "w4a16-gptq", "-o", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert "16-bit original" in doc["rejected"][0]["reason"]
 

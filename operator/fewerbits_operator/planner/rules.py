@@ -706,7 +706,9 @@ def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: s
     would need a dequantization step that compounds both errors, so the source's own format is
     the only one a pool can get. Where the pool runs that format (and it fits) the variant is
     marked ``servedAsIs``: no quantization Job, the artifact is the source pinned by its revision.
-    Elsewhere the pool is refused with what to do (a 16-bit source, or another pool).
+    Elsewhere the pool is refused with what to do (a 16-bit source, or another pool). Format
+    ``none`` ("fewerbits does not quantize") on such a source means the same as ``auto``: serve it
+    as it is; there are no 16-bit weights to serve instead.
     """
     sq = shape.source_quantization
     assert sq is not None
@@ -716,10 +718,10 @@ def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: s
             f"{already}, which is none of the formats fewerbits serves or quantizes from "
             f"(quantization_config.quant_method {sq.method!r}); point spec.source at the model's 16-bit original"))
     fmt = sq.format
-    if request.format not in (QuantFormat.AUTO, fmt):
+    if request.format not in (QuantFormat.AUTO, QuantFormat.NONE, fmt):
         return RejectedPool(pool=pool.name, reason=(
             f"{already}, i.e. {fmt.value}; format {request.format.value} would need its 16-bit original: "
-            f"set spec.quantization.format to auto or {fmt.value}, or point spec.source at the 16-bit original"))
+            f"set spec.quantization.format to auto, none or {fmt.value}, or point spec.source at the 16-bit original"))
     if not request.allows(fmt):
         allowed = ", ".join(f.value for f in request.allowed_formats or ())
         return RejectedPool(pool=pool.name, reason=(
