@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from fewerbits_api.datasets import BUILTIN_DATASETS
 from fewerbits_api.endpoints import endpoint_matches, endpoint_refusal
 from fewerbits_api.errors import format_validation_error
+from fewerbits_api.lmeval_tasks import benchmark_problems
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import PolicyRules, QuantizationPolicy, QuantizationPolicySpec
 from fewerbits_api.quantizedmodel import (
@@ -326,6 +327,8 @@ def effective_spec(
         if dataset and "://" not in dataset and dataset not in BUILTIN_DATASETS:
             errors.append(f"{field_name}: {dataset!r} is not a built-in dataset (built-in: "
                           f"{', '.join(BUILTIN_DATASETS)}); use s3://bucket/path.jsonl or hf://datasets/org/name")
+    # lm-eval's own task registry (pinned release, as data): no GPU Job for an unknown task.
+    errors += benchmark_problems(spec.quantization.qualityGate)
     # vLLM's own argument rules (its parser's flags, types and choices, pinned release).
     errors += [f"spec.serving.extraArgs: {e}" for e in check_vllm_args(spec.serving.extraArgs)]
     return Effective(spec, policy, errors=bounded(errors), violations=bounded(check_rules(spec, raw, policy)),
