@@ -19,7 +19,7 @@ from fewerbits_operator.queueing import (
 )
 from fewerbits_operator.settings import OperatorSettings
 
-from test_decide import NAME, NOW, NS, UID, SETTINGS, World, policy
+from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, policy
 
 T0, T1, T2 = "2026-11-23T11:00:00Z", "2026-11-23T11:05:00Z", "2026-11-23T11:10:00Z"
 
