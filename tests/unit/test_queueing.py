@@ -181,7 +181,7 @@ def test_the_ledger_counts_a_created_job_until_the_cache_shows_it():
         def list_managed_jobs(self, namespaces):
             return list(self.jobs)
 
-        def list_models(self, namespaces):
+        def list_models_where(self, namespaces, where):
             return []
 
     t = [0.0]
