@@ -16,7 +16,7 @@ from typing import Callable
 
 from .decide import CreateJob, Outcome
 from .kube import Kube
-from .queueing import QueueFacts, facts_from
+from .queueing import QueueFacts, facts_from, queued_entries
 
 LEDGER_SECONDS = 60.0
 """A created Job the cache has not shown after this long is forgotten (its create failed)."""
@@ -33,7 +33,8 @@ class AdmissionGate:
     def facts(self) -> QueueFacts:
         """The queue's facts now: the Jobs from the watched cache plus those this process created
         that it does not show yet, and the queued entries of every model. Call under ``lock``."""
-        facts = facts_from(self.kube.list_managed_jobs(self.namespaces), self.kube.list_models(self.namespaces))
+        facts = facts_from(self.kube.list_managed_jobs(self.namespaces),
+                           self.kube.list_models_where(self.namespaces, queued_entries))
         now = self.clock()
         self._created = {ref: t for ref, t in self._created.items()
                          if ref not in facts.existing and now - t < LEDGER_SECONDS}

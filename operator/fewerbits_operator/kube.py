@@ -201,6 +201,12 @@ class Kube:
             self.models.note(namespace, name, _rv(obj))
         return obj
 
+    def list_models_where(self, namespaces: list[str], where: Any) -> list[dict[str, Any]]:
+        """The models of ``list_models`` that ``where`` accepts (the cache copies only those)."""
+        if self.models is not None and namespaces == self.namespaces and self.models.synced():
+            return self.models.items(where=where)
+        return [m for m in self.list_models(namespaces) if where(m)]
+
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
         """Models in the watched namespaces: all when empty; names or glob patterns (`team-*`,
         `!team-test`). From the watched cache when it covers exactly these namespaces."""

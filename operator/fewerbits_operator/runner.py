@@ -225,9 +225,8 @@ class Operator:
         again (its place in the queue moved, or a slot is free), not only at its next resync."""
         if self.reconciler is None or self.settings is None:
             return
-        for m in self.reconciler.kube.list_models(self.settings.namespaces):
-            if queued_entries(m):
-                self.queue.add((m["metadata"]["namespace"], m["metadata"]["name"]))
+        for m in self.reconciler.kube.list_models_where(self.settings.namespaces, queued_entries):
+            self.queue.add((m["metadata"]["namespace"], m["metadata"]["name"]))
 
     def _node_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         name = ((new or old or {}).get("metadata") or {}).get("name")

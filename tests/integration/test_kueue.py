@@ -57,6 +57,7 @@ def test_kueue_admits_the_jobs_of_three_models_one_at_a_time(cluster, kueue, gpu
                                                              model_spec):
     """A policy names LocalQueue `gpu`; the ClusterQueue behind it has quota for one GPU. The
     pool's node has 8 GPUs, so only Kueue keeps the three Jobs apart."""
+    print(f"Kueue started in {kueue.startup_seconds:.1f}s (CRDs, process ready, webhooks)")
     gpu_pool("h100", H100)
     policy = namespace_policy(f"kueue-{namespace}", namespace, {"kueue": {"localQueueName": "gpu"}})
     flavor, cq, lq = kueue_addon.gpu_queue("gpu", namespace, gpus=1)
@@ -89,9 +90,10 @@ def test_kueue_admits_the_jobs_of_three_models_one_at_a_time(cluster, kueue, gpu
 
         # The Jobs ran one after the other (Kueue unsuspends a Job when it admits its Workload: its
         # startTime), and each started only once the Workload before it had finished (quota freed).
-        jobs = models.jobs(namespace)
+        # (A model is Ready once the manifest is published; its Job is marked complete just after.)
+        jobs = models.wait("every Job complete", lambda: (js := models.jobs(namespace)) and all(
+            j.status.completion_time for j in js) and js, timeout=120)
         ran = sorted((j.status.start_time, j.status.completion_time) for j in jobs)
-        assert all(end is not None for _, end in ran), ran
         assert_one_at_a_time(ran)
         workloads = kueue_addon.workloads(cluster, namespace)
         assert len(workloads) == 3

@@ -19,7 +19,7 @@ from fewerbits_operator.queueing import (
 )
 from fewerbits_operator.settings import OperatorSettings
 
-from tests.unit.test_decide import NAME, NOW, NS, UID, SETTINGS, World, policy
+from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, policy
 
 T0, T1, T2 = "2026-11-23T11:00:00Z", "2026-11-23T11:05:00Z", "2026-11-23T11:10:00Z"
 
@@ -181,7 +181,7 @@ def test_the_ledger_counts_a_created_job_until_the_cache_shows_it():
         def list_managed_jobs(self, namespaces):
             return list(self.jobs)
 
-        def list_models(self, namespaces):
+        def list_models_where(self, namespaces, where):
             return []
 
     t = [0.0]

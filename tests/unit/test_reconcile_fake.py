@@ -76,8 +76,8 @@ class FakeKube:
     def list_managed_jobs(self, namespaces):  # the cap on running quantization Jobs
         return [copy.deepcopy(j) for j in self.jobs.values()]
 
-    def list_models(self, namespaces):
-        return [copy.deepcopy(self.model)]
+    def list_models_where(self, namespaces, where):
+        return [copy.deepcopy(m) for m in [self.model] if where(m)]
 
     def list_pods(self, namespace, selector):
         self.reads.append(f"pods/{selector}")
