@@ -35,10 +35,12 @@ from .decide import (
     ReplaceDeployment,
 )
 from .kube import Kube
+from .routing import CreateInferencePool, PatchInferencePool
 
 log = logging.getLogger("fewerbits.execute")
 
-ORDER = (DeleteDeployment, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService)
+ORDER = (DeleteDeployment, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService,
+         CreateInferencePool, PatchInferencePool)
 
 
 class StatusConflict(RuntimeError):
@@ -71,6 +73,10 @@ def apply_action(kube: Kube, action: Action) -> None:
             raise StatusConflict(f"Deployment {md['name']} changed while reconciling; retrying")
     elif isinstance(action, PatchService):
         kube.patch_service(action.namespace, action.name, _plain(action.patch))
+    elif isinstance(action, CreateInferencePool):
+        kube.create_inference_pool(_plain(action.pool))
+    elif isinstance(action, PatchInferencePool):
+        kube.patch_inference_pool(action.namespace, action.name, _plain(action.patch))
     else:  # pragma: no cover - the Action union is closed
         raise TypeError(f"unknown action {action!r}")
 

@@ -104,6 +104,7 @@ class Kube:
         self.jobs: Informer | None = None
         self.deployments: Informer | None = None
         self._namespace_labels = TTLCache(0)
+        self._served = TTLCache(10)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
                      on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
@@ -426,6 +427,46 @@ class Kube:
 
     def patch_service(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.core.patch_namespaced_service(name, namespace, patch)
+        self._wrote()
+
+    # ------------------------------------------------------------ InferencePools (routing.py)
+
+    def serves(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (discovery, one GET; the
+        answer is kept 10 s, so a CRD installed later is seen within one resync)."""
+        def load() -> bool:
+            try:
+                out = self.api.call_api(f"/apis/{group}/{version}", "GET", response_type="object",
+                                        auth_settings=["BearerToken"], _return_http_data_only=True)
+            except ApiException as e:
+                if _missing(e):
+                    return False
+                raise
+            return any(r.get("name") == plural for r in (out or {}).get("resources") or [])
+        return bool(self._served.get((group, version, plural), load))
+
+    def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from .routing import GROUP, PLURAL, VERSION
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def create_inference_pool(self, body: dict[str, Any]) -> None:
+        from .routing import GROUP, PLURAL, VERSION
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return
+        self._wrote()
+
+    def patch_inference_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        from .routing import GROUP, PLURAL, VERSION
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
         self._wrote()
 
     # ------------------------------------------------------------ events

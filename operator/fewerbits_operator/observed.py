@@ -103,3 +103,5 @@ class Observed:
     """Whether the Service was looked up (only when something is planned)."""
     pod_terminations: Mapping[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     """By variant, for variants short of ready replicas: their pods' failed containers."""
+    routing: Any = None
+    """``routing.RoutingFacts`` when the model asks for an InferencePool (read only then)."""

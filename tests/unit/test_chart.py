@@ -175,6 +175,7 @@ NAMESPACED_RULES = {
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
     ("apps", "deployments/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("", "events"): {"create"},
 }
 CLUSTER_RULES = {
