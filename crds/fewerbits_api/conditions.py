@@ -54,6 +54,9 @@ class Reason:
     POOL_GONE = "PoolGone"
     SERVICE_CONFLICT = "ServiceConflict"
     BLOCKED = "Blocked"
+    # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.routing)
+    ROUTING_UNAVAILABLE = "RoutingUnavailable"
+    INFERENCE_POOL_CONFLICT = "InferencePoolConflict"
 
 
 class Condition(ApiModel):

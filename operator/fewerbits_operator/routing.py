@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from fewerbits_api.conditions import Reason
+
 from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels
 
 GROUP = "inference.networking.k8s.io"
@@ -35,8 +37,8 @@ SERVICE = "service"
 INFERENCE_POOL = "inferencePool"
 DEFAULT_ROUTING = SERVICE
 
-REASON_UNAVAILABLE = "RoutingUnavailable"
-REASON_CONFLICT = "InferencePoolConflict"
+REASON_UNAVAILABLE = Reason.ROUTING_UNAVAILABLE
+REASON_CONFLICT = Reason.INFERENCE_POOL_CONFLICT
 
 # The EPP's scheduling profile: the KV-cache utilization scorer (prefers pods with free KV blocks)
 # and the queue scorer (prefers pods with fewer waiting requests), equal weights, max-score picker.

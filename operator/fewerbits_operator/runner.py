@@ -127,6 +127,10 @@ class Operator:
             scaler = Autoscaler(kube, source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
+        if s.activator_port:
+            from .activator import Activator, serve as serve_activator
+            self._activator = serve_activator(Activator(kube, queue=s.activator_queue,
+                                                        timeout=s.activator_timeout_seconds), s.activator_port)
         if s.health_port:
             try:
                 self._health = serve_health(s.health_port, self.healthy)

@@ -136,6 +136,8 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.PODS_FAILING: ("Ready", "Degraded"),
     Reason.SERVICE_CONFLICT: ("Deployed", "Degraded"),
     Reason.BLOCKED: ("Ready", "Progressing"),
+    Reason.ROUTING_UNAVAILABLE: ("Deployed", "Degraded"),
+    Reason.INFERENCE_POOL_CONFLICT: ("Deployed", "Degraded"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
 
