@@ -133,6 +133,10 @@ class Activator:
         if model is None:
             return error(404, f"no QuantizedModel {ns}/{name}")
         target = ready_pod(self.pods(ns, name))
+        if target is None and not ((model.get("status") or {}).get("autoscaling") or {}).get("enabled"):
+            # Replicas come from spec.serving.replicas: reconcile would undo a wake-up.
+            return error(503, f"{ns}/{name} has no ready replica and autoscaling is off: nothing to wake "
+                              "(raise spec.serving.replicas or enable autoscaling with minReplicas 0)")
         if target is None:
             g = self.gate(key)
             with g.lock:
