@@ -72,7 +72,7 @@ class OperatorSettings(BaseSettings):
     """Timeout of one pod scrape or Prometheus query."""
     autoscaler_status_interval_seconds: float = 60.0
     """Least time between status writes that only refresh load figures (decisions are written at once)."""
-    activator_port: int = 0
+    activator_port: int = 8082
     """Port of the scale-from-zero activator (activator.py): a request for a model at zero replicas
     waits there while one replica starts (0: off)."""
     activator_queue: int = Field(default=100, ge=1, le=10_000)

@@ -340,14 +340,14 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
 
 def test_metrics_off(helm: list[str]):
     objs = render(helm, ["metrics.enabled=false"])
-    assert by_kind(objs, "Service") == []
+    assert [s["metadata"]["name"] for s in by_kind(objs, "Service")] == ["fb-fewerbits-activator"]
     assert env_of(operator_deployment(objs))["FEWERBITS_METRICS_PORT"] == "0"
 
 
 def test_metrics_service_and_service_monitor_select_the_operator(helm: list[str]):
     objs = render(helm, MODES["service-monitor"])
     dep = operator_deployment(objs)
-    (svc,) = by_kind(objs, "Service")
+    (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     (sm,) = by_kind(objs, "ServiceMonitor")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
