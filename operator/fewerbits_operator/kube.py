@@ -436,13 +436,12 @@ class Kube:
         answer is kept 10 s, so a CRD installed later is seen within one resync)."""
         def load() -> bool:
             try:
-                out = self.api.call_api(f"/apis/{group}/{version}", "GET", response_type="object",
-                                        auth_settings=["BearerToken"], _return_http_data_only=True)
+                out = self.custom.get_api_resources(group, version)
             except ApiException as e:
                 if _missing(e):
                     return False
                 raise
-            return any(r.get("name") == plural for r in (out or {}).get("resources") or [])
+            return any(r.name == plural for r in (out.resources if out else None) or [])
         return bool(self._served.get((group, version, plural), load))
 
     def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
+from e2e.tests.test_harness import wait_for
 from fewerbits_operator.routing import EPP_CONFIG
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
@@ -52,14 +53,8 @@ def report(pod_ip: str, kv: float, waiting: int) -> None:
         pass
 
 
-def wait_until(what: str, check, timeout: float = 60, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = check()
-        if out:
-            return out
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def wait_until(what: str, check, timeout: float = 60):
+    return wait_for(what, check, timeout=timeout, interval=0.05)
 
 
 @dataclass
