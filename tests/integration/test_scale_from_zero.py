@@ -35,10 +35,11 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     (dep,) = models.deployments(namespace, "sleepy")
     name = dep.metadata.name
 
-    # Idle (the simulator reports no load): down to zero after the delay, its pod gone.
+    # Idle (the simulator reports no load): down to zero after the delay, its pod going.
     models.wait("scaled to zero", lambda: apps.read_namespaced_deployment_scale(name, namespace).spec.replicas == 0
-                and not core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=sleepy,app.kubernetes.io/component=server").items,
-                timeout=DELAY + 60)
+                and not [p for p in core.list_namespaced_pod(
+                    namespace, label_selector="fewerbits.io/model=sleepy,app.kubernetes.io/component=server").items
+                    if not p.metadata.deletion_timestamp], timeout=DELAY + 60)
     suspended = models.wait("Argo CD health Suspended", lambda: (h := health(models.get(namespace, "sleepy")))[0]
                             == "Suspended" and h, timeout=30)
     assert "Scaled to zero" in suspended[1]
