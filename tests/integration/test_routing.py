@@ -39,7 +39,8 @@ H100_SPEED, L4_SPEED = 0.9, 0.3
 
 def pods_by_pool(core: client.CoreV1Api, namespace: str, model: str) -> dict[str, client.V1Pod]:
     pods = core.list_namespaced_pod(namespace, label_selector=f"fewerbits.io/model={model}").items
-    return {p.metadata.labels["fewerbits.io/variant"]: p for p in pods
+    # Variants are named after their pool (e.g. `h100-80gb-hbm3-x8`, `l4-x1`): keyed by GPU here.
+    return {p.metadata.labels["fewerbits.io/variant"].split("-", 1)[0]: p for p in pods
             if p.status.pod_ip and not p.metadata.deletion_timestamp
             and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
 
