@@ -27,10 +27,14 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
+from e2e.demo import ARTIFACT_BUCKET
+
 from e2e.tests.test_harness import wait_for
 from fewerbits_operator.routing import EPP_CONFIG
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+# One fp8-dynamic artifact for the routing and scale-from-zero tests: the second is a cache hit.
+SHARED_ARTIFACTS = f"s3://{ARTIFACT_BUCKET}/routing-and-scale-from-zero"
 
 IP_GROUP = "inference.networking.k8s.io"
 H100_SPEED, L4_SPEED = 0.9, 0.3
@@ -90,7 +94,8 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
         wait_until("the CRD gone", lambda: crd not in [c.metadata.name for c in ext.list_custom_resource_definition().items])
 
     # 1. Without the CRD: refused on the model, served through the Service all the same.
-    spec = model_spec(quantization={"format": "fp8-dynamic"}, serving={"maxModelLen": 256, "routing": "inferencePool"})
+    spec = model_spec(quantization={"format": "fp8-dynamic"}, serving={"maxModelLen": 256, "routing": "inferencePool"},
+                      storage={"uri": SHARED_ARTIFACTS})
     models.apply(namespace, "routed", spec)
     models.wait_condition(namespace, "routed", "Ready", timeout=600)
     deployed = models.wait_condition(namespace, "routed", "Deployed", status="False", timeout=60)

@@ -17,9 +17,13 @@ import urllib.request
 import pytest
 from kubernetes import client
 
+from e2e.demo import ARTIFACT_BUCKET
+
 from tests.unit.test_argocd_health import health
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+# One fp8-dynamic artifact for the routing and scale-from-zero tests: the second is a cache hit.
+SHARED_ARTIFACTS = f"s3://{ARTIFACT_BUCKET}/routing-and-scale-from-zero"
 
 DELAY = 6  # scaleDownDelaySeconds: idle this long, then down to zero
 
@@ -27,7 +31,7 @@ DELAY = 6  # scaleDownDelaySeconds: idle this long, then down to zero
 def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, namespace, models, model_spec, operator):
     gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     models.apply(namespace, "sleepy", model_spec(
-        quantization={"format": "fp8-dynamic"},
+        quantization={"format": "fp8-dynamic"}, storage={"uri": SHARED_ARTIFACTS},
         autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2, "scaleDownDelaySeconds": DELAY}))
     models.wait_condition(namespace, "sleepy", "Ready", timeout=600)
     apps = client.AppsV1Api(cluster.api_client())
@@ -35,11 +39,19 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     (dep,) = models.deployments(namespace, "sleepy")
     name = dep.metadata.name
 
-    # Idle (the simulator reports no load): down to zero after the delay, its pod going.
-    models.wait("scaled to zero", lambda: apps.read_namespaced_deployment_scale(name, namespace).spec.replicas == 0
-                and not [p for p in core.list_namespaced_pod(
-                    namespace, label_selector="fewerbits.io/model=sleepy,app.kubernetes.io/component=server").items
-                    if not p.metadata.deletion_timestamp], timeout=DELAY + 60)
+    # Idle (the simulator reports no load): down to zero after the delay, no pod serving any more.
+    def serving() -> list[tuple[str, bool, bool]]:
+        pods = core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=sleepy,"
+                                                                  "app.kubernetes.io/component=server").items
+        return [(p.metadata.name, bool(p.metadata.deletion_timestamp),
+                 any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])) for p in pods]
+
+    deadline = time.monotonic() + DELAY + 90
+    while not (apps.read_namespaced_deployment_scale(name, namespace).spec.replicas == 0
+               and not [p for p in serving() if not p[1] and p[2]]):
+        assert time.monotonic() < deadline, f"not scaled to zero: replicas " \
+            f"{apps.read_namespaced_deployment_scale(name, namespace).spec.replicas}, pods {serving()}"
+        time.sleep(0.5)
     suspended = models.wait("Argo CD health Suspended", lambda: (h := health(models.get(namespace, "sleepy")))[0]
                             == "Suspended" and h, timeout=30)
     assert "Scaled to zero" in suspended[1]
