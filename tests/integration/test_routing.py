@@ -9,7 +9,7 @@ Service serves; once the CRD is installed the operator creates the pool; a pool 
 name that it does not own is a conflict, left untouched; the EPP sends requests to the less loaded
 pod; under a load whose per-pod queue follows what each pool received and drains at the pool's
 speed, the slow pool gets a smaller share than the Service's even split; a pod that exposes no
-metrics is still routed to, never dropped.
+metrics is still routed to, never dropped (the EPP takes it for idle: see step 6).
 
 The simulators report what the test tells them (`POST /admin/config` fake metrics, per pod): the
 simulator's real-metrics mode cannot be given different speeds per pool here, so the queue model
@@ -175,8 +175,9 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     assert share["l4"] > 0, f"the slow pool is never starved: {figures}"
     assert even.waiting("l4") > 10 * max(1, routed.waiting("l4")), figures  # the even split saturates the L4
 
-    # 6. A pod whose server exposes no metrics (an old image): routed to all the same, with the EPP
-    # logging that it cannot read its metrics.
+    # 6. A pod whose server exposes no metrics (an old image): never dropped. The EPP v1.1.0 keeps
+    # it with zero queue and zero KV usage (its failed scrapes are logged at trace level only), so
+    # beside loaded pods it looks idle and is preferred: what this shows is that, not round-robin.
     set_load({p: 0.5 for p in pods}, {p: 3 for p in pods})
     bare = {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "no-metrics", "labels": {"fewerbits.io/model": "routed",
@@ -195,5 +196,5 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
                          and p.status.pod_ip, timeout=120)
     wait_until("the EPP to list the bare pod", lambda: "no-metrics" in picker.queue_sizes(), timeout=30)
     hits = [picker.chat("routed")[1].rsplit(":", 1)[0] for _ in range(20)]
+    print("NO-METRICS POD SHARE", hits.count(bare_ip) / len(hits))
     assert hits.count(bare_ip) > 0, f"a pod without metrics was dropped: {hits}"
-    assert "no-metrics" in picker.log_text() and "metrics" in picker.log_text().lower()
