@@ -168,7 +168,7 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
         even.arrive("h100" if i % 2 == 0 else "l4")
     share = {p: sent[p] / n for p in sent}
     figures = {"requests": n, "epp_share": share, "service_share": {"h100": 0.5, "l4": 0.5},
-               "epp_max_backlog": {p: routed.waiting(p) for p in pods},
+               "epp_backlog_at_end": {p: routed.waiting(p) for p in pods},
                "service_backlog_at_end": {p: even.waiting(p) for p in pods}}
     print("ROUTING FIGURES", json.dumps(figures))
     assert share["l4"] < 0.4 and share["h100"] > share["l4"], figures
