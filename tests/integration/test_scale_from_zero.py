@@ -47,7 +47,8 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
                  any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])) for p in pods]
 
     deadline = time.monotonic() + DELAY + 90
-    while not (apps.read_namespaced_deployment_scale(name, namespace).spec.replicas == 0
+    # A Scale at 0 replicas leaves spec.replicas out (omitempty): None here.
+    while not ((apps.read_namespaced_deployment_scale(name, namespace).spec.replicas or 0) == 0
                and not [p for p in serving() if not p[1] and p[2]]):
         assert time.monotonic() < deadline, f"not scaled to zero: replicas " \
             f"{apps.read_namespaced_deployment_scale(name, namespace).spec.replicas}, pods {serving()}"

@@ -291,7 +291,7 @@ def test_operator_deployment(helm: list[str]):
     assert c["image"] == "ghcr.io/fewerbits/fewerbits-operator:0.1.0"
     assert c["command"] == ["python", "-m", "fewerbits_operator"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081}
+    assert ports == {"metrics": 8080, "health": 8081, "activator": 8082}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
