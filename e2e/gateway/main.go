@@ -146,16 +146,28 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(resBody)))
 	w.WriteHeader(res.StatusCode)
 	_, _ = w.Write(resBody)
-	// Drain the picker's answers to the response (best effort; the client already has its reply).
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush() // the client has its answer now, whatever the picker does next
+	}
+	// Drain the picker's answers to the response, bounded: it counts the request finished.
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			if rb, ok := resp.Response.(*extproc.ProcessingResponse_ResponseBody); ok &&
+				rb.ResponseBody.GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
+				return
+			}
 		}
-		if rb, ok := resp.Response.(*extproc.ProcessingResponse_ResponseBody); ok &&
-			rb.ResponseBody.GetResponse().GetBodyMutation().GetStreamedResponse().GetEndOfStream() {
-			return
-		}
+	}()
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		log.Printf("picker did not answer the response of %s within 5s", target)
 	}
 }
 
