@@ -164,4 +164,19 @@ def prometheus(cluster):
         yield p
     finally:
         p.stop()
+
+
+@pytest.fixture(scope="session")
+def inference_gateway(cluster):
+    """The Gateway API Inference Extension add-on (e2e/addons/epp.py): its CRDs on the shared cluster,
+    and `.picker(namespace, pool, config)` starting an endpoint picker for an InferencePool with a
+    gateway in front of it. Built and started on first use only; stopped at the end of the session."""
+    from e2e.addons import epp
+
+    d = _state_root("epp")
+    gw = epp.InferenceGateway(cluster, d)
+    try:
+        yield gw
+    finally:
+        gw.stop()
         _cleanup(d)

@@ -64,6 +64,9 @@ class Reason:
     BLOCKED = "Blocked"
     LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"
     """Deployed: a variant's replica spans nodes and the cluster does not serve LeaderWorkerSet."""
+    # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.routing)
+    ROUTING_UNAVAILABLE = "RoutingUnavailable"
+    INFERENCE_POOL_CONFLICT = "InferencePoolConflict"
 
 
 class Condition(ApiModel):

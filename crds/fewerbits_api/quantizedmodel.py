@@ -275,6 +275,14 @@ class ServingSpec(ApiModel):
     change trust (`--quantization`, `--kv-cache-dtype`, `--dtype`, `--tensor-parallel-size`,
     `--trust-remote-code`, ...) are refused unless a policy allows them."""
 
+    routing: Literal["service", "inferencePool"] | None = None
+    """How requests reach the variants. `service` (the default): the model's Service, which
+    spreads requests evenly over every pod. `inferencePool`: also an InferencePool
+    (inference.networking.k8s.io/v1, Gateway API Inference Extension) whose endpoint picker sends
+    each request to the pod with the most free KV cache and the shortest queue, so a slow pool
+    gets less traffic; needs that CRD in the cluster and a gateway that implements it. The
+    Service stays either way."""
+
     loadFormat: Literal["fetch", "stream"] = "fetch"
     """How vLLM gets the weights. `fetch`: the init container downloads and verifies every file
     (sha256 against the manifest) to local disk, then vLLM loads them. `stream`: vLLM reads the

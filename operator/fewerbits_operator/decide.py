@@ -69,6 +69,8 @@ from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, O
 from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from .evaljob import render_eval_job
 from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
+from . import routing
+from .routing import CreateInferencePool, PatchInferencePool
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -83,6 +85,7 @@ WARNING_REASONS = frozenset({
     Reason.JOB_EXCEEDS_POLICY, Reason.DATASET_UNREADABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
     Reason.CALIBRATION_DATA_UNAVAILABLE,
+    routing.REASON_UNAVAILABLE, routing.REASON_CONFLICT,
 })
 MAX_NAME = 40
 """A model's name prefixes Deployment names (`<name>-<pool>`): at most 40 characters."""
@@ -153,7 +156,7 @@ class ClaimArtifact:
 
 
 Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, DeleteDeployment, CreateService,
-               PatchService, ClaimArtifact]
+               PatchService, ClaimArtifact, CreateInferencePool, PatchInferencePool]
 
 
 @dataclass(frozen=True)
@@ -869,6 +872,10 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         svc_actions, conflict = service_actions(obs, owner)
         actions.extend(svc_actions)
         status.endpoint = None if conflict else endpoint(owner)
+    routing_problem = None
+    if the_plan.variants and not conflict and routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
+        pool_actions, routing_problem = routing.pool_actions(obs.routing, owner)
+        actions.extend(pool_actions)
 
     old_serving = {s.variant: s for s in obs.old_status.serving}
     serving: list[VariantServingStatus] = []
@@ -915,6 +922,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
                f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
                ("its artifact failed the quality gate" if gate_failed else "its artifact is not published yet"))
+    elif routing_problem:
+        # Served through the Service meanwhile (Ready says so); what was asked of routing is refused.
+        st.set(C.DEPLOYED, False, *routing_problem)
     elif rolled_out:
         st.set(C.DEPLOYED, True, Reason.DEPLOYMENTS_CREATED,
                f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}")

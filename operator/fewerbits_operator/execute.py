@@ -42,11 +42,13 @@ from .decide import (
 )
 from .kube import Kube
 from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
+from .routing import CreateInferencePool, PatchInferencePool
 from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
 
-ORDER = (DeleteDeployment, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService)
+ORDER = (DeleteDeployment, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService,
+         CreateInferencePool, PatchInferencePool)
 
 
 class StatusConflict(RuntimeError):
@@ -88,6 +90,10 @@ def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -
             raise StatusConflict(f"Deployment {md['name']} changed while reconciling; retrying")
     elif isinstance(action, PatchService):
         kube.patch_service(action.namespace, action.name, _plain(action.patch))
+    elif isinstance(action, CreateInferencePool):
+        kube.create_inference_pool(_plain(action.pool))
+    elif isinstance(action, PatchInferencePool):
+        kube.patch_inference_pool(action.namespace, action.name, _plain(action.patch))
     else:  # pragma: no cover - the Action union is closed
         raise TypeError(f"unknown action {action!r}")
 

@@ -107,6 +107,7 @@ class Kube:
         self.lws: Informer | None = None
         self._namespace_labels = TTLCache(0)
         self._lws_discovery = TTLCache(10)
+        self._served = TTLCache(10)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
                      on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
@@ -514,6 +515,45 @@ class Kube:
 
     def patch_service(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.core.patch_namespaced_service(name, namespace, patch)
+        self._wrote()
+
+    # ------------------------------------------------------------ InferencePools (routing.py)
+
+    def serves(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (discovery, one GET; the
+        answer is kept 10 s, so a CRD installed later is seen within one resync)."""
+        def load() -> bool:
+            try:
+                out = self.custom.get_api_resources(group, version)
+            except ApiException as e:
+                if _missing(e):
+                    return False
+                raise
+            return any(r.name == plural for r in (out.resources if out else None) or [])
+        return bool(self._served.get((group, version, plural), load))
+
+    def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from .routing import GROUP, PLURAL, VERSION
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def create_inference_pool(self, body: dict[str, Any]) -> None:
+        from .routing import GROUP, PLURAL, VERSION
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return
+        self._wrote()
+
+    def patch_inference_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        from .routing import GROUP, PLURAL, VERSION
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
         self._wrote()
 
     # ------------------------------------------------------------ events

@@ -35,6 +35,7 @@ from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
+from . import routing
 from .planner import ModelConfigError as ShapeError
 from .render import LABEL_VARIANT, LABEL_MODEL
 from .settings import OperatorSettings
@@ -204,6 +205,9 @@ class Observer:
         if the_plan.variants:
             facts["service"] = self.kube.get_service(ns, name)
             facts["service_read"] = True
+            if routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
+                served = self.kube.serves(routing.GROUP, routing.VERSION, routing.PLURAL)
+                facts["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None)
         # Only when something is short of ready: a pod listing per such variant, never at rest.
         short: dict[str, tuple[ContainerTermination, ...]] = {}
         for d in deployments.values():

@@ -146,3 +146,5 @@ class Observed:
     def needs_admission(self) -> bool:
         """Some planned artifact has no manifest and no Job: whether one may start is decided."""
         return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())
+    routing: Any = None
+    """``routing.RoutingFacts`` when the model asks for an InferencePool (read only then)."""

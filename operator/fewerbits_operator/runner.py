@@ -134,6 +134,13 @@ class Operator:
             scaler = Autoscaler(kube, source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
+        if s.activator_port:
+            from .activator import Activator, serve as serve_activator
+            try:
+                self._activator = serve_activator(Activator(kube, queue=s.activator_queue,
+                                                            timeout=s.activator_timeout_seconds), s.activator_port)
+            except OSError as e:  # the port taken: scale from zero is off, everything else works
+                log.error("activator not started on port %d: %s", s.activator_port, e)
         if s.health_port:
             try:
                 self._health = serve_health(s.health_port, self.healthy)

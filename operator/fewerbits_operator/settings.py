@@ -103,6 +103,13 @@ class OperatorSettings(BaseSettings):
     node_cache_budget: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi)?$")
     """Size above which the node cache evicts least recently used artifacts, e.g. `500Gi`
     (unset: only a full disk evicts)."""
+    activator_port: int = 8082
+    """Port of the scale-from-zero activator (activator.py): a request for a model at zero replicas
+    waits there while one replica starts (0: off)."""
+    activator_queue: int = Field(default=100, ge=1, le=10_000)
+    """Requests that may wait per model at zero replicas; past it they get 503 with Retry-After."""
+    activator_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
+    """How long a request waits for a replica to become ready before a 504."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage and for reading a model's config.json
     from its source (one ObjectStore serves both)."""

@@ -37,9 +37,11 @@ class OperatorProcess:
     env_extra: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     metrics_port: int = 0
+    activator_port: int = 0
 
     def start(self) -> "OperatorProcess":
         self.metrics_port = free_port()
+        self.activator_port = self.activator_port or free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("FEWERBITS_")},
             "KUBECONFIG": str(self.kubeconfig),
@@ -52,6 +54,7 @@ class OperatorProcess:
             "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "2",
             "FEWERBITS_METRICS_PORT": str(self.metrics_port),
             "FEWERBITS_HEALTH_PORT": str(free_port()),
+            "FEWERBITS_ACTIVATOR_PORT": str(self.activator_port),
             "FEWERBITS_JOB_CPU_REQUEST": "1",
             "FEWERBITS_JOB_MEMORY_REQUEST": "1Gi",
             "PYTHONUNBUFFERED": "1",

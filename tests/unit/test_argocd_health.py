@@ -145,6 +145,8 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.SERVICE_CONFLICT: ("Deployed", "Degraded"),
     Reason.BLOCKED: ("Ready", "Progressing"),
     Reason.LEADER_WORKER_SET_MISSING: ("Deployed", "Degraded"),
+    Reason.ROUTING_UNAVAILABLE: ("Deployed", "Degraded"),
+    Reason.INFERENCE_POOL_CONFLICT: ("Deployed", "Degraded"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
 

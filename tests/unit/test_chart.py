@@ -182,6 +182,7 @@ NAMESPACED_RULES = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("", "events"): {"create"},
 }
 CLUSTER_RULES = {
@@ -297,7 +298,7 @@ def test_operator_deployment(helm: list[str]):
     assert c["image"] == "ghcr.io/fewerbits/fewerbits-operator:0.1.0"
     assert c["command"] == ["python", "-m", "fewerbits_operator"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081}
+    assert ports == {"metrics": 8080, "health": 8081, "activator": 8082}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
@@ -347,14 +348,14 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
 
 def test_metrics_off(helm: list[str]):
     objs = render(helm, ["metrics.enabled=false"])
-    assert by_kind(objs, "Service") == []
+    assert [s["metadata"]["name"] for s in by_kind(objs, "Service")] == ["fb-fewerbits-activator"]
     assert env_of(operator_deployment(objs))["FEWERBITS_METRICS_PORT"] == "0"
 
 
 def test_metrics_service_and_service_monitor_select_the_operator(helm: list[str]):
     objs = render(helm, MODES["service-monitor"])
     dep = operator_deployment(objs)
-    (svc,) = by_kind(objs, "Service")
+    (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-metrics")]
     (sm,) = by_kind(objs, "ServiceMonitor")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()

@@ -44,6 +44,7 @@ from fewerbits_operator.observed import (
 )
 from fewerbits_operator.planner import pool_from_product, shape_from_config
 from fewerbits_operator.render import deployment_name, render_deployment, render_service, Owner
+from fewerbits_operator.routing import RoutingFacts
 from fewerbits_operator.settings import OperatorSettings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
@@ -90,6 +91,7 @@ class World:
     service: dict[str, Any] | None = None
     pod_terminations: dict[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     dataset_errors: dict[str, str] = field(default_factory=dict)
+    routing: Any = None
 
     def observed(self) -> Observed:
         valid = tuple(QuantizationPolicy.model_validate(p) for p in self.policies)
@@ -101,7 +103,8 @@ class World:
             namespace_labels={"kubernetes.io/metadata.name": NS, "team": "a"}, secrets=self.secrets,
             pools=tuple(self.pools), shape=self.shape, config_error=self.config_error, artifacts=self.artifacts,
             deployments=self.deployments, service=self.service, service_read=True,
-            pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors)
+            pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors,
+            routing=self.routing)
 
     # --- what the pure functions say this world plans, for the case to fill in facts
     def planned(self):
@@ -495,6 +498,14 @@ CASES = [
         ownerReferences=[{"uid": "someone-else"}])),
          {"Deployed": ("False", "ServiceConflict"), "Ready": ("False", "ServiceConflict")}, actions=[],
          check=lambda o: o.status.endpoint is None),
+    Case("inferencePool routing without its CRD is refused, the Service serves",
+         _seq(_set(spec=base_spec(serving={"maxModelLen": 4096, "routing": "inferencePool"})), _ready_world,
+              _set(routing=RoutingFacts(crd_served=False))),
+         {"Deployed": ("False", "RoutingUnavailable"), "Ready": ("True", "AllVariantsReady")}),
+    Case("someone else's InferencePool is never touched",
+         _seq(_set(spec=base_spec(serving={"maxModelLen": 4096, "routing": "inferencePool"})), _ready_world,
+              _set(routing=RoutingFacts(True, {"metadata": {"ownerReferences": [{"uid": "someone-else"}]}}))),
+         {"Deployed": ("False", "InferencePoolConflict")}, actions=[]),
     Case("our Service edited by hand is repaired", _seq(_ready_world, lambda w: w.service["spec"].update(
         selector={"app": "x"})), {"Ready": ("True", "AllVariantsReady")}, actions=[PatchService]),
     Case("autoscaler fields survive a reconcile",

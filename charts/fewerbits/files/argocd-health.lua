@@ -9,6 +9,7 @@
 --      Job failed, storage down, quality gate failed,
 --      serving pods failing: corrupted artifact, wrong GPU)        -> Degraded
 --   3. autoscaling to zero and every variant at 0 replicas         -> Suspended
+--      waking from zero (replicas asked, none ready yet)           -> Progressing
 --   4. Ready=True for the current generation                       -> Healthy
 --   5. anything else (Job running, rolling out, ...)               -> Progressing
 
@@ -22,7 +23,8 @@ local DEGRADED = {
                                     JobExceedsPolicy = true, DatasetUnreadable = true,
                                     CalibrationDataUnavailable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
-  { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true } },
+  { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true,
+                                   RoutingUnavailable = true, InferencePoolConflict = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }
@@ -99,6 +101,18 @@ if autoscaling ~= nil and autoscaling.enabled ~= false and autoscaling.minReplic
   if all_zero then
     hs.status = "Suspended"
     hs.message = "Scaled to zero: every variant has 0 replicas (autoscaling.minReplicas is 0)"
+    return hs
+  end
+  -- Waking: a request at zero replicas asked for one (the activator); none is ready yet.
+  local none_ready = true
+  for _, v in ipairs(status.serving) do
+    if (v.readyReplicas or 0) > 0 then
+      none_ready = false
+    end
+  end
+  if none_ready then
+    hs.status = "Progressing"
+    hs.message = "Scaling from zero: waiting for a replica to become ready"
     return hs
   end
 end

@@ -79,6 +79,13 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["get", "create", "patch"]
+# One InferencePool per model that sets spec.serving.routing: inferencePool (routing.py): get it by
+# the model's name (Kube.get_inference_pool), create it, patch its spec back when it drifts
+# (Kube.create_inference_pool, Kube.patch_inference_pool). Whether the CRD is served at all is a
+# discovery GET every authenticated client may make (system:discovery).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["get", "create", "patch"]
 # Events on real transitions and scalings (Kube.post_event creates core/v1 Events, for reconcile
 # and the autoscaler). Create only: nothing here patches or aggregates Events.
 - apiGroups: [""]

@@ -1,0 +1,164 @@
+"""The Gateway API Inference Extension on the shared e2e cluster: its CRDs, one endpoint picker (EPP)
+per InferencePool, and a gateway in front of each that speaks Envoy's ext_proc protocol to it.
+
+All built from Go modules by e2e/build.sh (`epp`, `gateway`), pinned by GIE_VERSION in
+e2e/versions.env. Started only for the tests that ask (the `inference_gateway` session fixture in
+e2e/pytest_plugin.py), so the rest of the suite pays nothing.
+
+The EPP runs as a local process with the cluster's kubeconfig, exactly the binary a cluster runs in
+its Deployment: it watches the InferencePool and its pods, scrapes each pod's vLLM /metrics at
+<pod IP>:<target port> (the pod runner gives pods loopback IPs), and answers ext_proc streams.
+`fewerbits-extproc-gateway` (e2e/gateway/main.go) stands in for Envoy, which cannot be fetched here:
+it sends each HTTP request's headers and body to the EPP, forwards to the endpoint the EPP names, and
+echoes it in the `X-Fewerbits-Endpoint` response header.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from e2e import procs, versions
+
+BUILD = versions.E2E_DIR / "build.sh"
+GROUP = "inference.networking.k8s.io"
+
+
+def _bin_dir(component: str) -> Path:
+    out = subprocess.run(["bash", str(BUILD), "--print-bin-dir", component], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def ensure_built() -> tuple[Path, Path]:
+    """The EPP and gateway binaries, built when missing (minutes, once per cache); never a skip."""
+    missing = [c for c in ("epp", "gateway") if not _bin_dir(c).is_dir()]
+    if missing:
+        proc = subprocess.run(["bash", str(BUILD), *missing], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise versions.BuildError(f"e2e/build.sh {' '.join(missing)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    return _bin_dir("epp") / "epp", _bin_dir("gateway") / "fewerbits-extproc-gateway"
+
+
+def module_dir() -> Path:
+    """The GIE module in the Go module cache (build.sh downloaded it)."""
+    v = versions.VERSIONS["GIE_VERSION"]
+    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/gateway-api-inference-extension@{v}"],
+                         capture_output=True, text=True, check=True, env={**__import__("os").environ, "GOFLAGS": "-mod=mod"})
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def crd_files() -> list[Path]:
+    """The InferencePool (v1) CRD and the InferenceObjective CRD the EPP also watches."""
+    bases = module_dir() / "config" / "crd" / "bases"
+    return [bases / "inference.networking.k8s.io_inferencepools.yaml",
+            bases / "inference.networking.x-k8s.io_inferenceobjectives.yaml"]
+
+
+def install_crds(cluster) -> None:
+    for f in crd_files():
+        cluster.kubectl("apply", "--server-side", "-f", str(f))
+    from kubernetes import client
+    ext = client.ApiextensionsV1Api(cluster.api_client())
+    for name in ("inferencepools.inference.networking.k8s.io", "inferenceobjectives.inference.networking.x-k8s.io"):
+        deadline = time.monotonic() + 60
+        while not any(c.type == "Established" and c.status == "True"
+                      for c in ext.read_custom_resource_definition(name).status.conditions or []):
+            assert time.monotonic() < deadline, f"CRD {name} not established after 60s"
+            time.sleep(0.2)
+
+
+def epp_argv(binary: Path, namespace: str, pool: str, grpc: int, health: int, metrics: int, config: str) -> list[str]:
+    return [str(binary), "--pool-name", pool, "--pool-namespace", namespace, "--pool-group", GROUP,
+            "--grpc-port", str(grpc), "--grpc-health-port", str(health), "--metrics-port", str(metrics),
+            "--secure-serving=false", "--metrics-endpoint-auth=false", "--enable-pprof=false", "--tracing=false",
+            # vLLM >= 0.10 (and the simulator) name it kv_cache_usage_perc; the EPP's default is the old name.
+            "--kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc",
+            "--config-text", config, "--v", "2"]
+
+
+@dataclass
+class Picker:
+    """One EPP for one InferencePool, and its gateway."""
+
+    namespace: str
+    pool: str
+    log_dir: Path
+    gateway_url: str = ""
+    metrics_url: str = ""
+    _procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def start(self, kubeconfig: Path, epp: Path, gateway: Path, config: str) -> "Picker":
+        grpc, health, metrics, http = (procs.free_port() for _ in range(4))
+        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(self.log_dir)}
+        tag = f"{self.namespace}-{self.pool}"
+        self._procs.append(procs.spawn(epp_argv(epp, self.namespace, self.pool, grpc, health, metrics, config),
+                                       self.log_dir / f"epp-{tag}.log", env=env))
+        self._procs.append(procs.spawn([str(gateway), "--listen", f"127.0.0.1:{http}", "--picker", f"127.0.0.1:{grpc}"],
+                                       self.log_dir / f"gateway-{tag}.log", env=env))
+        self.gateway_url = f"http://127.0.0.1:{http}"
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        return self
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"epp-{self.namespace}-{self.pool}.log"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def queue_sizes(self) -> dict[str, int]:
+        """The EPP's own view: `inference_pool_per_pod_queue_size` by pod name (what it scraped)."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=2) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("inference_pool_per_pod_queue_size{"):
+                labels, value = line.rsplit(" ", 1)
+                pod = labels.split('model_server_pod="', 1)[1].split('"', 1)[0]
+                out[pod.removesuffix("-rank-0")] = int(float(value))
+        return out
+
+    def chat(self, model: str, content: str = "hi", timeout: float = 30) -> tuple[int, str, dict]:
+        """One OpenAI chat completion through the gateway: (status, endpoint it went to, body)."""
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
+                           "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"{self.gateway_url}/v1/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.headers.get("X-Fewerbits-Endpoint", ""), json.loads(r.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("X-Fewerbits-Endpoint", ""), {"error": e.read().decode(errors="replace")}
+
+    def stop(self) -> None:
+        for p in reversed(self._procs):
+            procs.stop_group(p.pid, 5, p)
+        self._procs.clear()
+
+
+class InferenceGateway:
+    """The session's add-on: CRDs installed once, a Picker per (namespace, pool) on demand."""
+
+    def __init__(self, cluster, log_dir: Path):
+        self.cluster = cluster
+        self.log_dir = log_dir
+        self.epp, self.gateway = ensure_built()
+        install_crds(cluster)
+        self.pickers: list[Picker] = []
+
+    def picker(self, namespace: str, pool: str, config: str) -> Picker:
+        p = Picker(namespace, pool, self.log_dir).start(self.cluster.kubeconfig, self.epp, self.gateway, config)
+        self.pickers.append(p)
+        return p
+
+    def stop(self) -> None:
+        for p in self.pickers:
+            p.stop()

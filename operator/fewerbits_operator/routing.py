@@ -1,0 +1,132 @@
+"""Routing a model's traffic through an InferencePool (Gateway API Inference Extension) instead of
+only its Service: the pure half (docs/routing.md).
+
+``spec.serving.routing: inferencePool`` makes the operator keep one ``InferencePool``
+(``inference.networking.k8s.io/v1``) per model, named like the model, selecting the serving pods of
+every variant (the same labels as the Service) on vLLM's port, with its endpoint picker (EPP)
+referenced as the Service ``<model>-epp`` on the EPP's ext-proc port. The EPP scores each pod on
+its KV-cache usage and waiting requests (``EPP_CONFIG``), so a slow pool gets fewer requests than
+the Service's even split. The Service stays in every case: clusters without a gateway keep working.
+
+The default is ``service``: an InferencePool is useful only behind a gateway that implements the
+extension, and its CRDs are not in a plain cluster. Without the CRD the option is refused on the
+model (``Deployed=False RoutingUnavailable``), the Service keeps serving; an InferencePool of the
+model's name that the model does not own is a conflict (``InferencePoolConflict``), never touched.
+
+Everything here is pure (observe reads the facts, execute applies the actions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from fewerbits_api.conditions import Reason
+
+from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels
+
+GROUP = "inference.networking.k8s.io"
+VERSION = "v1"
+PLURAL = "inferencepools"
+KIND = "InferencePool"
+API_VERSION = f"{GROUP}/{VERSION}"
+EPP_GRPC_PORT = 9002
+"""The EPP's ext-proc port (its default, ``--grpc-port``)."""
+
+SERVICE = "service"
+INFERENCE_POOL = "inferencePool"
+DEFAULT_ROUTING = SERVICE
+
+REASON_UNAVAILABLE = Reason.ROUTING_UNAVAILABLE
+REASON_CONFLICT = Reason.INFERENCE_POOL_CONFLICT
+
+# The EPP's scheduling profile: the KV-cache utilization scorer (prefers pods with free KV blocks)
+# and the queue scorer (prefers pods with fewer waiting requests), equal weights, max-score picker.
+# Plugin names are the EPP v1.1.0 in-tree ones (cmd/epp/runner registerInTreePlugins).
+EPP_CONFIG = """\
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: max-score-picker
+- type: single-profile-handler
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 1
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 1
+  - pluginRef: max-score-picker
+"""
+
+
+def epp_name(model: str) -> str:
+    return f"{model}-epp"
+
+
+@dataclass(frozen=True)
+class RoutingFacts:
+    """What observe read for a model that asks for an InferencePool."""
+
+    crd_served: bool
+    """Whether the API server serves inferencepools in inference.networking.k8s.io/v1."""
+    pool: Mapping[str, Any] | None = None
+    """The InferencePool of the model's name, if any."""
+
+
+@dataclass(frozen=True)
+class CreateInferencePool:
+    pool: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PatchInferencePool:
+    namespace: str
+    name: str
+    patch: Mapping[str, Any]
+
+
+def routing_of(serving: Any) -> str:
+    return getattr(serving, "routing", None) or DEFAULT_ROUTING
+
+
+def render_inference_pool(owner: Owner) -> dict[str, Any]:
+    """The model's InferencePool: every variant's serving pods (the Service's selector), vLLM's
+    port, and the model's EPP. FailOpen: if the picker is down the gateway still forwards."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": owner.name, "namespace": owner.namespace, "labels": model_labels(owner.name),
+                     "ownerReferences": [owner.reference()]},
+        "spec": {
+            "selector": {"matchLabels": {LABEL_MODEL: owner.name, LABEL_COMPONENT: "server"}},
+            "targetPorts": [{"number": VLLM_PORT}],
+            "endpointPickerRef": {"kind": "Service", "name": epp_name(owner.name),
+                                  "port": {"number": EPP_GRPC_PORT}, "failureMode": "FailOpen"},
+        },
+    }
+
+
+def pool_actions(facts: RoutingFacts | None, owner: Owner
+                 ) -> tuple[list[CreateInferencePool | PatchInferencePool], tuple[str, str] | None]:
+    """Create or repair the model's InferencePool. Returns the actions and, when routing through a
+    pool cannot be done, (reason, message) for the Deployed condition; the Service serves anyway."""
+    if facts is None or not facts.crd_served:
+        return [], (REASON_UNAVAILABLE,
+                    f"spec.serving.routing: inferencePool needs the {KIND} CRD ({PLURAL}.{GROUP}, {VERSION}), which "
+                    "this cluster does not serve: install the Gateway API Inference Extension CRDs or set "
+                    "spec.serving.routing: service; the model is served through its Service meanwhile")
+    desired = render_inference_pool(owner)
+    cur = facts.pool
+    if cur is None:
+        return [CreateInferencePool(desired)], None
+    if not any(r.get("uid") == owner.uid for r in (cur.get("metadata") or {}).get("ownerReferences") or []):
+        return [], (REASON_CONFLICT,
+                    f"{KIND} {owner.namespace}/{owner.name} exists and is not owned by this QuantizedModel; it is "
+                    "left untouched: rename the model or remove that InferencePool; the model is served through "
+                    "its Service meanwhile")
+    if (cur.get("spec") or {}) != desired["spec"]:
+        return [PatchInferencePool(owner.namespace, owner.name, {"spec": desired["spec"]})], None
+    return [], None

@@ -1,0 +1,200 @@
+"""KV-aware routing with real parts: a model served on two GPU pools (H100 and L4, one
+llm-d-inference-sim pod each, played by the pod runner), `spec.serving.routing: inferencePool`, the
+Gateway API Inference Extension's endpoint picker (EPP, built from its Go module) picking for the
+InferencePool the operator keeps, and requests sent through a gateway that speaks Envoy's ext_proc
+protocol to it (e2e/gateway; no Envoy binary can be fetched here).
+
+One model, in order: without the InferencePool CRD the option is refused on the model while the
+Service serves; once the CRD is installed the operator creates the pool; a pool of another model's
+name that it does not own is a conflict, left untouched; the EPP sends requests to the less loaded
+pod; under a load whose per-pod queue follows what each pool received and drains at the pool's
+speed, the slow pool gets a smaller share than the Service's even split; a pod that exposes no
+metrics is still routed to, never dropped (the EPP takes it for idle: see step 6).
+
+The simulators report what the test tells them (`POST /admin/config` fake metrics, per pod): the
+simulator's real-metrics mode cannot be given different speeds per pool here, so the queue model
+that turns "requests received" into "KV usage and waiting requests" is in this test
+(`QueueModel`), and the EPP reads it from the pods' /metrics like it reads vLLM's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import pytest
+from kubernetes import client
+
+from e2e.demo import ARTIFACT_BUCKET
+
+from e2e.tests.test_harness import wait_for
+from fewerbits_operator.routing import EPP_CONFIG
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+# One fp8-dynamic artifact for the routing and scale-from-zero tests: the second is a cache hit.
+SHARED_ARTIFACTS = f"s3://{ARTIFACT_BUCKET}/routing-and-scale-from-zero"
+
+IP_GROUP = "inference.networking.k8s.io"
+H100_SPEED, L4_SPEED = 0.9, 0.3
+"""Requests each pool's pod finishes per arrival (H100 three times the L4): together 1.2 per arrival."""
+
+
+def pods_by_pool(core: client.CoreV1Api, namespace: str, model: str) -> dict[str, client.V1Pod]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"fewerbits.io/model={model}").items
+    # Variants are named after their pool (e.g. `h100-80gb-hbm3-x8`, `l4-x1`): keyed by GPU here.
+    return {p.metadata.labels["fewerbits.io/variant"].split("-", 1)[0]: p for p in pods
+            if p.status.pod_ip and not p.metadata.deletion_timestamp
+            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])}
+
+
+def report(pod_ip: str, kv: float, waiting: int) -> None:
+    body = json.dumps({"fake-metrics": {"kv-cache-usage": kv, "waiting-requests": waiting,
+                                        "running-requests": 0}}).encode()
+    req = urllib.request.Request(f"http://{pod_ip}:8000/admin/config", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5):
+        pass
+
+
+def wait_until(what: str, check, timeout: float = 60):
+    return wait_for(what, check, timeout=timeout, interval=0.05)
+
+
+@dataclass
+class QueueModel:
+    """Each pod's backlog: +1 for each request it is sent, minus its speed per arrival. It reports
+    waiting = the whole backlog and KV usage = backlog / 10 (capped at 0.99)."""
+
+    speed: dict[str, float]
+    backlog: dict[str, float] = field(default_factory=dict)
+
+    def arrive(self, pool: str | None) -> None:
+        for p, s in self.speed.items():
+            self.backlog[p] = max(0.0, self.backlog.get(p, 0.0) + (1.0 if p == pool else 0.0) - s)
+
+    def waiting(self, pool: str) -> int:
+        return int(self.backlog.get(pool, 0.0))
+
+    def kv(self, pool: str) -> float:
+        return min(0.99, self.waiting(pool) / 10)
+
+
+def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool, namespace, models, model_spec):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
+    gpu_pool("l4", "NVIDIA-L4")
+    api = cluster.api_client()
+    ext = client.ApiextensionsV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    crd = "inferencepools.inference.networking.k8s.io"
+    if any(c.metadata.name == crd for c in ext.list_custom_resource_definition().items):
+        ext.delete_custom_resource_definition(crd)  # an earlier test installed it: this part needs it absent
+        wait_until("the CRD gone", lambda: crd not in [c.metadata.name for c in ext.list_custom_resource_definition().items])
+
+    # 1. Without the CRD: refused on the model, served through the Service all the same.
+    spec = model_spec(quantization={"format": "fp8-dynamic"}, serving={"maxModelLen": 256, "routing": "inferencePool"},
+                      storage={"uri": SHARED_ARTIFACTS})
+    models.apply(namespace, "routed", spec)
+    models.wait_condition(namespace, "routed", "Ready", timeout=600)
+    deployed = models.wait_condition(namespace, "routed", "Deployed", status="False", timeout=60)
+    assert deployed["reason"] == "RoutingUnavailable", deployed
+    assert "spec.serving.routing" in deployed["message"] and crd in deployed["message"]
+
+    # 2. The CRD installed (the add-on starts here): the operator notices and creates the pool.
+    gateway = request.getfixturevalue("inference_gateway")
+    models.wait_condition(namespace, "routed", "Deployed", timeout=60)
+    pool = custom.get_namespaced_custom_object(IP_GROUP, "v1", namespace, "inferencepools", "routed")
+    assert pool["spec"]["selector"]["matchLabels"] == {"fewerbits.io/model": "routed",
+                                                       "app.kubernetes.io/component": "server"}
+    assert pool["metadata"]["ownerReferences"][0]["kind"] == "QuantizedModel"
+
+    # 3. Someone else's InferencePool with a model's name: a conflict, never overwritten.
+    foreign = {"apiVersion": f"{IP_GROUP}/v1", "kind": "InferencePool", "metadata": {"name": "other"},
+               "spec": {"selector": {"matchLabels": {"app": "theirs"}}, "targetPorts": [{"number": 1234}],
+                        "endpointPickerRef": {"name": "their-epp", "port": {"number": 9002}}}}
+    custom.create_namespaced_custom_object(IP_GROUP, "v1", namespace, "inferencepools", foreign)
+    models.apply(namespace, "other", spec)  # same artifact: a cache hit
+    conflict = models.wait_condition(namespace, "other", "Deployed", status="False", timeout=300)
+    models.wait("the conflict reported", lambda: models.condition(namespace, "other", "Deployed")["reason"]
+                == "InferencePoolConflict", timeout=120)
+    still = custom.get_namespaced_custom_object(IP_GROUP, "v1", namespace, "inferencepools", "other")
+    assert still["spec"]["targetPorts"] == [{"number": 1234}] and not still["metadata"].get("ownerReferences"), conflict
+
+    # 4. The EPP for the model's pool, and a gateway in front of it.
+    picker = gateway.picker(namespace, "routed", EPP_CONFIG)
+    pods = pods_by_pool(core, namespace, "routed")
+    assert set(pods) == {"h100", "l4"}, pods
+    ip_pool = {p.status.pod_ip: pool for pool, p in pods.items()}
+    names = {pool: p.metadata.name for pool, p in pods.items()}
+
+    def shown(load: dict[str, int]) -> bool:
+        seen = picker.queue_sizes()
+        return all(seen.get(names[p]) == q for p, q in load.items())
+
+    def set_load(kv: dict[str, float], waiting: dict[str, int]) -> None:
+        for p, pod in pods.items():
+            report(pod.status.pod_ip, kv[p], waiting[p])
+        wait_until(f"the EPP to read queues {waiting}", lambda: shown(waiting), timeout=30)
+
+    # The L4 pod is busy (KV 0.9, 8 waiting), the H100 pod is not: every request goes to the H100.
+    set_load({"h100": 0.2, "l4": 0.9}, {"h100": 0, "l4": 8})
+    picks = []
+    for _ in range(20):
+        status, endpoint, body = picker.chat("routed")
+        assert status == 200, (status, body, picker.log_text()[-2000:])
+        picks.append(ip_pool[endpoint.rsplit(":", 1)[0]])
+    assert picks.count("h100") == 20, picks
+    # And the other way round.
+    set_load({"h100": 0.9, "l4": 0.1}, {"h100": 8, "l4": 0})
+    assert {ip_pool[picker.chat("routed")[1].rsplit(":", 1)[0]] for _ in range(10)} == {"l4"}
+
+    # 5. Under load: each pod's queue follows what it was sent, drained at its pool's speed.
+    n = 120
+    routed = QueueModel({"h100": H100_SPEED, "l4": L4_SPEED})
+    set_load({p: 0.0 for p in pods}, {p: 0 for p in pods})
+    sent = {"h100": 0, "l4": 0}
+    for _ in range(n):
+        status, endpoint, _ = picker.chat("routed")
+        assert status == 200
+        pool_name = ip_pool[endpoint.rsplit(":", 1)[0]]
+        sent[pool_name] += 1
+        routed.arrive(pool_name)
+        set_load({p: routed.kv(p) for p in pods}, {p: routed.waiting(p) for p in pods})
+    # The Service's split: kube-proxy spreads connections evenly over the pods, one per pool here.
+    even = QueueModel({"h100": H100_SPEED, "l4": L4_SPEED})
+    for i in range(n):
+        even.arrive("h100" if i % 2 == 0 else "l4")
+    share = {p: sent[p] / n for p in sent}
+    figures = {"requests": n, "epp_share": share, "service_share": {"h100": 0.5, "l4": 0.5},
+               "epp_backlog_at_end": {p: routed.waiting(p) for p in pods},
+               "service_backlog_at_end": {p: even.waiting(p) for p in pods}}
+    print("ROUTING FIGURES", json.dumps(figures))
+    assert share["l4"] < 0.4 and share["h100"] > share["l4"], figures
+    assert share["l4"] > 0, f"the slow pool is never starved: {figures}"
+    assert even.waiting("l4") > 10 * max(1, routed.waiting("l4")), figures  # the even split saturates the L4
+
+    # 6. A pod whose server exposes no metrics (an old image): never dropped. The EPP v1.1.0 keeps
+    # it with zero queue and zero KV usage (its failed scrapes are logged at trace level only), so
+    # beside loaded pods it looks idle and is preferred: what this shows is that, not round-robin.
+    set_load({p: 0.5 for p in pods}, {p: 3 for p in pods})
+    bare = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "no-metrics", "labels": {"fewerbits.io/model": "routed",
+                                                          "app.kubernetes.io/component": "server"}},
+            "spec": {"nodeName": None, "containers": [{
+                "name": "server", "image": "fewerbits-test/python",
+                "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "command": ["python", "-m", "http.server", "8000", "--bind", "$(MY_IP)"],
+                "ports": [{"containerPort": 8000, "name": "http"}],
+                "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}}],
+                "tolerations": [{"operator": "Exists"}]}}
+    del bare["spec"]["nodeName"]
+    core.create_namespaced_pod(namespace, bare)
+    bare_ip = wait_until("the bare pod ready", lambda: (p := core.read_namespaced_pod("no-metrics", namespace)).status.pod_ip
+                         and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+                         and p.status.pod_ip, timeout=120)
+    wait_until("the EPP to list the bare pod", lambda: "no-metrics" in picker.queue_sizes(), timeout=30)
+    hits = [picker.chat("routed")[1].rsplit(":", 1)[0] for _ in range(20)]
+    print("NO-METRICS POD SHARE", hits.count(bare_ip) / len(hits))
+    assert hits.count(bare_ip) > 0, f"a pod without metrics was dropped: {hits}"

@@ -1,0 +1,93 @@
+"""``spec.serving.routing: inferencePool`` in ``decide`` (pure): the InferencePool is created,
+repaired, refused without its CRD, and never taken from someone else; the Service stays."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fewerbits_api.quantizedmodel import QuantizedModelSpec
+from fewerbits_operator import routing
+from fewerbits_operator.decide import CreateService, decide
+from fewerbits_operator.execute import ordered
+from fewerbits_operator.render import Owner
+from fewerbits_operator.routing import CreateInferencePool, PatchInferencePool, RoutingFacts
+
+from tests.unit.test_decide import NAME, NS, SETTINGS, UID, World, _ready_world, base_spec
+
+
+def world(**routing_facts) -> World:
+    w = World(spec=base_spec(serving={"maxModelLen": 4096, "routing": "inferencePool"}))
+    _ready_world(w)
+    return w
+
+
+def run(w: World, facts: RoutingFacts | None):
+    obs = replace(w.observed(), routing=facts)
+    out = decide(obs, SETTINGS)
+    return out, {c.type: c for c in out.status.conditions}
+
+
+def owned_pool() -> dict:
+    pool = routing.render_inference_pool(Owner(NAME, NS, UID))
+    pool["metadata"]["ownerReferences"] = [{"uid": UID}]
+    return pool
+
+
+def test_default_is_service_and_reads_nothing():
+    assert QuantizedModelSpec.model_fields["serving"].annotation  # the field exists on the model
+    w = World()
+    _ready_world(w)
+    out, conds = run(w, None)
+    assert not [a for a in out.actions if isinstance(a, (CreateInferencePool, PatchInferencePool))]
+    assert (conds["Deployed"].status, conds["Ready"].status) == ("True", "True")
+
+
+def test_pool_is_created_selecting_every_variant_with_its_picker():
+    out, conds = run(world(), RoutingFacts(crd_served=True, pool=None))
+    (create,) = [a for a in out.actions if isinstance(a, CreateInferencePool)]
+    pool = create.pool
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1" and pool["metadata"]["name"] == NAME
+    assert pool["spec"]["selector"]["matchLabels"] == {"fewerbits.io/model": NAME, "app.kubernetes.io/component": "server"}
+    assert pool["spec"]["targetPorts"] == [{"number": 8000}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == f"{NAME}-epp"
+    assert pool["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert conds["Deployed"].status == "True"
+
+
+def test_at_rest_no_write_and_a_hand_edit_is_repaired():
+    out, _ = run(world(), RoutingFacts(True, owned_pool()))
+    assert out.actions == ()
+    edited = owned_pool()
+    edited["spec"]["targetPorts"] = [{"number": 9999}]
+    out, _ = run(world(), RoutingFacts(True, edited))
+    assert [type(a) for a in ordered(out.actions)] == [PatchInferencePool]
+
+
+def test_without_the_crd_it_is_refused_and_the_service_serves():
+    w = world()
+    w.service = None
+    out, conds = run(w, RoutingFacts(crd_served=False))
+    assert [type(a) for a in out.actions] == [CreateService]
+    d = conds["Deployed"]
+    assert (d.status, d.reason) == ("False", "RoutingUnavailable")
+    assert "spec.serving.routing" in d.message and "inferencepools.inference.networking.k8s.io" in d.message
+    assert conds["Ready"].status == "True"  # still served through the Service
+
+
+def test_someone_elses_pool_is_a_conflict_never_overwritten():
+    theirs = owned_pool()
+    theirs["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    theirs["spec"]["targetPorts"] = [{"number": 1}]
+    out, conds = run(world(), RoutingFacts(True, theirs))
+    assert out.actions == ()
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "InferencePoolConflict")
+    assert "not owned by this QuantizedModel" in conds["Deployed"].message
+    assert any(e.reason == "InferencePoolConflict" and e.type == "Warning" for e in out.events)
+
+
+def test_routing_value_is_validated_at_admission():
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        QuantizedModelSpec.model_validate(base_spec(serving={"routing": "gateway"}))
