@@ -64,7 +64,7 @@ def node_manifest(name: str, model: GPUModel, gpus: int | None = None, extra_lab
     """A kwok-managed Node carrying GFD labels and `nvidia.com/gpu` capacity."""
     count = gpus if gpus is not None else model.count
     resources = {"cpu": model.cpu, "memory": model.memory, "pods": "110", "nvidia.com/gpu": str(count),
-                 "ephemeral-storage": "1Ti"}
+                 "ephemeral-storage": "30Ti"}  # a DGX H100 has 30 TB of NVMe
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",

@@ -120,12 +120,13 @@ def test_an_eviction_for_disk_is_job_out_of_disk_with_the_figure(cluster, gpu_po
     assert events and events[0].type == "Warning"
 
 
-def test_a_calibration_set_that_cannot_be_read_is_named_before_any_job(cluster, gpu_pool, namespace, models,
-                                                                      model_spec):
+def test_an_evaluation_set_that_cannot_be_read_is_named_before_any_job(cluster, gpu_pool, namespace, models,
+                                                                       model_spec):
+    # (An S3 calibration object is read earlier, for its ETag: test_calibration_keys.py.)
     gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
-    missing = f"s3://artifacts/{namespace}/no-such-calibration.jsonl"
-    models.apply(namespace, "nocalib", model_spec(quantization={
-        "format": "w4a16-gptq", "calibration": {"dataset": missing, "samples": 16, "maxSeqLength": 64}}))
-    cond = models.wait_condition(namespace, "nocalib", "Quantized", "False", reason="DatasetUnreadable", timeout=120)
-    assert f"spec.quantization.calibration.dataset: {missing} does not exist" in cond["message"]
+    missing = f"s3://artifacts/{namespace}/no-such-eval.jsonl"
+    models.apply(namespace, "noeval", model_spec(quantization={
+        "format": "fp8-dynamic", "qualityGate": {"evalDataset": missing}}))
+    cond = models.wait_condition(namespace, "noeval", "Quantized", "False", reason="DatasetUnreadable", timeout=120)
+    assert f"spec.quantization.qualityGate.evalDataset: {missing} does not exist" in cond["message"]
     assert models.jobs(namespace) == []

@@ -12,12 +12,14 @@ llm-d-inference-sim plays vLLM in every pod), because 756 GiB of weights and 16 
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from e2e import demo
+from tests.integration.operator_harness import Models, OperatorProcess
 from tests.integration.test_autoscaling import set_load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
@@ -42,6 +44,30 @@ def upload_standin(cluster) -> str:
         else:
             s3.upload_file(str(path), demo.MODEL_BUCKET, key)
     return f"s3://{demo.MODEL_BUCKET}/{PREFIX}"
+
+
+@pytest.fixture
+def namespace(cluster):
+    """An `mn-` namespace, watched by this module's own operator only (the session's watches `t-*`)."""
+    name = f"mn-{uuid.uuid4().hex[:8]}"
+    api = client.CoreV1Api(cluster.api_client())
+    api.create_namespace({"metadata": {"name": name}})
+    yield name
+    api.delete_namespace(name)
+
+
+@pytest.fixture
+def models(cluster, crds_installed, lws, tmp_path):
+    """This module's own operator, started after LeaderWorkerSet is served. The stand-in's copy Job
+    is sized for 405B (about 1.6 TB of work disk: source and output); this harness has no volume
+    provisioner for the generic ephemeral volume such a Job gets, so here its work directory stays
+    an emptyDir (the threshold raised), which the GPU nodes' ephemeral storage holds."""
+    op = OperatorProcess(cluster.kubeconfig, tmp_path / "operator.log", env_extra={
+        "FEWERBITS_NAMESPACES": '["mn-*"]', "FEWERBITS_JOB_VOLUME_THRESHOLD_GIB": "100000"}).start()
+    try:
+        yield Models(cluster.api_client(), op)
+    finally:
+        op.stop()
 
 
 def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluster, lws, gpu_pool, namespace,

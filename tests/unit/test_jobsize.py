@@ -150,7 +150,15 @@ def test_the_policy_gpus_and_node_selector_choose():
     only_l4, _ = size_job(shape, QuantFormat.W4A16_GPTQ, [H100, L4],
                           JobInputs(node_selector={"nvidia.com/gpu.product": "NVIDIA-L4"}))
     assert only_l4.pool == L4.name
-    none, why = size_job(shape, QuantFormat.W4A16_GPTQ, [H100], JobInputs(node_selector={"no": "such"}))
+    # A selector no node carries yet (a node a cluster autoscaler adds, a label applied later):
+    # sized on the pools there are; the Job keeps the policy's selector and waits for the node.
+    waits, why = size_job(shape, QuantFormat.W4A16_GPTQ, [H100], JobInputs(node_selector={"no": "such"}))
+    assert why is None and waits.pool == H100.name
+    # A selector that matches only GPUs too small for one calibration layer is refused, naming it.
+    big = load_model_shape(CONFIGS / "deepseek-v3.json")
+    t4 = pool_from_product("Tesla-T4", 1)
+    none, why = size_job(big, QuantFormat.W4A16_GPTQ, [H100, t4],
+                         JobInputs(node_selector={"nvidia.com/gpu.product": "Tesla-T4"}))
     assert none is None and "matching the policy's quantizationJob.nodeSelector" in why
 
 

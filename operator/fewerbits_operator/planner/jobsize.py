@@ -159,9 +159,11 @@ def choose_pool(shape: ModelShape, fmt: QuantFormat, pools: Sequence[GPUPool], i
         return _Choice(None, 0, 0.0), None
     model = bf16_bytes(shape) * 1.05  # + the evaluation's activations and logits
     choices: list[_Choice] = []
-    for pool in pools:
-        if not _pool_ok(pool, inputs.node_selector):
-            continue
+    # A policy nodeSelector that matches no node seen yet (nodes a cluster autoscaler adds on
+    # demand, or labels applied later) sizes on the pools there are; the Job keeps the selector and
+    # waits for a matching node. One that matches pools too small is refused below.
+    matching = [p for p in pools if _pool_ok(p, inputs.node_selector)] or list(pools)
+    for pool in matching:
         usable = pool.memory_gib * GIB * GPU_USABLE_FRACTION
         if usable < gpu_need:
             continue
