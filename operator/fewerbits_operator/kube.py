@@ -106,7 +106,6 @@ class Kube:
         self.deployments: Informer | None = None
         self.lws: Informer | None = None
         self._namespace_labels = TTLCache(0)
-        self._lws_discovery = TTLCache(10)
         self._served = TTLCache(10)
 
     def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
@@ -460,14 +459,8 @@ class Kube:
     # ------------------------------------------------------------ LeaderWorkerSets (multi-node variants)
 
     def lws_available(self) -> bool:
-        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed), from
-        API discovery (open to every authenticated user), remembered for 10 s."""
-        def load() -> bool:
-            groups = client.ApisApi(self.api).get_api_versions().groups or []
-            return any(g.name == LWS_GROUP and any(v.version == LWS_VERSION for v in g.versions or [])
-                       for g in groups)
-
-        return bool(self._lws_discovery.get("lws", load))
+        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed)."""
+        return self.serves(LWS_GROUP, LWS_VERSION, "leaderworkersets")
 
     def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """A model's LeaderWorkerSets (equality selector), from the watched cache when it is fresh."""

@@ -86,21 +86,23 @@ def test_ready_from_the_groups():
 
 
 def test_kube_reads_the_lws_api_from_discovery():
-    """Kube.lws_available asks API discovery (GET /apis) and remembers the answer."""
+    """Kube.lws_available asks API discovery (GET /apis/leaderworkerset.x-k8s.io/v1) and remembers
+    the answer; a group the server does not serve (404) is no LeaderWorkerSet."""
     from unittest import mock
 
     from kubernetes import client as k
+    from kubernetes.client.rest import ApiException
 
     from fewerbits_operator.kube import Kube
 
-    def groups(*names):
-        return k.V1APIGroupList(groups=[k.V1APIGroup(name=n, versions=[k.V1GroupVersionForDiscovery(
-            group_version=f"{n}/v1", version="v1")]) for n in names])
-
+    served = k.V1APIResourceList(group_version="leaderworkerset.x-k8s.io/v1", resources=[k.V1APIResource(
+        kind="LeaderWorkerSet", name="leaderworkersets", namespaced=True, singular_name="leaderworkerset",
+        verbs=["get", "list"])])
     kube = Kube(api=k.ApiClient(k.Configuration()))
-    with mock.patch.object(k.ApisApi, "get_api_versions", return_value=groups("apps", "leaderworkerset.x-k8s.io")) as m:
+    with mock.patch.object(k.CustomObjectsApi, "get_api_resources", return_value=served) as m:
         assert kube.lws_available() and kube.lws_available()
         assert m.call_count == 1  # remembered
+        assert m.call_args.args == ("leaderworkerset.x-k8s.io", "v1")
     kube = Kube(api=k.ApiClient(k.Configuration()))
-    with mock.patch.object(k.ApisApi, "get_api_versions", return_value=groups("apps")):
+    with mock.patch.object(k.CustomObjectsApi, "get_api_resources", side_effect=ApiException(status=404)):
         assert not kube.lws_available()

@@ -64,7 +64,9 @@ def test_quantized_artifacts_keep_routers_and_vision_layers_16bit(check):
 def test_the_already_fp8_source_is_served_as_is_and_other_formats_refused(check):
     _, rows = check
     fp8 = {r["format"]: r for r in rows if r["architecture"] == "deepseek_v3_fp8"}
-    assert fp8["fp8-block"]["result"] == "loads" and "served as-is" in fp8["fp8-block"]["detail"]
+    # format none ("do not quantize") on an FP8 source is the same as-is artifact.
+    for fmt in ("fp8-block", "none"):
+        assert fp8[fmt]["result"] == "loads" and "served as-is" in fp8[fmt]["detail"], fp8[fmt]
     for fmt, r in fp8.items():
-        if fmt != "fp8-block":
+        if fmt not in ("fp8-block", "none"):
             assert r["result"] == "refused" and "already quantized" in r["detail"], r

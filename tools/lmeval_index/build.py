@@ -22,6 +22,12 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[2] / "crds" / "fewerbits_api" / "lmeval_tasks.json.gz"
 
 
+def _metric_name(metric: str) -> str:
+    """A `!function utils.f1` metric arrives as `<install path>/utils.f1`; lm-eval reports it under
+    the function's name (`f1`), which is also what keeps the index the same on every machine."""
+    return metric.rsplit("/", 1)[-1].rsplit(".", 1)[-1] if "/" in metric else metric
+
+
 def build() -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -32,7 +38,7 @@ def build() -> dict:
         kind = getattr(entry.kind, "name", str(entry.kind))
         cfg = entry.cfg or {}
         if kind in ("TASK", "PY_TASK"):
-            metrics = sorted({m["metric"] for m in cfg.get("metric_list") or []
+            metrics = sorted({_metric_name(m["metric"]) for m in cfg.get("metric_list") or []
                               if isinstance(m, dict) and isinstance(m.get("metric"), str)})
             output = cfg.get("output_type") if isinstance(cfg.get("output_type"), str) else None
             tasks[name] = [output, metrics]
