@@ -99,6 +99,9 @@ def test_autoscaling_on_kv_pressure_and_queue_depth(cluster, gpu_pool, namespace
 
     # At the target (inside the tolerance) for a whole delay window: nothing moves. This also
     # fills the window, so what follows measures the delay from the drop itself.
+    # A decision taken while the load was still 0.95 (with 2 replicas) may land just after the
+    # load changes: let one sync period pass at the target before the window is measured.
+    hold(core, namespace, "scaled", (0.7, 0, 4), 2 * PERIOD, lambda: replicas(apps, namespace, name))
     before = replicas(apps, namespace, name)
     seen = hold(core, namespace, "scaled", (0.7, 0, 4), DELAY + 2, lambda: replicas(apps, namespace, name))
     assert {r for _, r in seen} == {before}, f"moved at the target: {seen}"
