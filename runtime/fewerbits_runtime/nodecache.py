@@ -28,9 +28,9 @@ for the Pod Security level that implies) instead:
   a running pod reads is never evicted under it, and a crashed pod releases it with its process.
 * **Eviction** (before a download, and after one when the cache is over its budget): entries
   not in use and not referenced by a QuantizedModel (``--referenced-keys``, one key a line: the
-  operator's list, where it is given) go first, least recently used first; then, only when the
-  disk cannot hold the new artifact at all, referenced entries not in use, least recently used
-  first. If the disk still cannot hold it, the fetch fails with ``DiskFull`` and both figures in
+  operator's ConfigMap, mounted into the fetch container) go first, least recently used first;
+  then, only while the cache is still over its budget or the disk cannot hold the new artifact,
+  referenced entries not in use, least recently used first. An entry in use is never evicted. If the disk still cannot hold it, the fetch fails with ``DiskFull`` and both figures in
   the termination message: a partial artifact has no marker and is never served.
 """
 
@@ -276,7 +276,8 @@ class NodeCache:
 
     def eviction_order(self, keep: str | None = None) -> list[Entry]:
         """Candidates in the order they go: unreferenced least recently used first, then (only
-        for a disk that cannot hold the new artifact) referenced ones, least recently used first."""
+        while the cache is still over its budget or the disk cannot hold the new artifact)
+        referenced ones, least recently used first. Entries in use are skipped by ``_evict``."""
         cands = [e for e in self.entries() if e.key != keep]
         refs = self.referenced or frozenset()
         unref = sorted((e for e in cands if e.key not in refs), key=lambda e: e.last_used)
@@ -287,15 +288,12 @@ class NodeCache:
         """Evict until the budget and the disk hold ``needed`` more bytes; returns evicted keys."""
         evicted = []
         total = sum(e.bytes for e in self.entries() if e.key != key) + _dir_bytes(self.entry(key))
-        refs = self.referenced or frozenset()
         for e in self.eviction_order(keep=key):
             over_budget = self.budget is not None and total + needed > self.budget
             short = free_bytes(self.root) < needed + self.reserve
             if not (over_budget or short):
                 break
-            if e.key in refs and not short:
-                break  # the budget alone never evicts what a QuantizedModel still references
-            if self._evict(e):
+            if self._evict(e):  # False for an entry in use (a pod holds it) or being fetched: never evicted
                 evicted.append(e.key)
                 total -= e.bytes
         return evicted
