@@ -55,6 +55,9 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("", "services", ""): {"get", "create", "patch"},
     ("", "events", ""): {"create"},
     ("inference.networking.k8s.io", "inferencepools", ""): {"get", "create", "patch"},
+    # get, update and delete are granted on the node cache's references ConfigMap by name only
+    # (resourceNames): a request without a name is refused, so only create shows here.
+    ("", "configmaps", ""): {"create"},
 }
 CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
     ("fewerbits.io", "quantizationpolicies", ""): {"list", "watch"},
@@ -140,6 +143,18 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
         assert granted == expected, (
             f"granted but not expected: {sorted(granted - expected)}; "
             f"expected but not granted: {sorted(expected - granted)}")
+        # The named ConfigMap grant (nodecache.py's referenced keys): that name only, watched namespace only.
+        authz = client.AuthorizationV1Api(api)
+
+        def may(verb: str, name: str, ns: str) -> bool:
+            attrs = {"verb": verb, "resource": "configmaps", "name": name, "namespace": ns}
+            return authz.create_subject_access_review({"spec": {
+                "user": sa, "groups": ["system:serviceaccounts", "system:authenticated"],
+                "resourceAttributes": attrs}}).status.allowed
+        for verb in ("get", "update", "delete"):
+            assert may(verb, "fewerbits-node-cache-references", model_ns), verb
+            assert not may(verb, "kube-root-ca.crt", model_ns), verb
+            assert not may(verb, "fewerbits-node-cache-references", "default"), verb
 
         source = demo.upload_test_model(cluster)
         cluster.apply(demo.model_manifest(cluster, model_ns, "chart-sample", source, "s3-credentials"))

@@ -41,6 +41,7 @@ from .decide import (
     ReplaceDeployment,
 )
 from .kube import Kube
+from .nodecache import REFERENCES_CONFIGMAP, ApplyReferences, ReferencesAction
 from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
 from .routing import CreateInferencePool, PatchInferencePool
 from .storage import ObjectStore, S3Credentials
@@ -174,3 +175,19 @@ def execute_retention(kube: Kube, store: ObjectStore, actions: list[RetentionAct
                                     f"has referenced it since {action.unreferenced_since} (rules.artifactRetention: "
                                     "Delete)")
     return deleted
+
+
+# ------------------------------------------------------------------ node-cache references (nodecache.py)
+
+
+def execute_references(kube: Kube, actions: list[ReferencesAction]) -> int:
+    """Write the referenced-keys ConfigMaps ``nodecache.decide_references`` asked for; returns how
+    many writes the API server took (a conflict is left to the next sync)."""
+    done = 0
+    for action in actions:
+        if isinstance(action, ApplyReferences):
+            done += kube.apply_configmap(action.body, action.resource_version)
+        else:
+            kube.delete_configmap(action.namespace, REFERENCES_CONFIGMAP, action.resource_version)
+            done += 1
+    return done

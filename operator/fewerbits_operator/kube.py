@@ -549,6 +549,43 @@ class Kube:
         self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
         self._wrote()
 
+    # ------------------------------------------------------------ the node cache's referenced keys (nodecache.py)
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.api.sanitize_for_serialization(self.core.read_namespaced_config_map(name, namespace))
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def apply_configmap(self, body: dict[str, Any], resource_version: str | None) -> bool:
+        """Create (``resource_version`` None) or replace that version; False when it was created or
+        changed meanwhile (the next sync reads it again)."""
+        md = body["metadata"]
+        try:
+            if resource_version is None:
+                self.core.create_namespaced_config_map(md["namespace"], body)
+            else:
+                body = {**body, "metadata": {**md, "resourceVersion": resource_version}}
+                self.core.replace_namespaced_config_map(md["name"], md["namespace"], body)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
+        self._wrote()
+        return True
+
+    def delete_configmap(self, namespace: str, name: str, resource_version: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(name, namespace, body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(resource_version=resource_version or None)))
+        except ApiException as e:
+            if not _missing(e) and e.status != 409:
+                raise
+            return
+        self._wrote()
+
     # ------------------------------------------------------------ events
 
     def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:

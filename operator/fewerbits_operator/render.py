@@ -367,6 +367,7 @@ def render_deployment(
             }],
             "volumes": [
                 load.volume(model_volume),
+                *load.extra_volumes(),
                 {"name": "launcher", "emptyDir": {"sizeLimit": "64Mi"}},
                 {"name": "tmp", "emptyDir": {}},
                 # vLLM's tensor-parallel workers talk through shared memory.

@@ -27,7 +27,7 @@ import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
 
@@ -185,17 +185,15 @@ def group_listing(prefix: str, objects: list[tuple[str, str]]) -> list[StoredArt
     return out
 
 
-def observe_sweep(kube: Any, settings: Any) -> tuple[list[LocationUse], frozenset[str]]:
-    """The models' locations with their effective retention, and every referenced key (reads only
-    the watched caches; the listing is read per swept location by the caller)."""
+def effective_models(kube: Any, settings: Any) -> Iterator[tuple[dict[str, Any], QuantizedModelStatus, Any]]:
+    """Every watched model (from the watched cache) with its status and its effective spec and
+    policy (``decide.effective_for``, as a reconcile computes them)."""
     from pydantic import ValidationError
 
     from .decide import effective_for
     from .observe import now_rfc3339, read_policies
     from .observed import Observed
 
-    uses: list[LocationUse] = []
-    statuses: list[QuantizedModelStatus] = []
     raws = kube.list_policies()
     for body in kube.list_models(settings.namespaces):
         md = body["metadata"]
@@ -203,14 +201,23 @@ def observe_sweep(kube: Any, settings: Any) -> tuple[list[LocationUse], frozense
             status = QuantizedModelStatus.model_validate(body.get("status") or {})
         except ValidationError:
             status = QuantizedModelStatus()
-        statuses.append(status)
         labels = kube.namespace_labels(md["namespace"])
         policies, broken = read_policies(raws, labels)
         obs = Observed(now=now_rfc3339(), namespace=md["namespace"], name=md["name"], uid=md.get("uid", ""),
                        generation=md.get("generation"), resource_version=None, raw=body, spec=body.get("spec") or {},
                        old_status_raw={}, old_status=status, policies=policies, broken_policies=broken,
                        namespace_labels=labels)
-        acc = effective_for(obs, settings)
+        yield body, status, effective_for(obs, settings)
+
+
+def observe_sweep(kube: Any, settings: Any) -> tuple[list[LocationUse], frozenset[str]]:
+    """The models' locations with their effective retention, and every referenced key (reads only
+    the watched caches; the listing is read per swept location by the caller)."""
+    uses: list[LocationUse] = []
+    statuses: list[QuantizedModelStatus] = []
+    for body, status, acc in effective_models(kube, settings):
+        md = body["metadata"]
+        statuses.append(status)
         if acc.spec is None or acc.spec.storage is None:
             continue  # an unreadable spec: its location is unknown (its keys still count as referenced)
         rules = acc.effective.policy.rules

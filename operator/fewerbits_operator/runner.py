@@ -39,8 +39,8 @@ from .queueing import queued_entries, slot_changed
 from .render import LABEL_COMPONENT
 from .reconcile import Reconciler
 from .settings import OperatorSettings, get_settings
-from . import retention
-from .execute import execute_retention
+from . import nodecache, retention
+from .execute import execute_references, execute_retention
 from .observe import now_rfc3339
 from .storage import ObjectStore, S3Credentials
 from .workqueue import WorkQueue, run_worker
@@ -120,6 +120,7 @@ class Operator:
         self.start_workers(s.workers)
         self._spawn(self._resync_loop, "fewerbits-resync")
         self._spawn(self._retention_loop, "fewerbits-retention")
+        self._spawn(self._references_loop, "fewerbits-node-cache-references")
         # Models, their Jobs and Deployments, Nodes and policies from watches (each LIST of models
         # enqueues every model); namespace labels kept for one resync period.
         self._threads += kube.start_caches(
@@ -320,6 +321,24 @@ class Operator:
             listings[loc] = retention.group_listing(prefix, objects)
         now = now_rfc3339()
         return execute_retention(kube, store, retention.sweep(uses, referenced, listings, now), now)
+
+    # ------------------------------------------------------------ node-cache references (nodecache.py)
+
+    def _references_loop(self) -> None:
+        assert self.settings is not None
+        while not self._stop.wait(self.settings.node_cache_references_seconds):
+            try:
+                self.references_sync()
+            except Exception as e:  # noqa: BLE001 — the next sync retries; the list is an eviction hint
+                log.warning("node-cache references sync failed: %s: %s", type(e).__name__, e)
+
+    def references_sync(self) -> int:
+        """One sync: observe (models, effective specs, each namespace's ConfigMap), decide
+        (``nodecache.decide_references``, pure), execute (``execute.execute_references``)."""
+        assert self.reconciler is not None and self.settings is not None
+        kube = self.reconciler.kube
+        uses, current = nodecache.observe_references(kube, self.settings)
+        return execute_references(kube, nodecache.decide_references(uses, current))
 
     # ------------------------------------------------------------ resync scheduler
 

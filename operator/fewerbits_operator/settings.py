@@ -103,6 +103,9 @@ class OperatorSettings(BaseSettings):
     node_cache_budget: str | None = Field(default=None, pattern=r"^[0-9]+(Ki|Mi|Gi)?$")
     """Size above which the node cache evicts least recently used artifacts, e.g. `500Gi`
     (unset: only a full disk evicts)."""
+    node_cache_references_seconds: float = Field(default=30.0, gt=0)
+    """How often the referenced-keys ConfigMap of each namespace with node-cache models is synced
+    (one GET per namespace with models; a write only when the keys or owners changed)."""
     activator_port: int = 8082
     """Port of the scale-from-zero activator (activator.py): a request for a model at zero replicas
     waits there while one replica starts (0: off)."""

@@ -184,6 +184,8 @@ NAMESPACED_RULES = {
     ("", "services"): {"get", "create", "patch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("", "events"): {"create"},
+    ("", "configmaps"): {"create"},
+    ("", "configmaps/fewerbits-node-cache-references"): {"get", "update", "delete"},  # resourceNames
 }
 CLUSTER_RULES = {
     ("fewerbits.io", "quantizationpolicies"): {"list", "watch"},
@@ -196,10 +198,14 @@ CLUSTER_RULES = {
 def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields (resourceNames? nonResourceURLs?): {rule}"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, f"unexpected rule fields: {rule}"
+        names = rule.get("resourceNames")
+        if names is not None:  # a grant on named objects only: "<resource>/<name>" in the tables
+            assert names and "create" not in rule["verbs"] and "list" not in rule["verbs"], rule
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
-                out.setdefault((g, r), set()).update(rule["verbs"])
+                for n in names or [None]:
+                    out.setdefault((g, f"{r}/{n}" if n else r), set()).update(rule["verbs"])
     return out
 
 

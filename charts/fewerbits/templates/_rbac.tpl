@@ -86,6 +86,18 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch"]
+# The node cache's referenced-keys ConfigMap (operator/fewerbits_operator/nodecache.py), one per
+# namespace with artifactCache: Node models: create it (Kube.apply_configmap; create cannot be
+# limited to a name) ...
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create"]
+# ... and read, replace and delete that one name only (Kube.get_configmap, Kube.apply_configmap,
+# Kube.delete_configmap). No list or watch: no other ConfigMap is ever read.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames: ["fewerbits-node-cache-references"]
+  verbs: ["get", "update", "delete"]
 # Events on real transitions and scalings (Kube.post_event creates core/v1 Events, for reconcile
 # and the autoscaler). Create only: nothing here patches or aggregates Events.
 - apiGroups: [""]
