@@ -231,7 +231,8 @@ def test_streamed_load_checks_the_manifest_and_fails_on_unreachable_storage(s3, 
 # ----------------------------------------------------------------------------------- on the cluster
 
 
-def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_label: str, replicas: int) -> dict:
+def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_label: str, replicas: int,
+                           budget: str | None = None) -> dict:
     from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
     from fewerbits_operator.render import Owner, render_deployment
     from fewerbits_operator.settings import OperatorSettings
@@ -246,7 +247,8 @@ def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_l
                           dtype="bfloat16", tensorParallelSize=1, maxModelLen=1024, weightsGiB=0.01,
                           kvCacheTokens=10000, decodeTokensPerSecond=100.0)
     d = render_deployment(Owner("nc", namespace, "00000000-0000-4000-8000-0000000000aa"), spec, variant,
-                          {"kubernetes.io/hostname": node_label}, "9.0", key, total, replicas, OperatorSettings())
+                          {"kubernetes.io/hostname": node_label}, "9.0", key, total, replicas,
+                          OperatorSettings(node_cache_budget=budget))
     d["metadata"].pop("ownerReferences")
     return d
 
@@ -297,3 +299,88 @@ def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret)
     entry = cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache/artifacts" / m.key
     _assert_served(entry, files)
     client.AppsV1Api(cluster.api_client()).delete_namespaced_deployment(d["metadata"]["name"], namespace)
+
+
+def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(cluster, crds_installed):
+    """The whole feed on the real control plane: QuantizedModels' status keys -> the operator's
+    sync (observe, decide, execute, as the runner's loop runs it) -> the ConfigMap -> mounted into
+    the fetch init container -> its eviction: the referenced artifact stays though it is the least
+    recently used; a second sync writes nothing; a model leaving the node cache removes it."""
+    import uuid
+
+    from kubernetes import client
+
+    from e2e import demo
+    from fewerbits_api.base import GROUP, VERSION
+    from fewerbits_operator.execute import execute_references
+    from fewerbits_operator.kube import Kube
+    from fewerbits_operator.nodecache import REFERENCES_CONFIGMAP, decide_references, observe_references
+    from fewerbits_operator.settings import OperatorSettings
+    from tests.unit.test_nodecache_eviction import _entry
+
+    api = cluster.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ns = f"ncref-{uuid.uuid4().hex[:6]}"  # no operator of the session watches it: this test is the operator
+    demo.create_namespace_with_secret(cluster, ns, "s3-credentials")
+    try:
+        s3c = cluster.s3.client()
+        with __import__("contextlib").suppress(Exception):
+            s3c.create_bucket(Bucket="nc-artifacts")
+        files = _files(b"refs", big=MiB)
+        m = publish_bytes(s3c, "s3://nc-artifacts/artifacts", files, name=f"nc-refs-{ns}")
+        referenced, unreferenced = "1" * 64, "2" * 64
+
+        def model(name: str, cache: str) -> None:
+            custom.create_namespaced_custom_object(GROUP, VERSION, ns, "quantizedmodels", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel", "metadata": {"name": name},
+                "spec": {"source": {"uri": "hf://fewerbits-test/node-cache", "revision": "0" * 40},
+                         "storage": {"uri": "s3://nc-artifacts/artifacts", "endpoint": cluster.s3.endpoint,
+                                     "credentialsSecret": "s3-credentials"},
+                         "serving": {"artifactCache": cache}}})
+        model("cached", "Node")
+        model("podlocal", "Pod")
+        for name, key in (("cached", referenced), ("podlocal", unreferenced)):
+            custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, "quantizedmodels", name, {"status": {
+                "serving": [{"variant": "nc", "deployment": f"{name}-nc", "artifactKey": key}]}})
+
+        kube, settings = Kube(api), OperatorSettings(namespaces=[ns])
+
+        def sync() -> int:
+            uses, current = observe_references(kube, settings)
+            return execute_references(kube, decide_references(uses, current))
+        assert sync() == 1
+        cm = core.read_namespaced_config_map(REFERENCES_CONFIGMAP, ns)
+        assert referenced in cm.data["keys"] and unreferenced not in cm.data["keys"]  # Pod-cached: not on nodes
+        assert [o.name for o in cm.metadata.owner_references] == ["cached"]
+        assert sync() == 0  # no writes at rest
+
+        # A node whose cache holds both keys (the referenced one least recently used) and room for
+        # one more artifact only: the fetch must evict one, and it is the unreferenced one.
+        (node,) = cluster.add_gpu_pool(f"ncr{ns[-6:]}", "h100", nodes=1)
+        root = cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache"
+        now = time.time()
+        _entry(root, referenced, now - 60, size=256 * KiB)
+        _entry(root, unreferenced, now - 30, size=256 * KiB)
+        one = NodeCache(root).entries()[0].bytes
+        d = _node_cache_deployment(cluster, ns, m.key, m.totalBytes, node, replicas=1,
+                                   budget=f"{(m.totalBytes + one * 3 // 2) // KiB}Ki")
+        cluster.apply(d)
+        deadline = time.monotonic() + 60
+        while True:
+            pods = core.list_namespaced_pod(ns, label_selector="fewerbits.io/model=nc").items
+            statuses = [s for p in pods for s in p.status.init_container_statuses or []]
+            done = [s.state.terminated for s in statuses if s.state.terminated]
+            if done:
+                break
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.3)
+        assert done[0].exit_code == 0, done[0].message
+        assert {p.name for p in (root / "artifacts").iterdir()} == {referenced, m.key}
+
+        # The model leaves the node cache: its namespace loses the ConfigMap at the next sync.
+        custom.patch_namespaced_custom_object(GROUP, VERSION, ns, "quantizedmodels", "cached",
+                                              {"spec": {"serving": {"artifactCache": "Pod"}}})
+        assert sync() == 1
+        assert kube.get_configmap(ns, REFERENCES_CONFIGMAP) is None
+    finally:
+        core.delete_namespace(ns)

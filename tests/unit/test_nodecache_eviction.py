@@ -19,12 +19,12 @@ from fewerbits_runtime.nodecache import NodeCache, read_referenced
 SIZE = 64 * 1024
 
 
-def _entry(root: Path, key: str, last_used: float) -> None:
+def _entry(root: Path, key: str, last_used: float, size: int = SIZE) -> None:
     cache = NodeCache(root)
     d = cache.entry(key)
     d.mkdir(parents=True)
-    (d / "model.safetensors").write_bytes(os.urandom(SIZE))
-    (d / MARKER_NAME).write_text(json.dumps({"key": key, "files": 1, "totalBytes": SIZE}))
+    (d / "model.safetensors").write_bytes(os.urandom(size))
+    (d / MARKER_NAME).write_text(json.dumps({"key": key, "files": 1, "totalBytes": size}))
     (root / "state" / f"{key}.json").write_text(json.dumps({"key": key, "lastUsed": last_used}))
 
 
