@@ -384,3 +384,47 @@ def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(c
         assert kube.get_configmap(ns, REFERENCES_CONFIGMAP) is None
     finally:
         core.delete_namespace(ns)
+
+
+def test_which_node_cache_volumes_the_restricted_level_admits(cluster):
+    """docs/cache.md's Pod Security table, asked of the API server (dry run, a `restricted`
+    namespace): the hostPath the node cache uses today is refused; the volume types a
+    restricted-compatible cache would use (a CSI inline volume from a node driver, a claim, an OCI
+    image volume) pass the Pod Security check."""
+    import uuid
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(cluster.api_client())
+    ns = f"ncpss-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    container = {"name": "c", "image": "busybox", "securityContext": {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+        "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}]}
+    volumes = {
+        "hostPath": {"hostPath": {"path": "/var/lib/fewerbits/cache", "type": "DirectoryOrCreate"}},
+        "csi": {"csi": {"driver": "cache.fewerbits.io", "readOnly": True,
+                        "volumeAttributes": {"key": "k" * 64, "storageUri": "s3://b/p"},
+                        "nodePublishSecretRef": {"name": "s3-credentials"}}},
+        "persistentVolumeClaim": {"persistentVolumeClaim": {"claimName": "cache", "readOnly": True}},
+        "image": {"image": {"reference": "registry.example/artifacts/llama-fp8@sha256:" + "0" * 64,
+                            "pullPolicy": "IfNotPresent"}},
+    }
+    admitted = {}
+    try:
+        for kind, vol in volumes.items():
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"probe-{kind.lower()}"},
+                   "spec": {"containers": [container], "volumes": [{"name": "models", **vol}]}}
+            try:
+                core.create_namespaced_pod(ns, pod, dry_run="All")
+                admitted[kind] = "admitted"
+            except ApiException as e:
+                admitted[kind] = f"{e.status}: {json.loads(e.body).get('message')}"
+    finally:
+        core.delete_namespace(ns)
+    assert admitted.pop("hostPath").startswith('403: pods "probe-hostpath" is forbidden: violates PodSecurity')
+    # Every one of them created for real (not a dry run) would wait for its driver, claim or image.
+    assert admitted == {"csi": "admitted", "persistentVolumeClaim": "admitted", "image": "admitted"}, admitted
