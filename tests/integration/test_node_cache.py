@@ -428,3 +428,71 @@ def test_which_node_cache_volumes_the_restricted_level_admits(cluster):
     assert admitted.pop("hostPath").startswith('403: pods "probe-hostpath" is forbidden: violates PodSecurity')
     # Every one of them created for real (not a dry run) would wait for its driver, claim or image.
     assert admitted == {"csi": "admitted", "persistentVolumeClaim": "admitted", "image": "admitted"}, admitted
+
+
+def test_a_leaderworkerset_group_uses_the_cache_of_each_pods_node(cluster, lws, gpu_pool, namespace, s3_secret):
+    """A multi-node variant with artifactCache: Node under the real LeaderWorkerSet controller: the
+    leader and the worker land on two nodes and each verifies its own node's copy; the group
+    recreated after a pod loss finds both copies (CacheHit on both nodes, nothing downloaded)."""
+    from kubernetes import client
+
+    from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
+    from fewerbits_operator.lws import render_lws
+    from fewerbits_operator.render import Owner
+    from fewerbits_operator.settings import OperatorSettings
+
+    s3c = cluster.s3.client()
+    with __import__("contextlib").suppress(Exception):
+        s3c.create_bucket(Bucket="nc-artifacts")
+    files = _files(b"lws-group", big=MiB)
+    m = publish_bytes(s3c, "s3://nc-artifacts/artifacts", files, name=f"nc-lws-{namespace}")
+    nodes = gpu_pool(f"ncl{namespace[-6:]}", "NVIDIA-H100-80GB-HBM3", nodes=2, gpus_per_node=8)
+    spec = QuantizedModelSpec.model_validate({
+        "source": {"uri": "hf://fewerbits-test/node-cache", "revision": "0" * 40},
+        "storage": {"uri": "s3://nc-artifacts/artifacts", "endpoint": cluster.s3.endpoint,
+                    "credentialsSecret": "s3-credentials"},
+        "serving": {"artifactCache": "Node"}})
+    variant = PlanVariant(pool="ncl", gpuProduct="NVIDIA-H100-80GB-HBM3", format="fp8-dynamic", kvCacheDtype="fp8",
+                          dtype="bfloat16", tensorParallelSize=8, maxModelLen=1024, weightsGiB=0.01,
+                          kvCacheTokens=10000, decodeTokensPerSecond=100.0, nodesPerReplica=2)
+    obj = render_lws(Owner("ncl", namespace, "00000000-0000-4000-8000-0000000000bb"), spec, variant,
+                     {"kubernetes.io/hostname": nodes[0]}, "9.0", m.key, m.totalBytes, 1, OperatorSettings())
+    obj["metadata"].pop("ownerReferences")
+    for role in ("leaderTemplate", "workerTemplate"):  # the pool's two nodes, one pod on each
+        obj["spec"]["leaderWorkerTemplate"][role]["spec"]["nodeSelector"] = {}
+        obj["spec"]["leaderWorkerTemplate"][role]["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}
+    core = client.CoreV1Api(cluster.api_client())
+    client.CustomObjectsApi(cluster.api_client()).create_namespaced_custom_object(
+        "leaderworkerset.x-k8s.io", "v1", namespace, "leaderworkersets", obj)
+
+    def fetched(exclude: set[str]) -> dict[str, str]:
+        """node -> the fetch container's reason, once both pods of the group (not in ``exclude``) fetched."""
+        deadline = time.monotonic() + 120
+        while True:
+            out = {}
+            for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=ncl").items:
+                if p.metadata.uid in exclude or p.metadata.deletion_timestamp:
+                    continue
+                for s in p.status.init_container_statuses or []:
+                    if s.state.terminated:
+                        assert s.state.terminated.exit_code == 0, s.state.terminated.message
+                        out[p.spec.node_name] = json.loads(s.state.terminated.message)["reason"]
+            if len(out) == 2:
+                return out
+            assert time.monotonic() < deadline, out
+            time.sleep(0.3)
+
+    first = fetched(set())
+    assert sorted(first) == sorted(nodes) and set(first.values()) == {"Fetched"}  # one copy per node
+    for node in nodes:
+        _assert_served(cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache/artifacts" / m.key,
+                       files)
+    # A pod lost: LeaderWorkerSet recreates the whole group; both nodes already hold the copy.
+    old = {p.metadata.uid for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=ncl").items}
+    worker = next(p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/model=ncl").items
+                  if p.metadata.labels.get("app.kubernetes.io/component") == "server-worker")
+    core.delete_namespaced_pod(worker.metadata.name, namespace, grace_period_seconds=0)
+    again = fetched(old)
+    assert sorted(again) == sorted(nodes) and set(again.values()) == {"CacheHit"}, again
