@@ -312,10 +312,12 @@ def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(c
 
     from e2e import demo
     from fewerbits_api.base import GROUP, VERSION
-    from fewerbits_operator.execute import execute_references
     from fewerbits_operator.kube import Kube
-    from fewerbits_operator.nodecache import REFERENCES_CONFIGMAP, decide_references, observe_references
+    from fewerbits_operator.nodecache import REFERENCES_CONFIGMAP
+    from fewerbits_operator.reconcile import Reconciler
+    from fewerbits_operator.runner import Operator
     from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.storage import ObjectStore
     from tests.unit.test_nodecache_eviction import _entry
 
     api = cluster.api_client()
@@ -343,11 +345,11 @@ def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(c
             custom.patch_namespaced_custom_object_status(GROUP, VERSION, ns, "quantizedmodels", name, {"status": {
                 "serving": [{"variant": "nc", "deployment": f"{name}-nc", "artifactKey": key}]}})
 
-        kube, settings = Kube(api), OperatorSettings(namespaces=[ns])
-
-        def sync() -> int:
-            uses, current = observe_references(kube, settings)
-            return execute_references(kube, decide_references(uses, current))
+        kube = Kube(api)
+        runner = Operator()  # its references loop's one pass, with no loop or workers started
+        runner.settings = OperatorSettings(namespaces=[ns])
+        runner.reconciler = Reconciler(kube, ObjectStore(), runner.settings)
+        sync = runner.references_sync
         assert sync() == 1
         cm = core.read_namespaced_config_map(REFERENCES_CONFIGMAP, ns)
         assert referenced in cm.data["keys"] and unreferenced not in cm.data["keys"]  # Pod-cached: not on nodes
