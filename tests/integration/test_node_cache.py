@@ -303,7 +303,7 @@ def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret)
 
 def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(cluster, crds_installed):
     """The whole feed on the real control plane: QuantizedModels' status keys -> the operator's
-    sync (observe, decide, execute, as the runner's loop runs it) -> the ConfigMap -> mounted into
+    sync (Operator.references_sync, one pass of its loop: observe, decide, execute) -> the ConfigMap -> mounted into
     the fetch init container -> its eviction: the referenced artifact stays though it is the least
     recently used; a second sync writes nothing; a model leaving the node cache removes it."""
     import uuid
