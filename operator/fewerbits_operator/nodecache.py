@@ -38,7 +38,8 @@ REFERENCES_CONFIGMAP = "fewerbits-node-cache-references"
 REFERENCES_FILE = "keys"
 REFERENCES_VOLUME = "node-cache-references"
 REFERENCES_MOUNT = "/node-cache-references"
-REFERENCES_HEADER = ("# Artifact keys referenced by QuantizedModels with spec.serving.artifactCache: Node, one a line.\n"
+REFERENCES_HEADER = ("# Artifact keys referenced by QuantizedModels with spec.serving.artifactCache: Node,"
+                     " one a line.\n"
                      "# Written by the fewerbits operator; the node cache evicts keys not listed here first.\n")
 
 
@@ -191,7 +192,8 @@ def _same(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
             == [(o["name"], o["uid"]) for o in want["ownerReferences"]])
 
 
-def decide_references(uses: list[NodeCacheUse], current: Mapping[str, Mapping[str, Any] | None]) -> list[ReferencesAction]:
+def decide_references(uses: list[NodeCacheUse],
+                      current: Mapping[str, Mapping[str, Any] | None]) -> list[ReferencesAction]:
     """The writes that bring each namespace's referenced-keys ConfigMap to what the models say.
     Pure. ``current``: per namespace looked at (every namespace with a model), its ConfigMap as the
     API server returned it, or None. A namespace with node-cache models gets the cluster-wide key
