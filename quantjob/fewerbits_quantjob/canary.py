@@ -75,6 +75,10 @@ COMMAND = "canary"
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".npz", ".ckpt", ".onnx")
 """Artifact files the evaluation never downloads: it needs the tokenizer and config only."""
 
+PROBE_TOKEN_IDS = [0, 1, 2, 3]
+"""The capability probe's prompt: token ids every vocabulary has (what they mean does not matter:
+only whether the server answers with a log-probability for each)."""
+
 GENERATE = "generate_until"
 LOGPROB_TYPES = ("loglikelihood", "multiple_choice")
 
@@ -237,9 +241,9 @@ def probe(server: Server, token_ids: list[int]) -> tuple[bool, str]:
 
 
 # ------------------------------------------------------------------------------------ base scores
-def base_report(client, contract: CanaryContract) -> tuple[QualityReport, str]:
-    """The Job's report measured under the contract gate's evaluation identity, and where it came
-    from; CanaryError when there is none (fail closed)."""
+def base_report(client, contract: CanaryContract):
+    """(the Job's report measured under the contract gate's evaluation identity, where it came
+    from, the manifest); CanaryError when there is none (fail closed)."""
     from . import storage
 
     identity = eval_identity(contract.qualityGate)
@@ -250,7 +254,7 @@ def base_report(client, contract: CanaryContract) -> tuple[QualityReport, str]:
     key = quality_result_key(prefix, identity)
     try:
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        return QualityReport.model_validate_json(body), f"s3://{bucket}/{key}"
+        return QualityReport.model_validate_json(body), f"s3://{bucket}/{key}", manifest
     except ValidationError as e:
         raise CanaryError(f"s3://{bucket}/{key}: not a quality result ({one_line(str(e), 200)})") from None
     except Exception as e:  # noqa: BLE001 — only "not there" falls back to the manifest
@@ -261,7 +265,7 @@ def base_report(client, contract: CanaryContract) -> tuple[QualityReport, str]:
     legacy_same = (q is not None and q.evalIdentity is None and not gate.benchmarks and gate.customEval is None
                    and q.evalDataset == gate.evalDataset and q.evalWindows == gate.evalSamples)
     if q is not None and (q.evalIdentity == identity or legacy_same):
-        return q, f"s3://{bucket}/{prefix}manifest.json"
+        return q, f"s3://{bucket}/{prefix}manifest.json", manifest
     measured = q.evalIdentity[:12] if q is not None and q.evalIdentity else "none"
     raise CanaryError(f"no base scores for the gate's evaluation identity {identity[:12]} (the manifest's figures "
                       f"are for {measured}, and there is no {QUALITY_DIR_NOTE}): the quantization Job's evaluation "
@@ -382,25 +386,24 @@ def _task_costs(prepared, t) -> tuple[str, list[int]]:
 
 
 def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: Path, say) -> tuple[Outcome, Server]:
-    from transformers import AutoConfig, AutoTokenizer
-
     from . import evaluate as ppl_eval
     from . import gate as gate_mod
     from . import lmeval, storage, textdata
 
     gate = contract.qualityGate
-    report, source = base_report(client, contract)
+    report, source, manifest = base_report(client, contract)
     job = job_metrics(report)
     say(f"base scores from {source}: {', '.join(sorted(job))}")
-    manifest, _ = storage.read_manifest(client, contract.storage.uri, contract.key)
+    # Before anything heavy: an unreachable canary is an error within seconds.
+    server = Server(contract.endpoint, contract.servedModelName, contract.limits.requestTimeoutSeconds)
+    logprobs, how = probe(server, PROBE_TOKEN_IDS)
+    say(f"server at {contract.endpoint} answered; prompt logprobs: {'yes' if logprobs else 'no'} ({how})")
+
+    from transformers import AutoConfig, AutoTokenizer
+
     art = download_small_files(client, contract, manifest.files, workdir / "artifact")
     tokenizer = AutoTokenizer.from_pretrained(art)
     config = AutoConfig.from_pretrained(art)
-
-    server = Server(contract.endpoint, contract.servedModelName, contract.limits.requestTimeoutSeconds)
-    probe_ids = tokenizer("The canary", add_special_tokens=True)["input_ids"][:8] or [0, 0]
-    logprobs, how = probe(server, probe_ids if len(probe_ids) > 1 else probe_ids * 2)
-    say(f"server at {contract.endpoint} answered; prompt logprobs: {'yes' if logprobs else 'no'} ({how})")
 
     out = Outcome()
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731

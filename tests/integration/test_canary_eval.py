@@ -51,23 +51,25 @@ def worktree_env(extra: dict) -> dict:
 
 
 class TransformersServe:
-    """`transformers serve --device cpu <name>` in a folder where <name> links to the model, so
-    that requests naming the served model name load exactly that directory (what the e2e pod
-    runner does for the vLLM image's canary pods)."""
+    """One `transformers serve --device cpu` process in a folder where each served model name is a
+    link to a model directory: a request naming it loads exactly that directory (on first use).
+    Started before the artifacts exist, so its imports overlap the quantization Job."""
 
-    def __init__(self, model_dir: Path, work: Path, port: int):
+    def __init__(self, work: Path, port: int):
         from e2e import procs
 
         self.work = work
         (work / "hf").mkdir(parents=True, exist_ok=True)
-        (work / SERVED).symlink_to(model_dir, target_is_directory=True)
         exe = Path(sys.executable).parent / "transformers"
         env = worktree_env({"HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1"})
         self.url = f"http://127.0.0.1:{port}"
-        self.proc = procs.spawn([str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                                 SERVED], work / "serve.log", env=env, cwd=work)
+        self.proc = procs.spawn([str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+                                work / "serve.log", env=env, cwd=work)
 
-    def wait_ready(self, timeout: float = 90) -> None:
+    def add(self, name: str, model_dir: Path) -> None:
+        (self.work / name).symlink_to(model_dir, target_is_directory=True)
+
+    def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, (self.work / "serve.log").read_text()[-3000:]
@@ -115,7 +117,7 @@ def damage(s3, storage_uri: str, sound: Manifest, work: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def published(s3, tmp_path_factory):
+def published(server, s3, tmp_path_factory):
     """(storage uri, gate, sound key, damaged key): one real Job, one damaged copy."""
     work = tmp_path_factory.mktemp("canary")
     bucket = f"canary-{os.getpid()}"
@@ -135,32 +137,33 @@ def published(s3, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def servers(s3, published, tmp_path_factory):
-    """One `transformers serve` per artifact, on the files the pod's fetcher would have written."""
+def server(tmp_path_factory):
     from e2e import procs
+
+    srv = TransformersServe(tmp_path_factory.mktemp("serve"), procs.free_port())
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def served(server, s3, published, tmp_path_factory):
+    """The server, serving each artifact from the files the pod's fetcher would have written,
+    under the served model names `canary-sound` and `canary-damaged`."""
     from tests.integration.test_quantjob import download_artifact
 
     storage_uri, _, sound_key, damaged_key = published
-    out = {}
     for name, key in (("sound", sound_key), ("damaged", damaged_key)):
-        work = tmp_path_factory.mktemp(f"serve-{name}")
         manifest = read_manifest(s3, storage_uri, key)
-        model = download_artifact(s3, storage_uri, manifest, work / "model")
-        out[name] = TransformersServe(model, work, procs.free_port())
-    try:
-        for srv in out.values():
-            srv.wait_ready()
-        yield out
-    finally:
-        for srv in out.values():
-            srv.stop()
+        server.add(f"{SERVED}-{name}", download_artifact(s3, storage_uri, manifest, tmp_path_factory.mktemp(name)))
+    server.wait_ready()
+    return server
 
 
-def canary_contract(s3, published, key: str, endpoint: str, kv: str = "fp8") -> CanaryContract:
+def canary_contract(s3, published, key: str, endpoint: str, kv: str = "fp8", name: str = "sound") -> CanaryContract:
     storage_uri, gate, _, _ = published
     config_hash = serving_config_hash({"key": key, "kvCacheDtype": kv, "endpoint": endpoint})
     return CanaryContract(key=key, configHash=config_hash, variant="h100",
-                          kvCacheDtype=kv, endpoint=endpoint, servedModelName=SERVED,
+                          kvCacheDtype=kv, endpoint=endpoint, servedModelName=f"{SERVED}-{name}",
                           storage={"uri": storage_uri, "endpoint": s3.endpoint}, qualityGate=gate, evalMaxSeqLength=64,
                           limits=LIMITS)
 
@@ -182,8 +185,8 @@ def stored(s3, contract: CanaryContract) -> ServingQualityResult:
     return ServingQualityResult.model_validate_json(body)
 
 
-def test_sound_artifact_passes_through_the_served_api(s3, published, servers, tmp_path):
-    contract = canary_contract(s3, published, published[2], servers["sound"].url, kv="auto")
+def test_sound_artifact_passes_through_the_served_api(s3, published, served, tmp_path):
+    contract = canary_contract(s3, published, published[2], served.url, kv="auto")
     code, term, seconds = run_in_process(s3, contract, tmp_path)
     assert code == 0 and term.outcome == "passed", term
     result = stored(s3, contract)
@@ -198,8 +201,8 @@ def test_sound_artifact_passes_through_the_served_api(s3, published, servers, tm
     print(f"\ncanary sound: {seconds:.1f}s in process, {result.requests} requests, evaluation {result.seconds:.1f}s")
 
 
-def test_damaged_artifact_fails_naming_the_metric_and_kv_cache(s3, published, servers, tmp_path):
-    contract = canary_contract(s3, published, published[3], servers["damaged"].url, kv="fp8")
+def test_damaged_artifact_fails_naming_the_metric_and_kv_cache(s3, published, served, tmp_path):
+    contract = canary_contract(s3, published, published[3], served.url, kv="fp8", name="damaged")
     code, term, _ = run_in_process(s3, contract, tmp_path)
     assert code == 0 and term.outcome == "failed", term
     assert term.reason.startswith("custom:rougeL ") and "of base (min 50%" in term.reason, term.reason
