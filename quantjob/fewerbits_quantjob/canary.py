@@ -8,7 +8,8 @@ what users get instead: the served configuration (its kernels, its KV-cache dtyp
 (``<key>/quality/<identity>.json`` for the gate's evaluation identity, else the manifest's
 report when it was measured under that identity; none at all is an error: fail closed).
 
-Parts, each with the Job's own code (docs/canary.md says why each equals the Job's measurement):
+Parts, each with the Job's own code (docs/quality.md, "Through the serving API", says why each
+equals the Job's measurement):
 
 * **perplexity** — the Job's held-out windows (``textdata.load_texts``, ``evaluate.window_length``
   and ``evaluate.build_windows`` with the artifact's own tokenizer and config), each sent as a
