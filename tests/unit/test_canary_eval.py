@@ -65,8 +65,11 @@ def test_window_nll_reads_the_prompt_tokens_own_entry_of_the_recorded_vllm_answe
 class VLLMStandIn:
     """A STAND-IN for vLLM's /v1/completions (vLLM needs a GPU): answers token-id prompts that ask
     for prompt logprobs in the recorded shape, each prompt token at log-probability
-    -(1 + (token % 7) / 10), and records every request. ``mode``: "vllm", "text-only" (refuses
-    the field with 422, as `transformers serve` does) or "slow" (answers after 2 s)."""
+    -(1 + (token % 7) / 10); answers a generation request (one prompt or a batch of token-id
+    prompts) with `generated` for each; records every request. ``mode``: "vllm", "text-only"
+    (refuses the field with 422, as `transformers serve` does) or "slow" (answers after 2 s)."""
+
+    generated = " the"
 
     def __init__(self, mode: str = "vllm"):
         self.requests: list[dict] = []
@@ -83,6 +86,14 @@ class VLLMStandIn:
                     time.sleep(2)
                 if mode == "text-only":
                     return self.answer(422, {"detail": "Unexpected fields in the request: {'prompt_logprobs'}"})
+                if "prompt_logprobs" not in body:
+                    prompts = body["prompt"] if isinstance(body["prompt"], list) and body["prompt"] and \
+                        isinstance(body["prompt"][0], list) else [body["prompt"]]
+                    answer = json.loads(json.dumps(RECORDED["response"]))
+                    answer["choices"] = [{**answer["choices"][0], "index": i, "text": outer.generated,
+                                          "prompt_logprobs": None, "finish_reason": "stop"}
+                                         for i in range(len(prompts))]
+                    return self.answer(200, answer)
                 assert body["max_tokens"] == 1 and body["prompt_logprobs"] == 0 and body["temperature"] == 0
                 assert all(isinstance(t, int) for t in body["prompt"]), body
                 answer = json.loads(json.dumps(RECORDED["response"]))
