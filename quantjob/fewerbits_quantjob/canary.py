@@ -247,7 +247,8 @@ def probe(server: Server, token_ids: list[int]) -> tuple[bool, str]:
     ignores it offers none."""
     status, body = server.post({"prompt": token_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0})
     if status >= 400:
-        return False, f"the server refused prompt_logprobs (HTTP {status}: {one_line(str(body.get('detail') or body.get('error') or body), 160)})"
+        detail = one_line(str(body.get("detail") or body.get("error") or body), 160)
+        return False, f"the server refused prompt_logprobs (HTTP {status}: {detail})"
     try:
         window_nll(body, token_ids)
     except CanaryError as e:
