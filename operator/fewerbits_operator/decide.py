@@ -579,6 +579,11 @@ def previous_artifact(obs: Observed, key: str) -> ArtifactStatus | None:
     return next((a for a in obs.old_status.artifacts if a.key == key), None)
 
 
+def owned_by(job: JobFacts, uid: str) -> bool:
+    """Whether the model ``uid`` is among the Job's owners."""
+    return any(r.get("uid") == uid for r in job.owner_refs)
+
+
 def queued_since(previous: ArtifactStatus | None, now: str) -> str:
     """When the model first wanted this artifact's Job and could not start it (kept across passes)."""
     return previous.queue.since if previous is not None and previous.queue is not None else now
@@ -593,7 +598,7 @@ def published_step(obs: Observed, planned: PlannedArtifact, facts: ArtifactFacts
     v = ArtifactVerdict(planned, manifest=manifest, outdated_tools=outdated_tools(manifest, settings.quantjob_tools))
     # A cache hit: published before this model asked for it, by no Job it owns (another
     # model's Job for the same key may still be there until its TTL).
-    owns_job = job is not None and any(r.get("uid") == obs.uid for r in job.owner_refs)
+    owns_job = job is not None and owned_by(job, obs.uid)
     # A Job that only waited under the operator's cap was never created: published by another.
     never_started = previous is not None and previous.queue is not None and previous.queue.reason == OPERATOR_CAP
     v.cache_hit = not owns_job and (previous is None or previous.job is None or never_started)
@@ -611,7 +616,7 @@ def job_step(obs: Observed, planned: PlannedArtifact, job: JobFacts,
     and the verdict says how the Job stands."""
     v = ArtifactVerdict(planned, job=job.name)
     actions: tuple[Action, ...] = ()
-    if not any(r.get("uid") == obs.uid for r in job.owner_refs):
+    if not owned_by(job, obs.uid):
         owner = Owner(obs.name, obs.namespace, obs.uid)
         actions = (AddJobOwner(obs.namespace, job.name, tuple(job.owner_refs) + (owner.reference(controller=False),)),)
     if job.state is JobState.FAILED:
