@@ -120,7 +120,7 @@ class Observer:
         self.kube = kube
         self.store = store
         self.settings = settings
-        self.pins = PinCache(settings.steady_period_seconds)
+        self.pins = PinCache(settings.calibration_etag_seconds)
 
     def observe(self, body: dict[str, Any]) -> Observed:
         md = body["metadata"]

@@ -7,9 +7,10 @@ The rule (docs/artifacts.md, "Calibration data"):
 * an ETag read is remembered under the model's uid and generation, the object's URI and the
   storage (endpoint, region): a spec edit (a new generation), another object or another store
   reads it again at once;
-* it is reused for at most ``ttl_seconds`` after it was read (the operator's steady resync period,
-  ``OperatorSettings.steady_period_seconds``): an object replaced while the model stays the same
-  is noticed at the first pass after that, and its new ETag is a new key and a new Job;
+* it is reused for at most ``ttl_seconds`` after it was read
+  (``OperatorSettings.calibration_etag_seconds``, 300 s by default, 0: never): an object replaced
+  while the model stays the same is noticed at the first pass after that, and its new ETag is a
+  new key and a new Job;
 * it is reused only while the model is settled on it: every artifact its last status lists is
   published and ``status.calibrationData.etag`` is that ETag. While an artifact is missing (a Job
   to create, running or failed) every pass reads the ETag again, as before; the Job checks the

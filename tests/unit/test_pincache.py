@@ -115,7 +115,7 @@ def test_a_model_at_rest_heads_its_calibration_object_once_per_ttl() -> None:
         rec.reconcile(NS, NAME)
     assert store.heads == 3  # at rest: no HEAD while the read is fresh
     store.etag = "e2"  # the object replaced, the model unchanged
-    clock.t += rec.settings.steady_period_seconds
+    clock.t += rec.settings.calibration_etag_seconds
     rec.reconcile(NS, NAME)
     assert store.heads == 4 and len(kube.jobs) == 2  # seen: a new key and its Job
     kube.model["metadata"]["generation"] = 2
