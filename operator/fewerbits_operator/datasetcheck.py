@@ -11,14 +11,12 @@ the Job); `hf://datasets/...` are read by the Job from the Hub (not checked here
 
 from __future__ import annotations
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from fewerbits_api.artifact import split_s3_uri
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.quantizedmodel import QuantizedModelSpec, StorageSpec
-from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
+from fewerbits_api.s3errors import S3ErrorKind
 
 from .datapins import EVAL_FIELD
+from .storage import ObjectStore, S3Credentials
 
 
 def datasets_to_check(spec: QuantizedModelSpec, formats_needing_a_job: list[QuantFormat]) -> list[tuple[str, str]]:
@@ -33,15 +31,11 @@ def datasets_to_check(spec: QuantizedModelSpec, formats_needing_a_job: list[Quan
     return [(f, uri) for f, uri in out if uri.startswith("s3://")]
 
 
-def check(store, storage: StorageSpec, creds, field: str, uri: str) -> str | None:
+def check(store: ObjectStore, storage: StorageSpec, creds: S3Credentials, field: str, uri: str) -> str | None:
     """None when the object can be read with the storage credentials; else why, naming the field."""
-    bucket, key = split_s3_uri(uri)
-    s3 = store._client(storage.endpoint, storage.region, creds)
-    try:
-        s3.head_object(Bucket=bucket, Key=key)
+    failure = store.unreadable(storage, uri, creds)
+    if failure is None:
         return None
-    except (ClientError, BotoCoreError) as e:
-        failure = classify_s3_error(e)
     where = f"{field}: {uri}"
     reads = f"the Job reads it from the artifact storage ({storage.endpoint or 'AWS S3'}) with spec.storage's credentials"
     if failure.kind in (S3ErrorKind.NOT_FOUND, S3ErrorKind.BUCKET_NOT_FOUND):

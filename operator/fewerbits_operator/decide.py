@@ -539,93 +539,86 @@ def kueue_text(job_name: str, local_queue: str | None) -> str:
     return f"Job {job_name} suspended until Kueue admits it from LocalQueue {local_queue}"
 
 
-def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
-                    placement: QuantizationJobPlacement, settings: OperatorSettings,
-                    st: StatusBuilder, actions: list[Action], sizing: JobSizing | None = None,
-                    admission: Admission | None = None) -> ArtifactVerdict:
-    spec = acc.spec
-    assert spec is not None
-    owner = Owner(obs.name, obs.namespace, obs.uid)
+# ------------------------------------------------------------------ one artifact, step by step
+#
+# decide_artifact composes small steps. Each takes the facts it reads and returns what it decided
+# (a verdict, the writes, the events), and writes nothing itself: decide_artifact appends their
+# writes and events in the order the steps run. The one exception is the operator's queue
+# (``Admission``): admitting a Job holds a slot for the later Jobs of the same pass.
+
+
+@dataclass(frozen=True)
+class ArtifactStep:
+    """What one step decided of an artifact: its verdict, the writes and the events, in order."""
+
+    verdict: ArtifactVerdict
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimStep:
+    """The storage claim of an artifact that has no Job: wait for another namespace's Job
+    (``held``), or go on and write ``write`` (None: the claim is already this model's)."""
+
+    held: ArtifactVerdict | None = None
+    write: ClaimArtifact | None = None
+
+
+def as_published(planned: PlannedArtifact, facts: ArtifactFacts) -> PlannedArtifact:
+    """The artifact under the key it is published at. Published under a legacy key (tool versions
+    hashed in) with the planned bytes, it keeps serving under its own key; nothing is re-quantized
+    (observe checked serves_planned)."""
     if facts.manifest is not None and facts.manifest.key != planned.key:
-        # Published under a legacy key (tool versions hashed in) with the planned bytes: it keeps
-        # serving under its own key; nothing is re-quantized (observe checked serves_planned).
-        planned = dataclasses.replace(planned, inputs=facts.manifest.keyInputs)
-    v = ArtifactVerdict(planned)
-    previous = next((a for a in obs.old_status.artifacts if a.key == planned.key), None)
-    if facts.storage_error is not None:
-        v.unavailable = facts.storage_error
-        return v
+        return dataclasses.replace(planned, inputs=facts.manifest.keyInputs)
+    return planned
+
+
+def previous_artifact(obs: Observed, key: str) -> ArtifactStatus | None:
+    """The artifact's entry in the status the last pass wrote."""
+    return next((a for a in obs.old_status.artifacts if a.key == key), None)
+
+
+def owned_by(job: JobFacts, uid: str) -> bool:
+    """Whether the model ``uid`` is among the Job's owners."""
+    return any(r.get("uid") == uid for r in job.owner_refs)
+
+
+def queued_since(previous: ArtifactStatus | None, now: str) -> str:
+    """When the model first wanted this artifact's Job and could not start it (kept across passes)."""
+    return previous.queue.since if previous is not None and previous.queue is not None else now
+
+
+def published_step(obs: Observed, planned: PlannedArtifact, facts: ArtifactFacts,
+                   previous: ArtifactStatus | None, settings: OperatorSettings) -> ArtifactStep:
+    """A manifest is at the key: the artifact is ready, made by this model's Job or a cache hit."""
+    manifest = facts.manifest
+    assert manifest is not None
     job = facts.job
-    if facts.manifest is not None:
-        v.manifest = facts.manifest
-        v.outdated_tools = outdated_tools(facts.manifest, settings.quantjob_tools)
-        # A cache hit: published before this model asked for it, by no Job it owns (another
-        # model's Job for the same key may still be there until its TTL).
-        owns_job = job is not None and any(r.get("uid") == obs.uid for r in job.owner_refs)
-        # A Job that only waited under the operator's cap was never created: published by another.
-        never_started = previous is not None and previous.queue is not None and previous.queue.reason == OPERATOR_CAP
-        v.cache_hit = not owns_job and (previous is None or previous.job is None or never_started)
-        v.job = None if v.cache_hit else (job.name if job is not None else previous.job if previous else None)
-        if v.cache_hit and (previous is None or not previous.cacheHit):
-            st.note("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already published: "
-                                          "no quantization Job needed")
-        decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
-        return v
-    if job is None:
-        if previous is not None and previous.failure is not None and previous.failure.generation == obs.generation:
-            # The Job failed for this generation and its TTL (or a person) has since removed it: a
-            # new Job would fail the same way. A new generation of the spec (any edit) tries again.
-            v.failure, v.job = previous.failure, previous.failure.job
-            return v
-        size = sizing.sizes.get(planned.format) if sizing is not None else None
-        if sizing is not None and (why := sizing.refusals.get(planned.format)):
-            v.refused = why
-            return v
-        if unreadable := dataset_refusal(obs, planned.format):
-            v.refused, v.refused_reason = unreadable, Reason.DATASET_UNREADABLE
-            return v
-        claimed = claim_state(facts.claim, facts.claim_present, obs.namespace, planned.job_name, obs.now,
-                              facts.claim_holder_gone)
-        if claimed is ClaimState.HELD and facts.claim is not None:
-            # Another namespace's Job publishes these bytes to this storage: one Job per key and
-            # location, cluster-wide; its manifest will be this model's cache hit.
-            v.pending, v.waiting = True, (f"Job {facts.claim.job} in namespace {facts.claim.namespace} is producing "
-                                          f"this artifact in the same storage (claimed until {facts.claim.expires_at}); "
-                                          "waiting for its manifest")
-            return v
-        since = previous.queue.since if previous is not None and previous.queue is not None else obs.now
-        if placement.kueue is None and admission is not None:
-            # The operator's cap (queueing.py): over it, the Job is not created yet.
-            position = admission.admit(Waiter(since, obs.namespace, obs.name, planned.job_name))
-            if position is not None:
-                v.job, v.pending, v.queue = planned.job_name, True, operator_queue(position, since)
-                v.waiting = (f"Job {planned.job_name} queued at position {position}: {admission.running} of "
-                             f"{admission.cap} quantization Jobs running (the operator's cap)")
-                return v
-        if claimed is not ClaimState.MINE:
-            claim = new_claim(obs.namespace, planned.job_name, obs.now,
-                              deadline_seconds(size) if size is not None else placement.activeDeadlineSeconds)
-            actions.append(ClaimArtifact(obs.namespace, spec.storage, planned.key, claim.to_json(),
-                                         take_over=claimed is ClaimState.STALE))
-        rendered = render_job(owner, spec, planned, placement, acc.effective.gate(), settings, size,
-                              job_pool_selectors(size, obs.pools or ()) if size is not None else None)
-        actions.append(CreateJob(rendered))
-        if placement.kueue is not None:
-            v.job, v.pending = planned.job_name, True
-            v.queue = kueue_queue(placement.kueue.localQueueName, since)
-            v.waiting = kueue_text(planned.job_name, placement.kueue.localQueueName)
-            st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
-                                                     f"{planned.format.value} once Kueue admits it")
-            return v
-        # Just created: no pod yet, told exactly as the next pass will see it (no second write).
-        v.job, v.pending, v.waiting = planned.job_name, True, pending_text(planned.job_name)
-        st.note("Normal", "QuantizationStarted", f"Job {planned.job_name} quantizes {spec.source.uri} to "
-                                                 f"{planned.format.value}")
-        return v
-    v.job = job.name
-    if not any(r.get("uid") == obs.uid for r in job.owner_refs):
-        actions.append(AddJobOwner(obs.namespace, job.name,
-                                   tuple(job.owner_refs) + (owner.reference(controller=False),)))
+    v = ArtifactVerdict(planned, manifest=manifest, outdated_tools=outdated_tools(manifest, settings.quantjob_tools))
+    # A cache hit: published before this model asked for it, by no Job it owns (another
+    # model's Job for the same key may still be there until its TTL).
+    owns_job = job is not None and owned_by(job, obs.uid)
+    # A Job that only waited under the operator's cap was never created: published by another.
+    never_started = previous is not None and previous.queue is not None and previous.queue.reason == OPERATOR_CAP
+    v.cache_hit = not owns_job and (previous is None or previous.job is None or never_started)
+    v.job = None if v.cache_hit else (job.name if job is not None else previous.job if previous else None)
+    events: tuple[Event, ...] = ()
+    if v.cache_hit and (previous is None or not previous.cacheHit):
+        events = (Event("Normal", "CacheHit", f"artifact {planned.key[:12]} ({planned.format.value}) already "
+                                              "published: no quantization Job needed"),)
+    return ArtifactStep(v, events=events)
+
+
+def job_step(obs: Observed, planned: PlannedArtifact, job: JobFacts,
+             previous: ArtifactStatus | None) -> ArtifactStep:
+    """The artifact's Job exists and no manifest is at the key (yet): the model co-owns the Job,
+    and the verdict says how the Job stands."""
+    v = ArtifactVerdict(planned, job=job.name)
+    actions: tuple[Action, ...] = ()
+    if not owned_by(job, obs.uid):
+        owner = Owner(obs.name, obs.namespace, obs.uid)
+        actions = (AddJobOwner(obs.namespace, job.name, tuple(job.owner_refs) + (owner.reference(controller=False),)),)
     if job.state is JobState.FAILED:
         # The first generation that saw this Job fail is kept: an edit made while the failed Job
         # is still there retries once the Job is gone.
@@ -641,8 +634,8 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                     message=f"Job {job.name} succeeded but no manifest is at the artifact key; "
                                             "was the artifact removed after publishing?")
     elif job.suspended and job.queue_name and not job.pod_phases:
-        since = previous.queue.since if previous is not None and previous.queue is not None else obs.now
-        v.pending, v.queue, v.waiting = True, kueue_queue(job.queue_name, since), kueue_text(job.name, job.queue_name)
+        v.pending, v.waiting = True, kueue_text(job.name, job.queue_name)
+        v.queue = kueue_queue(job.queue_name, queued_since(previous, obs.now))
     elif job.state is JobState.ACTIVE and job.pod_phases and set(job.pod_phases) != {"Pending"}:
         v.waiting = f"Job {job.name} running (pod {', '.join(job.pod_phases)})"
     elif job.state is JobState.ACTIVE:
@@ -651,7 +644,120 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
                                      "waiting for a node with room)"
     else:
         v.pending, v.waiting = True, pending_text(job.name)
-    return v
+    return ArtifactStep(v, actions)
+
+
+def refusal_step(obs: Observed, planned: PlannedArtifact, previous: ArtifactStatus | None,
+                 sizing: JobSizing | None) -> ArtifactVerdict | None:
+    """Why no Job may be created for the artifact now, in this order: its Job failed for this
+    generation (a new Job would fail the same way), a policy cap or no pool refuses its sizing,
+    the evaluation set it would read is unreadable. None: nothing refuses it."""
+    if previous is not None and previous.failure is not None and previous.failure.generation == obs.generation:
+        # The Job failed for this generation and its TTL (or a person) has since removed it: a
+        # new Job would fail the same way. A new generation of the spec (any edit) tries again.
+        return ArtifactVerdict(planned, failure=previous.failure, job=previous.failure.job)
+    if sizing is not None and (why := sizing.refusals.get(planned.format)):
+        return ArtifactVerdict(planned, refused=why)
+    if unreadable := dataset_refusal(obs, planned.format):
+        return ArtifactVerdict(planned, refused=unreadable, refused_reason=Reason.DATASET_UNREADABLE)
+    return None
+
+
+def claim_step(obs: Observed, storage: StorageSpec, planned: PlannedArtifact, facts: ArtifactFacts,
+               deadline: int) -> ClaimStep:
+    """One Job per key and storage location, cluster-wide (claims.py): wait while another
+    namespace's Job holds the claim, else the claim to write before the Job (``deadline``: the
+    Job's activeDeadlineSeconds, which bounds the claim's expiry)."""
+    claimed = claim_state(facts.claim, facts.claim_present, obs.namespace, planned.job_name, obs.now,
+                          facts.claim_holder_gone)
+    if claimed is ClaimState.HELD and facts.claim is not None:
+        # Another namespace's Job publishes these bytes to this storage: one Job per key and
+        # location, cluster-wide; its manifest will be this model's cache hit.
+        return ClaimStep(held=ArtifactVerdict(
+            planned, pending=True,
+            waiting=(f"Job {facts.claim.job} in namespace {facts.claim.namespace} is producing this artifact in the "
+                     f"same storage (claimed until {facts.claim.expires_at}); waiting for its manifest")))
+    if claimed is ClaimState.MINE:
+        return ClaimStep()
+    claim = new_claim(obs.namespace, planned.job_name, obs.now, deadline)
+    return ClaimStep(write=ClaimArtifact(obs.namespace, storage, planned.key, claim.to_json(),
+                                         take_over=claimed is ClaimState.STALE))
+
+
+def admission_step(obs: Observed, planned: PlannedArtifact, placement: QuantizationJobPlacement,
+                   admission: Admission | None, since: str) -> ArtifactVerdict | None:
+    """The operator's cap (queueing.py): over it, the Job is not created yet and the verdict says
+    its place in the queue. None: the Job may be created (Kueue's Jobs are created at once and
+    wait in Kueue). Admitting holds a slot in ``admission`` for the pass's later Jobs."""
+    if placement.kueue is not None or admission is None:
+        return None
+    position = admission.admit(Waiter(since, obs.namespace, obs.name, planned.job_name))
+    if position is None:
+        return None
+    return ArtifactVerdict(planned, job=planned.job_name, pending=True, queue=operator_queue(position, since),
+                           waiting=(f"Job {planned.job_name} queued at position {position}: {admission.running} "
+                                    f"of {admission.cap} quantization Jobs running (the operator's cap)"))
+
+
+def start_step(obs: Observed, acc: Acceptance, planned: PlannedArtifact, placement: QuantizationJobPlacement,
+               settings: OperatorSettings, size: Any, since: str) -> ArtifactStep:
+    """Create the artifact's Job (``size``: its sizing, None for a plan kept without one). Just
+    created, it has no pod yet, told exactly as the next pass will see it (no second write); a
+    Kueue Job is created suspended and waits for Kueue."""
+    spec = acc.spec
+    assert spec is not None
+    rendered = render_job(Owner(obs.name, obs.namespace, obs.uid), spec, planned, placement, acc.effective.gate(),
+                          settings, size, job_pool_selectors(size, obs.pools or ()) if size is not None else None)
+    started = f"Job {planned.job_name} quantizes {spec.source.uri} to {planned.format.value}"
+    if placement.kueue is not None:
+        local_queue = placement.kueue.localQueueName
+        v = ArtifactVerdict(planned, job=planned.job_name, pending=True, queue=kueue_queue(local_queue, since),
+                            waiting=kueue_text(planned.job_name, local_queue))
+        return ArtifactStep(v, (CreateJob(rendered),),
+                            (Event("Normal", "QuantizationStarted", f"{started} once Kueue admits it"),))
+    v = ArtifactVerdict(planned, job=planned.job_name, pending=True, waiting=pending_text(planned.job_name))
+    return ArtifactStep(v, (CreateJob(rendered),), (Event("Normal", "QuantizationStarted", started),))
+
+
+def applied(step: ArtifactStep, st: StatusBuilder, actions: list[Action]) -> ArtifactVerdict:
+    """A step's writes and events, appended in order; its verdict."""
+    actions.extend(step.actions)
+    for e in step.events:
+        st.note(e.type, e.reason, e.message)
+    return step.verdict
+
+
+def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,
+                    placement: QuantizationJobPlacement, settings: OperatorSettings,
+                    st: StatusBuilder, actions: list[Action], sizing: JobSizing | None = None,
+                    admission: Admission | None = None) -> ArtifactVerdict:
+    """One planned artifact: published, its Job's state, or why no Job, or the Job to create (after
+    the storage claim and the operator's queue)."""
+    spec = acc.spec
+    assert spec is not None and spec.storage is not None
+    planned = as_published(planned, facts)
+    previous = previous_artifact(obs, planned.key)
+    if facts.storage_error is not None:
+        return ArtifactVerdict(planned, unavailable=facts.storage_error)
+    if facts.manifest is not None:
+        v = applied(published_step(obs, planned, facts, previous, settings), st, actions)
+        decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
+        return v
+    if facts.job is not None:
+        return applied(job_step(obs, planned, facts.job, previous), st, actions)
+    if refused := refusal_step(obs, planned, previous, sizing):
+        return refused
+    size = sizing.sizes.get(planned.format) if sizing is not None else None
+    claim = claim_step(obs, spec.storage, planned, facts,
+                       deadline_seconds(size) if size is not None else placement.activeDeadlineSeconds)
+    if claim.held is not None:
+        return claim.held
+    since = queued_since(previous, obs.now)
+    if queued := admission_step(obs, planned, placement, admission, since):
+        return queued
+    if claim.write is not None:
+        actions.append(claim.write)
+    return applied(start_step(obs, acc, planned, placement, settings, size, since), st, actions)
 
 
 def decide_evaluation(obs: Observed, acc: Acceptance, planned: PlannedArtifact, facts: ArtifactFacts,

@@ -105,6 +105,12 @@ class Kube:
         self.jobs: Informer | None = None
         self.deployments: Informer | None = None
         self.lws: Informer | None = None
+        self._lws_watch: tuple[threading.Event, ChangeHandler | None] | None = None
+        """(stop, on_child_change) once the namespaced caches run: the LeaderWorkerSet cache starts
+        when its API is served (``lws_available``)."""
+        self.late_threads: list[threading.Thread] = []
+        """Cache loops started after ``start_caches`` returned (the LeaderWorkerSet cache of a CRD
+        installed later), for the liveness check."""
         self._namespace_labels = TTLCache(0)
         self._served = TTLCache(10)
 
@@ -132,16 +138,25 @@ class Kube:
             self.deployments = self._informer("deployments", self._list_deployments_raw, any_change,
                                               on_child_change, None)
             informers += [self.models, self.jobs, self.deployments]
-            if self.lws_available():
-                # Multi-node variants' LeaderWorkerSets: their group status enqueues the owning model.
-                self.lws = self._informer("leaderworkersets", self._list_lws_raw, any_change, on_child_change, None)
-                informers.append(self.lws)
+            # Multi-node variants' LeaderWorkerSets: their group status enqueues the owning model.
+            # Watched from now when the API is served, else from when it is (lws_available).
+            self.lws, self._lws_watch = None, (stop, on_child_change)
+            if self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL) and (lws := self._new_lws_informer()) is not None:
+                informers.append(lws)
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
         threads = [t for inf in informers for t in inf.start(stop)]
         deadline = time.monotonic() + wait_seconds
         for inf in informers:
             inf.wait_synced(max(0.0, deadline - time.monotonic()))
         return threads
+
+    def _new_lws_informer(self) -> Informer | None:
+        """The LeaderWorkerSet cache, made once (None: made already, or no caches run)."""
+        with self._lock:
+            if self.lws is not None or self._lws_watch is None:
+                return None
+            self.lws = self._informer("leaderworkersets", self._list_lws_raw, any_change, self._lws_watch[1], None)
+            return self.lws
 
     def _informer(self, name: str, list_raw: Any, relevant: Any, on_change: ChangeHandler | None,
                   on_list: ListHandler | None) -> Informer:
@@ -459,8 +474,15 @@ class Kube:
     # ------------------------------------------------------------ LeaderWorkerSets (multi-node variants)
 
     def lws_available(self) -> bool:
-        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed)."""
-        return self.serves(LWS_GROUP, LWS_VERSION, "leaderworkersets")
+        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed). The
+        first True after ``start_caches`` found it not served starts the LeaderWorkerSet cache: a
+        CRD installed after the operator started needs no restart (observe asks on every pass)."""
+        served = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
+        if served and self.lws is None and (lws := self._new_lws_informer()) is not None:
+            assert self._lws_watch is not None
+            self.late_threads += lws.start(self._lws_watch[0])
+            log.info("LeaderWorkerSet API served: watching LeaderWorkerSets")
+        return served
 
     def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """A model's LeaderWorkerSets (equality selector), from the watched cache when it is fresh."""

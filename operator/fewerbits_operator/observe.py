@@ -33,6 +33,7 @@ from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
+from .pincache import PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
 from . import routing
@@ -112,12 +113,14 @@ def job_limits(job: dict[str, Any]) -> dict[str, Any]:
 
 
 class Observer:
-    """Reads the world for one model. Holds the collaborators; no state between calls."""
+    """Reads the world for one model. Holds the collaborators; the one state kept between calls is
+    the S3 calibration ETags read (pincache.py)."""
 
     def __init__(self, kube: Kube, store: ObjectStore, settings: OperatorSettings):
         self.kube = kube
         self.store = store
         self.settings = settings
+        self.pins = PinCache(settings.calibration_etag_seconds)
 
     def observe(self, body: dict[str, Any]) -> Observed:
         md = body["metadata"]
@@ -158,8 +161,9 @@ class Observer:
         the_plan, _ = current_plan(Observed(**facts), eff)
         if data_uri := s3_calibration_uri(spec, the_plan):
             try:
-                etag, version = self.store.head_object(spec.storage, data_uri, storage_creds)
-                facts["data_pin"] = DataPin(data_uri, etag, version)
+                facts["data_pin"] = self.pins.pin(
+                    PinKey.of(md["uid"], md.get("generation"), spec.storage, data_uri), settled_etag(old),
+                    lambda: DataPin(data_uri, *self.store.head_object(spec.storage, data_uri, storage_creds)))
             except StorageError as e:
                 facts["data_error"] = str(e)
 

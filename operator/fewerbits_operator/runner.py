@@ -162,7 +162,8 @@ class Operator:
 
     def healthy(self) -> tuple[bool, str]:
         """Alive while every thread started (workers, resync, autoscaler, every watch loop) runs."""
-        dead = [t.name for t in self._threads if not t.is_alive()]
+        late = getattr(self.reconciler.kube, "late_threads", []) if self.reconciler is not None else []
+        dead = [t.name for t in [*self._threads, *late] if not t.is_alive()]
         if self._stop.is_set():
             return False, "stopping"
         return (not dead, "ok" if not dead else "stopped: " + ", ".join(dead))

@@ -116,6 +116,10 @@ class OperatorSettings(BaseSettings):
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage and for reading a model's config.json
     from its source (one ObjectStore serves both)."""
+    calibration_etag_seconds: float = Field(default=300.0, ge=0, le=86400)
+    """How long the ETag read of a model's S3 calibration object is reused while the model is
+    settled on it (pincache.py; 0: read on every pass). A spec edit reads it at once; an object
+    replaced in place is noticed at the first pass this long after the last read."""
 
     @property
     def steady_period_seconds(self) -> float:

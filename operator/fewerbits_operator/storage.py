@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix, split_s3_uri
 from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
-from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
+from fewerbits_api.s3errors import S3ErrorClass, S3ErrorKind, classify_s3_error
 
 from .claims import CLAIM_NAME
 
@@ -225,8 +225,9 @@ class ObjectStore:
 
     def head_object(self, storage: StorageSpec, uri: str, creds: S3Credentials) -> tuple[str, str | None]:
         """(ETag without quotes, VersionId or None) of ``uri`` on the storage endpoint (where the
-        Job reads S3 datasets from, with the same credentials). One HEAD; never cached: the ETag
-        is what tells changed data. Raises StorageError naming the object."""
+        Job reads S3 datasets from, with the same credentials). One HEAD; not cached here: the
+        ETag is what tells changed data (observe reuses it for a bounded time, pincache.py).
+        Raises StorageError naming the object."""
         bucket, key = split_s3_uri(uri)
         s3 = self._client(storage.endpoint, storage.region, creds)
         try:
@@ -237,6 +238,16 @@ class ObjectStore:
                                                 secret="spec.storage.credentialsSecret"), failure.kind) from None
         version = head.get("VersionId")
         return str(head.get("ETag") or "").strip('"'), (str(version) if version and version != "null" else None)
+
+    def unreadable(self, storage: StorageSpec, uri: str, creds: S3Credentials) -> S3ErrorClass | None:
+        """Why ``uri`` cannot be read on the storage endpoint with the storage credentials (where
+        and how the Job reads S3 datasets), or None when it can. One HEAD, no body, never cached."""
+        bucket, key = split_s3_uri(uri)
+        try:
+            self._client(storage.endpoint, storage.region, creds).head_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as e:
+            return classify_s3_error(e)
+        return None
 
     # ------------------------------------------------------------ base model config
 

@@ -49,6 +49,9 @@ class OperatorProcess:
             # may be tested beside this one in its own namespaces.
             "FEWERBITS_NAMESPACES": '["t-*"]',
             "FEWERBITS_RESYNC_SECONDS": "3",
+            # Read again after a resync period, as before the ETag was remembered: the calibration
+            # tests check each read against the object (the reuse is counted in unit tests).
+            "FEWERBITS_CALIBRATION_ETAG_SECONDS": "3",
             "FEWERBITS_RETENTION_SWEEP_SECONDS": "1",
             "FEWERBITS_AUTOSCALER_PERIOD_SECONDS": "2",
             "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "2",

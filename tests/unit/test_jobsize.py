@@ -308,9 +308,13 @@ def test_an_unreadable_dataset_is_named_with_its_field():
 
     from fewerbits_api.quantizedmodel import StorageSpec
     from fewerbits_operator.datasetcheck import EVAL_FIELD, check
+    from fewerbits_operator.storage import ObjectStore, S3Credentials
 
-    class Store:
+    class Store(ObjectStore):
+        """The real store over a stand-in S3 client (its HEAD answers ``code``)."""
+
         def __init__(self, code):
+            super().__init__()
             self.code = code
 
         def _client(self, endpoint, region, creds):
@@ -323,8 +327,8 @@ def test_an_unreadable_dataset_is_named_with_its_field():
             return S3()
 
     storage = StorageSpec(uri="s3://bkt/q", endpoint="http://127.0.0.1:9000")
-    assert check(Store(None), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl") is None
-    why = check(Store("404"), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl")
+    assert check(Store(None), storage, S3Credentials(), EVAL_FIELD, "s3://bkt/c.jsonl") is None
+    why = check(Store("404"), storage, S3Credentials(), EVAL_FIELD, "s3://bkt/c.jsonl")
     assert why.startswith("spec.quantization.qualityGate.evalDataset: s3://bkt/c.jsonl does not exist")
     assert "http://127.0.0.1:9000" in why
-    assert "access denied" in check(Store("AccessDenied"), storage, None, EVAL_FIELD, "s3://bkt/c.jsonl")
+    assert "access denied" in check(Store("AccessDenied"), storage, S3Credentials(), EVAL_FIELD, "s3://bkt/c.jsonl")
