@@ -70,7 +70,7 @@ from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_que
 from .evaljob import render_eval_job
 from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
 from . import routing
-from .routing import CreateInferencePool, PatchInferencePool
+from .routing import CreateInferencePool, PatchInferencePool, capacity_placement
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -286,11 +286,16 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
     return Acceptance(eff, missing_secrets(eff.spec, obs.namespace, obs.secrets))
 
 
-def effective_autoscaling(acc: Acceptance) -> EffectiveAutoscaling | None:
+def effective_autoscaling(acc: Acceptance, obs: Observed | None = None,
+                          settings: OperatorSettings | None = None) -> EffectiveAutoscaling | None:
     if acc.spec is None:
         return None
     cap = acc.effective.policy.rules.maxReplicas
-    return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap)
+    placement, weights = capacity_placement(acc.spec.serving, obs.routing if obs is not None else None,
+                                            settings.cost_weights if settings is not None else {},
+                                            acc.effective.policy.rules.poolCostWeights)
+    return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap, placement=placement,
+                                poolCostWeights=weights)
 
 
 def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | None, same_generation: bool,
@@ -982,7 +987,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     if acc.missing_secrets:
         st.set(C.ACCEPTED, False, Reason.MISSING_SECRET, "; ".join(acc.missing_secrets))
         st.waiting(LATER, Reason.BLOCKED, "a referenced Secret is missing (see Accepted)")
-        status.autoscaling = effective_autoscaling(acc)
+        status.autoscaling = effective_autoscaling(acc, obs, settings)
         return done()
     spec = acc.spec
     assert spec is not None and spec.storage is not None
@@ -990,7 +995,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
            (f"policy {eff.policy.names[0]} applies" if len(eff.policy.names) == 1 else
             f"policies {', '.join(eff.policy.names)} apply")
            if eff.policy.governed else "no QuantizationPolicy matches this namespace")
-    status.autoscaling = effective_autoscaling(acc)
+    status.autoscaling = effective_autoscaling(acc, obs, settings)
 
     # 2. Planned: model shape × GPU pools, and the pools gone since the last pass.
     the_plan, verdict = current_plan(obs, acc)

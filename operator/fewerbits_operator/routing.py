@@ -130,3 +130,23 @@ def pool_actions(facts: RoutingFacts | None, owner: Owner
     if (cur.get("spec") or {}) != desired["spec"]:
         return [PatchInferencePool(owner.namespace, owner.name, {"spec": desired["spec"]})], None
     return [], None
+
+
+PER_VARIANT = "perVariant"
+CHEAPEST_POOL = "cheapestPool"
+
+
+def capacity_placement(serving: Any, facts: RoutingFacts | None, operator_weights: Mapping[str, float],
+                       policy_weights: Mapping[str, float] | None) -> tuple[str, dict[str, float] | None]:
+    """Where the autoscaler puts a model's extra capacity (``status.autoscaling.placement``), and
+    the cost weights it prices pools with (the policy's per key over the operator's setting).
+
+    ``cheapestPool`` only when the model's requests reach its pods through the InferencePool: its
+    picker sends each request to the pod with the most free KV cache and the shortest queue, so a
+    replica added to the cheap pool takes load off every other pool. Behind the Service (also when
+    the InferencePool CRD is not served, where the Service is all there is) every pod receives the
+    same share of requests whatever its speed: a replica added to a fast pool takes no load off a
+    saturated slow one, so each variant must scale on its own load (``perVariant``)."""
+    weights = {**operator_weights, **(policy_weights or {})} or None
+    follows = routing_of(serving) == INFERENCE_POOL and facts is not None and facts.crd_served
+    return (CHEAPEST_POOL if follows else PER_VARIANT), weights

@@ -337,7 +337,7 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
         if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
-                   "FEWERBITS_QUANTJOB_TOOLS"):
+                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE"):
             continue  # release namespace; image tags (and the image's tools) follow the chart's appVersion
         if default is None:
             assert key not in env, f"{key}: unset means None"
@@ -418,3 +418,12 @@ def test_chart_metadata():
     import fewerbits_operator
     assert chart["appVersion"] == fewerbits_operator.__version__
     assert re.fullmatch(r"v1\.(\d+)\.\d+", KUBE_VERSION) and int(KUBE_VERSION.split(".")[1]) >= 30
+
+
+def test_gpu_cost_weights_and_the_pickers_role_reach_the_operator(helm: list[str]):
+    text = template_text(helm, [], extra=("--set-json", 'config.autoscaler.gpuCostWeights={"NVIDIA-L4": 0.27, '
+                                                         '"NVIDIA-A100-SXM4-80GB": 0.6}'))
+    env = env_of(operator_deployment([d for d in yaml.safe_load_all(text) if d]))
+    from fewerbits_operator.autoscaler.capacity import parse_cost_weights
+    assert parse_cost_weights(env["FEWERBITS_GPU_COST_WEIGHTS"]) == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
+    assert env["FEWERBITS_EPP_CLUSTER_ROLE"] == "fb-fewerbits-epp"

@@ -91,3 +91,34 @@ def test_routing_value_is_validated_at_admission():
 
     with pytest.raises(ValidationError):
         QuantizedModelSpec.model_validate(base_spec(serving={"routing": "gateway"}))
+
+
+def test_placement_follows_the_routing_and_publishes_the_cost_weights():
+    # Capacity-following routing: cheapest pool first; the policy's weight wins over the setting's.
+    settings = SETTINGS.model_copy(update={"gpu_cost_weights": "NVIDIA-L4=0.3,NVIDIA-A100-SXM4-80GB=0.6"})
+    w = world()
+    w.policies = [{"metadata": {"name": "costs"}, "spec": {"rules": {"poolCostWeights": {"NVIDIA-L4": 0.27}}}}]
+    out = decide(replace(w.observed(), routing=RoutingFacts(True, owned_pool())), settings)
+    auto = out.status.autoscaling
+    assert auto.placement == "cheapestPool"
+    assert auto.poolCostWeights == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
+    assert any(v.path == "rules.poolCostWeights.NVIDIA-L4" and v.value == "0.27" and v.source == "costs"
+               for v in out.status.effective.values)
+    # Behind the Service (or without the CRD, where the Service is all there is): per variant.
+    out = decide(replace(w.observed(), routing=RoutingFacts(False)), settings)
+    assert out.status.autoscaling.placement == "perVariant"
+    plain = World()
+    _ready_world(plain)
+    assert decide(plain.observed(), SETTINGS).status.autoscaling.placement == "perVariant"
+
+
+def test_cost_weight_setting_and_rule_are_checked():
+    import pytest
+    from pydantic import ValidationError
+
+    from fewerbits_api.policy import PolicyRules
+    from fewerbits_operator.settings import OperatorSettings
+    with pytest.raises(ValidationError, match="FEWERBITS_GPU_COST_WEIGHTS: GPU cost weight 'NVIDIA-L4=0'"):
+        OperatorSettings(gpu_cost_weights="NVIDIA-L4=0")
+    with pytest.raises(ValidationError, match="poolCostWeights"):
+        PolicyRules.model_validate({"poolCostWeights": {"NVIDIA-L4": -1}})

@@ -29,7 +29,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 
 from ..render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
-from .algorithm import Decision, History, Observation, Tuning, decide
+from .algorithm import Decision, History, Observation, Tuning, bounds, decide
+from .capacity import economics_from_plan, rebalance
 from .metrics import MetricsSource, PodSample, PodTarget
 
 log = logging.getLogger("fewerbits.autoscaler")
@@ -221,6 +222,7 @@ class Autoscaler:
         self.metrics = AutoscalerMetrics.for_registry(registry)
         self._history: dict[tuple[str, str, str], History] = {}
         self._status_written: dict[tuple[str, str], float] = {}
+        self._unreported: set[tuple[str, str, str]] = set()
 
     # -------------------------------------------------------------- entry points
 
@@ -238,6 +240,7 @@ class Autoscaler:
                 self.metrics.errors.inc()
                 log.warning("autoscaling %s/%s failed: %s: %s", ns, name, type(e).__name__, e)
                 seen |= {k for k in self._history if k[:2] == (ns, name)}  # keep its history
+        self._unreported &= seen
         for key in set(self._history) - seen:
             del self._history[key]
             self.metrics.forget(key)
@@ -259,6 +262,23 @@ class Autoscaler:
 
     # -------------------------------------------------------------- one model
 
+    def _warn_missing_metrics(self, model: dict[str, Any], key: tuple[str, str, str], ready: int,
+                              failures: int) -> None:
+        """A Warning Event ``MetricsUnavailable`` when a variant's ready pods start giving no vLLM
+        metrics (a wrong image, an old vLLM, a blocked port), once per episode; ``MetricsRestored``
+        when they all report again. The variant keeps its replicas (no scale-down on missing data)
+        and keeps being routed."""
+        if failures and key not in self._unreported:
+            self._unreported.add(key)
+            self.io.post_event(model, "Warning", "MetricsUnavailable",
+                               f"variant {key[2]}: {failures} of {ready} ready pod(s) expose no vLLM metrics "
+                               f"(vllm:kv_cache_usage_perc, vllm:num_requests_waiting) on /metrics; it is still "
+                               "served, but it is neither scaled down nor scored by the endpoint picker on its load")
+        elif not failures and ready and key in self._unreported:
+            self._unreported.discard(key)
+            self.io.post_event(model, "Normal", "MetricsRestored",
+                               f"variant {key[2]}: all {ready} ready pod(s) report vLLM metrics again")
+
     def _model(self, model: dict[str, Any], ns: str, name: str, now: float,
                seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
         auto = published_autoscaling(model)
@@ -273,6 +293,7 @@ class Autoscaler:
         if hasattr(self.io, "list_lws") and self.io.lws_available():
             # Multi-node variants: LeaderWorkerSets, whose replicas are groups (one leader each).
             workloads += [(lws, True) for lws in self.io.list_lws(ns, f"{LABEL_MODEL}={name}")]
+        observed = []
         for dep, multinode in workloads:
             dname = dep["metadata"]["name"]
             variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
@@ -296,9 +317,21 @@ class Autoscaler:
                     log.info("no metrics from %s/%s: %s", ns, t.name, getattr(r, "reason", "no result"))
             if failures:
                 self.metrics.scrape_failures.inc(failures)
-            d = decide(auto, cap, Observation(current, tuple(samples), failures, not_ready),
-                       self._history.get(key, History()), now, self.tuning)
+            self._warn_missing_metrics(model, key, len(targets), failures)
+            obs = Observation(current, tuple(samples), failures, not_ready)
+            d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
             self._history[key] = d.history
+            observed.append((dname, variant, key, multinode, current, d, obs.complete))
+        if auto.placement == "cheapestPool" and len(observed) > 1:
+            # Routing follows capacity: the model's extra capacity goes to the cheapest pool per
+            # token (capacity.rebalance, the function the bench runs).
+            plan = ((model.get("status") or {}).get("plan") or {}).get("variants") or []
+            economics = economics_from_plan(plan, auto.poolCostWeights or {})
+            lo, hi = bounds(auto, cap)
+            placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete in observed], lo, hi, economics,
+                               self.tuning)
+            observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
+        for dname, variant, key, multinode, current, d, _complete in observed:
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
