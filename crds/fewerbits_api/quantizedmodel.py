@@ -596,6 +596,10 @@ class VariantServingStatus(ApiModel):
     nodesPerReplica: Annotated[int, Field(ge=1, le=64)] = 1
     """Nodes (pods) per replica: above 1 the variant runs as a LeaderWorkerSet named `deployment`,
     whose replicas are groups of this many pods."""
+    podsWithoutMetrics: Annotated[int, Field(ge=0)] | None = None
+    """Ready pods of this variant that exposed no vLLM metrics at the autoscaler's last pass (a
+    wrong image, an old vLLM): they are served but not scaled down, and with InferencePool routing
+    the endpoint picker spreads requests evenly until they report (event `MetricsUnavailable`)."""
 
 
 class EffectiveAutoscaling(AutoscalingSpec):
@@ -615,7 +619,7 @@ class EffectiveAutoscaling(AutoscalingSpec):
     placement uses: the policy's `rules.poolCostWeights` over the operator's `gpuCostWeights`."""
 
 
-AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime")
+AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime", "podsWithoutMetrics")
 """The fields of `status.serving[]` the autoscaler writes; reconcile keeps them as they are."""
 
 

@@ -74,6 +74,8 @@ class RoutingFacts:
     """Whether the API server serves inferencepools in inference.networking.k8s.io/v1."""
     pool: Mapping[str, Any] | None = None
     """The InferencePool of the model's name, if any."""
+    picker: Any = None
+    """The endpoint picker's objects (``picker.PickerFacts``), read once the CRD is served."""
 
 
 @dataclass(frozen=True)

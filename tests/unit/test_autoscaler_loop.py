@@ -413,7 +413,8 @@ def test_merge_serving_changes_only_autoscaler_fields():
     assert merge_serving(serving, {"a": {"kvCacheUsage": 0.5}}) is None
     with pytest.raises(ValueError, match="replicas"):
         merge_serving(serving, {"a": {"replicas": 5}})
-    assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime"}
+    assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime",
+                                      "podsWithoutMetrics"}
 
 
 def test_classify_pods():
@@ -539,7 +540,9 @@ def test_pods_without_metrics_warn_once_and_keep_serving(servers):
     warnings = [m for _, r, m in io.events if r == "MetricsUnavailable"]
     assert len(warnings) == 1 and "variant h100: 1 of 2 ready pod(s) expose no vLLM metrics" in warnings[0]
     assert io.scale_writes == []  # never a scale-down on missing data
+    assert io.models["m1"]["status"]["serving"][0]["podsWithoutMetrics"] == 1  # what reconcile reads
     srvs[1].set(kv=0.7)
     a.run_once(T0 + 30)
     assert [m for _, r, m in io.events if r == "MetricsRestored"] == ["variant h100: all 2 ready pod(s) report "
                                                                       "vLLM metrics again"]
+    assert "podsWithoutMetrics" not in io.models["m1"]["status"]["serving"][0]

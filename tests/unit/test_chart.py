@@ -184,6 +184,15 @@ NAMESPACED_RULES = {
     ("", "services"): {"get", "create", "patch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("", "events"): {"create"},
+    ("", "serviceaccounts"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", f"clusterroles[{RELEASE}-fewerbits-epp]"): {"bind"},
+}
+EPP_RULES = {  # the ClusterRole the operator binds for each model's endpoint picker (upstream's Role)
+    ("", "pods"): {"get", "list", "watch"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "list", "watch"},
 }
 CLUSTER_RULES = {
     ("fewerbits.io", "quantizationpolicies"): {"list", "watch"},
@@ -196,10 +205,11 @@ CLUSTER_RULES = {
 def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields (resourceNames? nonResourceURLs?): {rule}"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, f"unexpected rule fields (nonResourceURLs?): {rule}"
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
-                out.setdefault((g, r), set()).update(rule["verbs"])
+                for key in ([f"{r}[{n}]" for n in rule["resourceNames"]] if "resourceNames" in rule else [r]):
+                    out.setdefault((g, key), set()).update(rule["verbs"])
     return out
 
 
@@ -218,7 +228,7 @@ def test_every_rule_says_why(helm: list[str]):
     for mode in ("defaults", "cluster"):
         lines = template_text(helm, MODES[mode]).splitlines()
         rules = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
-        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES)
+        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES)
         for i in rules:
             assert lines[i - 1].lstrip().startswith("#"), f"{mode}: rule without a comment: {lines[i]} {lines[i + 1]}"
 
@@ -226,7 +236,7 @@ def test_every_rule_says_why(helm: list[str]):
 def test_rbac_namespaced_scope(helm: list[str]):
     objs = render(helm, MODES["two-namespaces"])
     sa = f"{RELEASE}-fewerbits"
-    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == CLUSTER_RULES
     roles = by_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
@@ -239,6 +249,17 @@ def test_rbac_namespaced_scope(helm: list[str]):
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == '["ml-a","ml-b"]'
 
 
+def test_the_pickers_cluster_role_reads_pods_and_pools_only_and_is_bound_by_nothing_in_the_chart(helm: list[str]):
+    for mode in ("defaults", "cluster"):
+        objs = render(helm, MODES[mode])
+        (role,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-fewerbits-epp"]
+        assert _grants(role) == EPP_RULES
+        # The operator binds it per model (picker.py); the chart binds it to no one.
+        assert not [b for b in by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding")
+                    if b["roleRef"]["name"] == role["metadata"]["name"]]
+    assert env_of(operator_deployment(objs))["FEWERBITS_EPP_CLUSTER_ROLE"] == role["metadata"]["name"]
+
+
 def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]):
     objs = render(helm, [])
     assert [r["metadata"]["namespace"] for r in by_kind(objs, "Role")] == [NAMESPACE]
@@ -248,7 +269,7 @@ def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]
 def test_rbac_cluster_scope(helm: list[str]):
     objs = render(helm, MODES["cluster"])
     assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
-    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES
     (binding,) = by_kind(objs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]

@@ -122,3 +122,89 @@ def test_cost_weight_setting_and_rule_are_checked():
         OperatorSettings(gpu_cost_weights="NVIDIA-L4=0")
     with pytest.raises(ValidationError, match="poolCostWeights"):
         PolicyRules.model_validate({"poolCostWeights": {"NVIDIA-L4": -1}})
+
+
+# ---------------------------------------------------------------- the operator's endpoint picker
+
+from fewerbits_operator import picker as epp  # noqa: E402
+
+
+def picker_world(objects=None, unmetered=False):
+    w = world()
+    if unmetered:
+        w.status["serving"][0]["podsWithoutMetrics"] = 2
+    facts = RoutingFacts(True, owned_pool(), epp.PickerFacts(objects or {k: None for k in epp.KINDS}))
+    return w, facts
+
+
+def rendered(config=epp.SCORING_CONFIG):
+    objs = epp.render_picker(Owner(NAME, NS, UID), SETTINGS.epp_image, SETTINGS.epp_cluster_role, config)
+    for o in objs.values():
+        o["metadata"]["ownerReferences"] = [{"uid": UID}]
+        o["metadata"]["resourceVersion"] = "7"
+    return objs
+
+
+def test_the_picker_is_deployed_for_the_pool_with_least_privilege():
+    w, facts = picker_world()
+    out, conds = run(w, facts)
+    created = {a.obj["kind"]: a.obj for a in out.actions if isinstance(a, epp.CreatePickerObject)}
+    assert set(created) == set(epp.KINDS)
+    assert all(o["metadata"]["name"] == f"{NAME}-epp" and o["metadata"]["ownerReferences"][0]["uid"] == UID
+               for o in created.values())
+    # Bound to the one ClusterRole the chart ships, for its own ServiceAccount only.
+    rb = created["RoleBinding"]
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fewerbits-epp"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": f"{NAME}-epp", "namespace": NS}]
+    # The InferencePool's endpointPickerRef names this Service and port.
+    ref = routing.render_inference_pool(Owner(NAME, NS, UID))["spec"]["endpointPickerRef"]
+    svc = created["Service"]
+    assert ref["name"] == svc["metadata"]["name"] and ref["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]]
+    dep = created["Deployment"]
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
+    assert c["args"][c["args"].index("--kv-cache-usage-percentage-metric") + 1] == "vllm:kv_cache_usage_perc"
+    assert c["args"][c["args"].index("--pool-name") + 1] == NAME and "--config-file" in c["args"]
+    assert pod["spec"]["serviceAccountName"] == f"{NAME}-epp"
+    # Never selected as a serving pod: no model label on the picker's pods or objects.
+    assert "fewerbits.io/model" not in pod["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert "kv-cache-utilization-scorer" in created["ConfigMap"]["data"]["epp.yaml"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and pod["spec"]["securityContext"]["runAsNonRoot"]
+    assert conds["Deployed"].status == "True"
+
+
+def test_picker_at_rest_no_write_and_a_settings_change_rolls_it():
+    w, facts = picker_world(rendered())
+    out, _ = run(w, facts)
+    assert out.actions == ()
+    settings = SETTINGS.model_copy(update={"epp_image": "mirror.example.com/epp:v1.1.0"})
+    out = decide(replace(w.observed(), routing=facts), settings)
+    (update,) = out.actions
+    assert isinstance(update, epp.UpdatePickerObject) and update.obj["kind"] == "Deployment"
+    assert update.obj["metadata"]["resourceVersion"] == "7"
+
+
+def test_pods_without_metrics_turn_the_picker_to_an_even_spread():
+    # v1.1.0 rates a pod whose scrape fails the idlest: scoring would send it everything.
+    w, facts = picker_world(rendered(), unmetered=True)
+    out, conds = run(w, facts)
+    updates = {a.obj["kind"]: a.obj for a in out.actions if isinstance(a, epp.UpdatePickerObject)}
+    assert set(updates) == {"ConfigMap", "Deployment"}  # the template's config hash restarts the picker
+    assert updates["ConfigMap"]["data"]["epp.yaml"] == epp.ROUND_ROBIN_CONFIG
+    assert "random-picker" in epp.ROUND_ROBIN_CONFIG and "scorer" not in epp.ROUND_ROBIN_CONFIG
+    variant = w.status["serving"][0]["variant"]
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("True", "MetricsUnavailable")
+    assert variant in conds["Deployed"].message and "evenly" in conds["Deployed"].message
+
+
+def test_a_picker_object_someone_else_owns_is_a_conflict_never_written():
+    objs = rendered()
+    objs["ConfigMap"]["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    objs["Service"] = None
+    w, facts = picker_world(objs)
+    out, conds = run(w, facts)
+    assert [a.obj["kind"] for a in out.actions] == ["Service"]
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "InferencePoolConflict")
+    assert f"ConfigMap {NS}/{NAME}-epp" in conds["Deployed"].message

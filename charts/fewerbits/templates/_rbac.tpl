@@ -86,6 +86,28 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch"]
+# The endpoint picker of a model with spec.serving.routing: inferencePool (picker.py): its
+# ServiceAccount (get by name, create), its RoleBinding and its ConfigMap (get by name, create, patch
+# back when the rendered form changes: Kube.get_picker_object, Kube.create, Kube.patch_picker_object).
+# Its Deployment and Service use the grants above.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
+# The picker's ConfigMap: its EndpointPickerConfig (scoring, or an even spread while pods lack metrics).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+# The picker's RoleBinding to the ClusterRole below, for its ServiceAccount in the model's namespace.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["get", "create", "patch"]
+# Binding a ClusterRole needs its permissions or `bind` on it: `bind` on the picker's ClusterRole
+# only (resourceNames), so the operator can grant the picker what that role holds and nothing else
+# (no escalate, no other role).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  verbs: ["bind"]
+  resourceNames: [{{ printf "%s-epp" (include "fewerbits.fullname" .) | quote }}]
 # Events on real transitions and scalings (Kube.post_event creates core/v1 Events, for reconcile
 # and the autoscaler). Create only: nothing here patches or aggregates Events.
 - apiGroups: [""]

@@ -321,17 +321,17 @@ class Autoscaler:
             obs = Observation(current, tuple(samples), failures, not_ready)
             d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
             self._history[key] = d.history
-            observed.append((dname, variant, key, multinode, current, d, obs.complete))
+            observed.append((dname, variant, key, multinode, current, d, obs.complete, failures))
         if auto.placement == "cheapestPool" and len(observed) > 1:
             # Routing follows capacity: the model's extra capacity goes to the cheapest pool per
             # token (capacity.rebalance, the function the bench runs).
             plan = ((model.get("status") or {}).get("plan") or {}).get("variants") or []
             economics = economics_from_plan(plan, auto.poolCostWeights or {})
             lo, hi = bounds(auto, cap)
-            placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete in observed], lo, hi, economics,
+            placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete, _ in observed], lo, hi, economics,
                                self.tuning)
             observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
-        for dname, variant, key, multinode, current, d, _complete in observed:
+        for dname, variant, key, multinode, current, d, _complete, failures in observed:
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
@@ -352,10 +352,12 @@ class Autoscaler:
                 "kvCacheUsage": round(d.avg_kv, 3) if d.avg_kv is not None else None,
                 "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
                 "lastScaleTime": last_scale,
+                "podsWithoutMetrics": failures or None,
             }
             if prev and any(prev.get(k) != v for k, v in fields.items()):
                 updates[variant] = fields
-                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale
+                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale \
+                    or prev.get("podsWithoutMetrics") != fields["podsWithoutMetrics"]
             outcomes.append(VariantOutcome(ns, name, variant, dname, d, scaled))
         if updates:
             last = self._status_written.get((ns, name))
