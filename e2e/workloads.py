@@ -12,6 +12,9 @@ Kinds of rule:
   vllm    — a vLLM OpenAI server: run llm-d-inference-sim with the served model name, port and
             max-num-seqs taken from the vLLM arguments.
   noop    — a container that "runs" (init: succeeds at once; main: stays running) without a process.
+  epp     — the Gateway API Inference Extension's endpoint picker: run the `epp` binary e2e/build.sh
+            built from its Go module (the image's entrypoint) with the container's args; its ports
+            (it listens on every interface) are moved to free local ports, forwarded from the pod IP.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class ImageRule:
     match: str            # substring of the image reference, e.g. "fewerbits-quantjob"
-    kind: str             # module | command | vllm | noop
+    kind: str             # module | command | vllm | epp | noop
     module: str = ""      # for kind=module
 
     def to_json(self) -> dict:
@@ -44,6 +47,8 @@ DEFAULT_RULES = (
     ImageRule("fewerbits-quantjob", "module", "fewerbits_quantjob"),
     ImageRule("fewerbits-runtime", "module", "fewerbits_runtime"),
     ImageRule("vllm/vllm-openai", "vllm"),
+    # The endpoint picker the operator deploys for an InferencePool (picker.py, FEWERBITS_EPP_IMAGE).
+    ImageRule("gateway-api-inference-extension/epp", "epp"),
     ImageRule("fewerbits-test/", "command"),
 )
 
@@ -158,3 +163,32 @@ def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int, metrics: str = "fak
     if metrics == "fake":
         argv += ["--fake-metrics", ZERO_FAKE_METRICS]
     return argv
+
+
+EPP_PORT_FLAGS = {"--grpc-port": 9002, "--grpc-health-port": 9003, "--metrics-port": 9090}
+"""The picker's listening ports and their defaults (cmd/epp/runner, v1.1.0)."""
+
+
+def epp_argv(binary: str, args: list[str], free_port) -> tuple[list[str], dict[int, int]]:
+    """The picker's argv with each listening port moved to a free local one, and {container port:
+    local port} for the forwarders (pod IP:container port -> 127.0.0.1:local port)."""
+    out: list[str] = []
+    ports: dict[int, int] = {}
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        key, eq, val = args[i].partition("=")
+        if key in EPP_PORT_FLAGS:
+            value = val if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            seen.add(key)
+            ports[int(value)] = local = free_port()
+            out += [key, str(local)]
+            continue
+        out.append(args[i])
+        i += 1
+    for key, default in EPP_PORT_FLAGS.items():
+        if key not in seen:
+            ports[default] = local = free_port()
+            out += [key, str(local)]
+    return [binary, *out], ports

@@ -16,6 +16,7 @@ echoes it in the `X-Fewerbits-Endpoint` response header.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -144,6 +145,16 @@ class Picker:
         self._procs.clear()
 
 
+def install_picker_role(cluster) -> None:
+    """The ClusterRole the chart ships for the operator's pickers (templates/epp-rbac.yaml), rendered
+    by Helm for a release named `fewerbits`: `fewerbits-epp`, the operator's default
+    FEWERBITS_EPP_CLUSTER_ROLE. The operator under test binds it per model."""
+    chart = versions.E2E_DIR.parent / "charts" / "fewerbits"
+    text = cluster.helm("template", "fewerbits", str(chart), "--show-only", "templates/epp-rbac.yaml",
+                        "--kube-version", versions.VERSIONS["KUBERNETES_VERSION"]).stdout
+    cluster.apply(text)
+
+
 class InferenceGateway:
     """The session's add-on: CRDs installed once, a Picker per (namespace, pool) on demand."""
 
@@ -152,7 +163,31 @@ class InferenceGateway:
         self.log_dir = log_dir
         self.epp, self.gateway = ensure_built()
         install_crds(cluster)
+        install_picker_role(cluster)
         self.pickers: list[Picker] = []
+
+    def front(self, namespace: str, picker_pod_ip: str, tls: bool = True) -> "Picker":
+        """A gateway in front of a picker the operator deployed (its pod, run by the pod runner from
+        the picker's image rule): ext-proc to <pod IP>:9002, over TLS as the picker serves by default.
+        The Service the InferencePool names has no kube-proxy here, so the pod IP stands in for it."""
+        http = procs.free_port()
+        p = Picker(namespace, f"front-{picker_pod_ip}", self.log_dir)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.log_dir)}
+        p._procs.append(procs.spawn([str(self.gateway), "--listen", f"127.0.0.1:{http}", "--picker",
+                                     f"{picker_pod_ip}:9002", *(["--picker-tls"] if tls else [])],
+                                    self.log_dir / f"gateway-{namespace}-{picker_pod_ip}.log", env=env))
+        p.gateway_url = f"http://127.0.0.1:{http}"
+        p.metrics_url = f"http://{picker_pod_ip}:9090/metrics"
+        self.pickers.append(p)
+        deadline = time.monotonic() + 30
+        while True:  # the gateway listening (it dials the picker lazily, per request)
+            try:
+                socket.create_connection(("127.0.0.1", http), timeout=1).close()
+                return p
+            except OSError:
+                if time.monotonic() > deadline or p._procs[0].poll() is not None:
+                    raise RuntimeError(f"the e2e gateway did not listen on {http}") from None
+                time.sleep(0.05)
 
     def picker(self, namespace: str, pool: str, config: str) -> Picker:
         p = Picker(namespace, pool, self.log_dir).start(self.cluster.kubeconfig, self.epp, self.gateway, config)

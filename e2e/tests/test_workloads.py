@@ -45,3 +45,17 @@ def test_pod_runs_do_not_shadow_thread_internals():
 
     shadowed = {n for n in vars(PodRun) if n.startswith("_") and not n.startswith("__") and hasattr(threading.Thread, n)}
     assert not shadowed
+
+
+def test_the_operators_endpoint_picker_runs_the_built_binary_on_free_ports():
+    from fewerbits_operator.settings import OperatorSettings
+
+    rule = workloads.rule_for(OperatorSettings().epp_image, workloads.default_rules())
+    assert rule is not None and rule.kind == "epp"
+    free = iter(range(41000, 41010))
+    argv, ports = workloads.epp_argv("/bin/epp", ["--pool-name", "m", "--grpc-port", "9002", "--metrics-port=9090"],
+                                     lambda: next(free))
+    # Each listening port moved (the picker binds every interface), the defaults too; the rest kept.
+    assert argv == ["/bin/epp", "--pool-name", "m", "--grpc-port", "41000", "--metrics-port", "41001",
+                    "--grpc-health-port", "41002"]
+    assert ports == {9002: 41000, 9090: 41001, 9003: 41002}
