@@ -5,7 +5,7 @@ only its Service: the pure half (docs/routing.md).
 (``inference.networking.k8s.io/v1``) per model, named like the model, selecting the serving pods of
 every variant (the same labels as the Service) on vLLM's port, with its endpoint picker (EPP)
 referenced as the Service ``<model>-epp`` on the EPP's ext-proc port. The EPP scores each pod on
-its KV-cache usage and waiting requests (``EPP_CONFIG``), so a slow pool gets fewer requests than
+its KV-cache usage and waiting requests (the operator deploys it: picker.py), so a slow pool gets fewer requests than
 the Service's even split. The Service stays in every case: clusters without a gateway keep working.
 
 The default is ``service``: an InferencePool is useful only behind a gateway that implements the
@@ -39,27 +39,6 @@ DEFAULT_ROUTING = SERVICE
 
 REASON_UNAVAILABLE = Reason.ROUTING_UNAVAILABLE
 REASON_CONFLICT = Reason.INFERENCE_POOL_CONFLICT
-
-# The EPP's scheduling profile: the KV-cache utilization scorer (prefers pods with free KV blocks)
-# and the queue scorer (prefers pods with fewer waiting requests), equal weights, max-score picker.
-# Plugin names are the EPP v1.1.0 in-tree ones (cmd/epp/runner registerInTreePlugins).
-EPP_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-- type: single-profile-handler
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 1
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-"""
 
 
 def epp_name(model: str) -> str:
