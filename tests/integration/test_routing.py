@@ -107,6 +107,8 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     deployed = models.wait_condition(namespace, "routed", "Deployed", status="False", timeout=60)
     assert deployed["reason"] == "RoutingUnavailable", deployed
     assert "spec.serving.routing" in deployed["message"] and crd in deployed["message"]
+    # Served through the Service only: each variant scales on its own load.
+    assert models.get(namespace, "routed")["status"]["autoscaling"]["placement"] == "perVariant"
 
     # 2. The CRD installed (the add-on starts here): the operator notices and creates the pool.
     gateway = request.getfixturevalue("inference_gateway")
@@ -115,6 +117,9 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     assert pool["spec"]["selector"]["matchLabels"] == {"fewerbits.io/model": "routed",
                                                        "app.kubernetes.io/component": "server"}
     assert pool["metadata"]["ownerReferences"][0]["kind"] == "QuantizedModel"
+    # Routing now follows capacity: the autoscaler places extra replicas on the cheapest pool per token.
+    models.wait("placement cheapestPool", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["placement"] == "cheapestPool", timeout=30)
 
     # 3. Someone else's InferencePool with a model's name: a conflict, never overwritten.
     foreign = {"apiVersion": f"{IP_GROUP}/v1", "kind": "InferencePool", "metadata": {"name": "other"},
