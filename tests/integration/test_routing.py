@@ -233,6 +233,32 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     # dropped); none takes everything.
     assert all(v > 0 for v in share.values()) and max(share.values()) < 0.7, (share, hits)
 
+    # Its pods report again (the pod goes): the model and the picker's profile come back.
+    core.delete_namespaced_pod("no-metrics", namespace, grace_period_seconds=0)
+    models.wait("Deployed back to DeploymentsCreated", lambda: models.condition(namespace, "routed", "Deployed")
+                ["reason"] == "DeploymentsCreated", timeout=60)
+    wait_until("the picker's scoring profile back", lambda: "kv-cache-utilization-scorer" in
+               core.read_namespaced_config_map("routed-epp", namespace).data[epp.CONFIG_FILE], timeout=30)
+
+    # 7. Capacity-aware placement in the operator's autoscaler loop: both pools at KV 0.9 (target
+    # 0.7) each want 2 replicas on their own; the model's extra capacity goes to the H100 pool, the
+    # cheaper per token (equal cost weights, the plan's higher throughput per GPU), the L4 stays.
+    deps = {d.metadata.labels["fewerbits.io/variant"].split("-", 1)[0]: d.metadata.name
+            for d in models.deployments(namespace, "routed")}
+    models.patch_spec(namespace, "routed", {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3}})
+    models.wait("maxReplicas 3 published", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["maxReplicas"] == 3, timeout=30)
+    for pod in pods.values():
+        report(pod.status.pod_ip, 0.9, 0)
+
+    def scale(pool: str) -> int:
+        return apps.read_namespaced_deployment_scale(deps[pool], namespace).spec.replicas
+
+    wait_until("the H100 pool scaled for both", lambda: scale("h100") == 3, timeout=60)
+    assert scale("l4") == 1
+    (up,) = [e for e in models.events(namespace, "routed") if e.reason == "ScaledUp"]
+    assert "capacity-aware" in up.message and deps["h100"] in up.message, up.message
+
 
 def _get(read, name: str, namespace: str):
     try:
