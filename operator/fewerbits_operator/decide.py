@@ -890,6 +890,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
                 picker.unmetered_variants(obs.old_status.serving))
             actions.extend(picker_actions)
             routing_problem = routing_problem and (routing.REASON_CONFLICT, routing_problem)
+    elif routing.routing_of(spec.serving) != routing.INFERENCE_POOL and obs.routing is not None \
+            and (gone_picker := picker.leftover(obs.routing.picker, owner)):
+        actions.append(DeleteDeployment(*gone_picker))
 
     old_serving = {s.variant: s for s in obs.old_status.serving}
     serving: list[VariantServingStatus] = []

@@ -209,6 +209,10 @@ class Observer:
                 served = self.kube.serves(routing.GROUP, routing.VERSION, routing.PLURAL)
                 facts["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None,
                                                         self._picker_facts(ns, name) if served else None)
+            elif stale := [d for d in self.kube.list_deployments(ns, f"{picker.LABEL_PICKER}={name}")
+                           if d["metadata"]["name"] == picker.name_of(name)]:
+                # Routed through the Service again: the picker's Deployment left from before goes.
+                facts["routing"] = routing.RoutingFacts(False, None, picker.PickerFacts(_freeze({"Deployment": stale[0]})))
         # Only when something is short of ready: a pod listing per such variant, never at rest.
         short: dict[str, tuple[ContainerTermination, ...]] = {}
         for d in deployments.values():

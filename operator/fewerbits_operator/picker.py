@@ -212,3 +212,18 @@ def picker_actions(facts: PickerFacts | None, owner: Owner, image: str, cluster_
         problem = (f"the endpoint picker's {', '.join(foreign)} exist(s) and are not owned by this QuantizedModel; "
                    "left untouched: remove them or rename the model")
     return actions, problem
+
+
+def leftover(facts: PickerFacts | None, owner: Owner) -> tuple[str, str] | None:
+    """(namespace, name) of the picker's Deployment when the model no longer routes through an
+    InferencePool and still owns one: it goes (the ServiceAccount, RoleBinding, ConfigMap and
+    Service, inert without it, stay until the model is deleted)."""
+    dep = facts.objects.get("Deployment") if facts is not None else None
+    if dep is None:
+        return None
+    md = dep.get("metadata") or {}
+    if md.get("name") != name_of(owner.name) or (md.get("labels") or {}).get(LABEL_PICKER) != owner.name:
+        return None
+    if not any(r.get("uid") == owner.uid for r in md.get("ownerReferences") or []):
+        return None
+    return owner.namespace, name_of(owner.name)

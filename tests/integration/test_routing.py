@@ -259,6 +259,13 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     (up,) = [e for e in models.events(namespace, "routed") if e.reason == "ScaledUp"]
     assert "capacity-aware" in up.message and deps["h100"] in up.message, up.message
 
+    # 8. Back to the Service: placement per variant again, and the picker's Deployment goes.
+    models.patch_spec(namespace, "routed", {"serving": {"maxModelLen": 256, "routing": "service"}})
+    models.wait("placement perVariant", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["placement"] == "perVariant", timeout=30)
+    wait_until("the picker's Deployment gone", lambda: not apps.list_namespaced_deployment(
+        namespace, label_selector=f"{epp.LABEL_PICKER}=routed").items, timeout=30)
+
 
 def _get(read, name: str, namespace: str):
     try:

@@ -208,3 +208,16 @@ def test_a_picker_object_someone_else_owns_is_a_conflict_never_written():
     assert [a.obj["kind"] for a in out.actions] == ["Service"]
     assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "InferencePoolConflict")
     assert f"ConfigMap {NS}/{NAME}-epp" in conds["Deployed"].message
+
+
+def test_back_to_service_routing_removes_the_pickers_deployment_only():
+    from fewerbits_operator.decide import DeleteDeployment
+    w = World(spec=base_spec(serving={"maxModelLen": 4096}))
+    _ready_world(w)
+    dep = rendered()["Deployment"]
+    out, conds = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
+    assert out.actions == (DeleteDeployment(NS, f"{NAME}-epp"),)
+    assert conds["Deployed"].status == "True"
+    dep["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]  # not ours: left alone
+    out, _ = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
+    assert out.actions == ()
