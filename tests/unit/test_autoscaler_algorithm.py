@@ -379,33 +379,3 @@ def test_property_scale_up_step_is_bounded(spec, o):
     if cur >= lo and d.desired > cur:
         tu = Tuning()
         assert d.desired <= max(math.ceil(cur * tu.max_scale_up_factor), cur + tu.max_scale_up_add)
-
-
-def test_a_count_raised_from_outside_waits_the_full_delay_before_a_scale_down():
-    # At zero, idle; the activator wakes the variant (0 -> 1) and its pod starts between two passes:
-    # the idle recommendations from before the wake must not scale it down at its first pass.
-    spec = AutoscalingSpec(minReplicas=0, maxReplicas=2, scaleDownDelaySeconds=6)
-    idle = (PodSample("p0", 0.0, 0.0, 0.0),)
-    h = History()
-    for t in (0.0, 2.0, 4.0, 6.0, 8.0):
-        d = decide(spec, None, Observation(0), h, t)
-        h = d.history
-        assert d.desired == 0
-    d = decide(spec, None, Observation(1, idle), h, 10.0)  # woken at ~9 s, ready by 10 s
-    assert (d.desired, d.act) == (1, False), d.reason
-    h = d.history
-    d = decide(spec, None, Observation(1, idle), h, 14.0)
-    assert d.desired == 1, d.reason
-    d = decide(spec, None, Observation(1, idle), d.history, 16.5)  # the full delay after the wake
-    assert (d.desired, d.direction) == (0, "down"), d.reason
-
-
-def test_its_own_scale_up_is_not_taken_for_one_from_outside():
-    spec = AutoscalingSpec(minReplicas=1, maxReplicas=8, scaleDownDelaySeconds=60)
-    hot = tuple(PodSample(f"p{i}", 0.95, 0.0, 8.0) for i in range(2))
-    d = decide(spec, None, Observation(2, hot), History(), 0.0)
-    assert d.desired == 3
-    from fewerbits_operator.autoscaler.algorithm import _raised_from_outside
-    assert d.history.current == 2
-    assert _raised_from_outside(d.history, 15.0, 3) is d.history  # its own step: nothing added
-    assert _raised_from_outside(d.history, 15.0, 5).entries[-1] == (15.0, 5)  # beyond what it asked

@@ -546,3 +546,23 @@ def test_pods_without_metrics_warn_once_and_keep_serving(servers):
     assert [m for _, r, m in io.events if r == "MetricsRestored"] == ["variant h100: all 2 ready pod(s) report "
                                                                       "vLLM metrics again"]
     assert "podsWithoutMetrics" not in io.models["m1"]["status"]["serving"][0]
+
+
+def test_a_model_the_activator_just_woke_is_not_scaled_back_to_zero(servers):
+    # Idle with minReplicas 0 and a 6 s delay: it would go to zero, but the activator held a request
+    # for it 2 s ago (its pod started between two passes): kept until the delay after that.
+    io = FakeIO()
+    srvs = setup(io, servers, 1, minReplicas=0, maxReplicas=2, scaleDownDelaySeconds=6)
+    srvs[0].set(kv=0.0)
+    held = {"at": None}
+    a = scaler(io, held=lambda ns, name: held["at"])
+    for t in (0, 2, 4, 6):
+        a.run_once(T0 + t)
+    assert io.scale_writes == [("m1-h100", 0)]  # idle for the delay: down to zero
+    io.deployments["m1-h100"]["spec"]["replicas"] = 1  # the activator's wake
+    held["at"] = T0 + 7
+    out = a.run_once(T0 + 8)
+    assert io.scale_writes == [("m1-h100", 0)] and not out[0].decision.act
+    assert "the activator held a request for this model 1s ago" in out[0].decision.reason
+    a.run_once(T0 + 13.5)
+    assert len(io.scale_writes) == 2 and io.scale_writes[-1] == ("m1-h100", 0)  # 6.5 s after it

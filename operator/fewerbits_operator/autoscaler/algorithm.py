@@ -37,9 +37,6 @@ Rules (each answers a known failure of an existing LLM autoscaler):
    assuming it idle would hide real pressure).
 7. **Bounds**: ``[minReplicas, min(maxReplicas, policy rules.maxReplicas)]``; the policy cap wins
    over minReplicas. Bounds are enforced even without data (they are limits, not demand).
-5b. **A count raised from outside restarts the wait**: replicas above the previous observation's
-   that this function did not ask for (the activator's wake from zero, `kubectl scale`) count as
-   a recommendation at that instant, so the new pods get the full delay before a scale-down.
 8. **No scale from zero**: at 0 replicas there are no pods and so no vLLM metrics; the variant
    stays at 0 until minReplicas (or a user) raises it.
 """
@@ -47,7 +44,7 @@ Rules (each answers a known failure of an existing LLM autoscaler):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec
@@ -124,8 +121,6 @@ class History:
     saturated_running: tuple[float, float] | None = None
     """(time, running requests per pod) when the queue rule last fired: what a pod runs at most
     under the present mix of requests."""
-    current: int | None = None
-    """The replica count at the previous observation (to tell a count raised from outside)."""
 
 
 @dataclass(frozen=True)
@@ -153,24 +148,13 @@ def bounds(spec: AutoscalingSpec, policy_max: int | None) -> tuple[int, int]:
 
 
 def _record(history: History, now: float, rec: int, window: float, ready: int, waiting: float | None,
-            saturated: tuple[float, float] | None, current: int | None = None) -> History:
+            saturated: tuple[float, float] | None) -> History:
     since = history.since
     if since is None or not history.entries or history.entries[-1][0] < now - window:
         since = now  # first observation, or a gap longer than the window: the wait starts again
     kept = [(t, r) for t, r in history.entries if t >= now - window and r > rec]
     kept.append((now, rec))
-    return History(tuple(kept), since, ready, waiting, now, saturated, current)
-
-
-def _raised_from_outside(history: History, now: float, cur: int) -> History:
-    """A replica count raised since the previous observation by someone else (the activator waking
-    a model at zero, a person's `kubectl scale`) counts as a recommendation at this instant, so a
-    scale-down waits the full delay from it: a pod that starts between two passes would otherwise
-    be scaled down at its first pass on the idle recommendations from before the wake."""
-    if history.current is None or cur <= history.current or any(r >= cur for _, r in history.entries):
-        return history  # not raised, or raised as this function recommended
-    kept = tuple((t, r) for t, r in history.entries if r > cur) + ((now, cur),)
-    return replace(history, entries=kept)
+    return History(tuple(kept), since, ready, waiting, now, saturated)
 
 
 def _drain_eta(history: History, waiting: float, now: float) -> float | None:
@@ -256,8 +240,7 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
     # current count when data is missing (rule 6).
     rec = cur if raw is None else (raw if obs.complete else max(raw, cur))
     rec = min(max(rec, lo), hi)
-    new_history = _record(_raised_from_outside(history, now, cur), now, rec, delay, ready,
-                          None if avg_wait is None else avg_wait * ready, saturated, cur)
+    new_history = _record(history, now, rec, delay, ready, None if avg_wait is None else avg_wait * ready, saturated)
     figures = {"ready": float(ready), "reporting": float(n), "current": float(cur)}
 
     def done(desired: int, direction: str | None, why: str) -> Decision:

@@ -22,7 +22,8 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any, Callable, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
@@ -142,6 +143,18 @@ def published_autoscaling(model: dict[str, Any]) -> EffectiveAutoscaling | None:
     return auto if auto.minReplicas <= auto.maxReplicas else None
 
 
+def keep_awake(d: Decision, held_at: float | None, now: float, delay: float) -> Decision:
+    """No scale-down to zero within ``scaleDownDelaySeconds`` of a request the activator held for
+    the model: a pod woken for it may start between two passes, and the idle recommendations from
+    before the wake would take it away again at the first (seen in the scale-from-zero test with a
+    6 s delay). Knative's activator feeds its queue to the autoscaler for the same reason."""
+    if held_at is None or d.desired > 0 or d.current == 0 or now - held_at >= delay:
+        return d
+    return replace(d, desired=d.current, act=False, direction=None,
+                   reason=f"hold {d.current}: the activator held a request for this model {now - held_at:.0f}s ago "
+                          f"(scaleDownDelaySeconds {delay:.0f}); {d.reason}")
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -209,7 +222,8 @@ class Autoscaler:
 
     def __init__(self, io: AutoscalerIO, source: MetricsSource, namespaces: list[str] | None = None,
                  tuning: Tuning = Tuning(), status_interval_seconds: float = 60.0,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None,
+                 held: Callable[[str, str], float | None] | None = None):
         """``source``: ``DirectScrapeSource()`` (scrape each pod) or ``PrometheusSource(url)``.
         ``status_interval_seconds``: least time between status writes that only refresh the load
         figures (a change of desiredReplicas or lastScaleTime is written at once)."""
@@ -223,6 +237,8 @@ class Autoscaler:
         self._history: dict[tuple[str, str, str], History] = {}
         self._status_written: dict[tuple[str, str], float] = {}
         self._unreported: set[tuple[str, str, str]] = set()
+        self.held = held
+        """When the activator last held a request for a model (``Activator.last_held``), if it runs."""
 
     # -------------------------------------------------------------- entry points
 
@@ -331,7 +347,9 @@ class Autoscaler:
             placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete, _ in observed], lo, hi, economics,
                                self.tuning)
             observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
+        held_at = self.held(ns, name) if self.held is not None else None
         for dname, variant, key, multinode, current, d, _complete, failures in observed:
+            d = keep_awake(d, held_at, now, float(auto.scaleDownDelaySeconds))
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
