@@ -36,7 +36,7 @@ sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", d) for d in ("oper
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec  # noqa: E402
 from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, bounds, decide  # noqa: E402
-from fewerbits_operator.autoscaler.capacity import PoolEconomics, prefer_cheapest, state_of  # noqa: E402
+from fewerbits_operator.autoscaler.capacity import PoolEconomics, rebalance  # noqa: E402
 from fewerbits_operator.autoscaler.metrics import PodSample  # noqa: E402
 
 DT = 15.0
@@ -404,9 +404,9 @@ def simulate_two_pools(name: str, trace: list[tuple[float, float]], seed: int, p
             saturated |= v.ready(t) == 0 and sum(v.backlog) >= 1.0
         sat_s += DT if saturated else 0.0
         wants = [pol.desired(t, v, v.samples(t, noise_rng)) for pol, v in zip(policies, fleet)]
-        if capacity_aware:
-            states = [state_of(v.pool.name, pol.last[0], lo, hi, pol.last[1].complete) for pol, v in zip(policies, fleet)]
-            wants = [c.desired for c in prefer_cheapest(states, economics)]
+        if capacity_aware:  # the operator's loop calls the same function for placement: cheapestPool
+            wants = [d.desired for d in rebalance([(v.pool.name, pol.last[0], pol.last[1].complete)
+                                                   for pol, v in zip(policies, fleet)], lo, hi, economics)]
         for v, w in zip(fleet, wants):
             if w != v.replicas:
                 v.scale(t, w)

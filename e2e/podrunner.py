@@ -36,6 +36,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -68,6 +69,13 @@ class ImageNotPresent(ConfigError):
     """Image mode: the image is not in the local storage and is never pulled."""
 
     reason = "ErrImageNeverPull"
+
+
+def _epp_binary() -> Path:
+    """The endpoint picker e2e/build.sh built (`epp`, GIE_VERSION); a missing build fails the container."""
+    out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "build.sh"), "--print-bin-dir", "epp"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip()) / "epp"
 
 
 # ---------------------------------------------------------------------------------------- TCP forward
@@ -144,6 +152,8 @@ class Container:
         self.started = False
         self.backoff_until = 0.0
         self.sim_port: int | None = None
+        self.local_ports: dict[int, int] = {}
+        """epp: container port -> the local port the picker listens on."""
         self.vllm: workloads.VLLMArgs | None = None
         self.podman_name = ""
         """Image mode: the podman container now running for this container ("" otherwise)."""
@@ -468,7 +478,7 @@ class PodRun(threading.Thread):
             term.unlink()
         env.update({TERMINATION_LOG_ENV: str(term), "POD_IP": self.ip, "POD_NAME": self.name,
                     "POD_NAMESPACE": self.ns, "HOSTNAME": self.name})
-        if "KUBECONFIG" not in env_pod and c.rule is not None and c.rule.kind in ("module", "command"):
+        if "KUBECONFIG" not in env_pod and c.rule is not None and c.rule.kind in ("module", "command", "epp"):
             kubeconfig = self._service_account_kubeconfig()
             if kubeconfig:
                 env["KUBECONFIG"] = str(kubeconfig)
@@ -510,6 +520,14 @@ class PodRun(threading.Thread):
             Path(env.get("HF_HUB_CACHE") or Path(env["HF_HOME"]) / "hub").mkdir(parents=True, exist_ok=True)
             env["HF_HUB_OFFLINE"] = "1"
             c.proc = procs.spawn(workloads.transformers_argv(c.vllm, self.ip), logf, env=env, cwd=served)
+        elif c.rule.kind == "epp":
+            # The picker binary built from its module (e2e/build.sh epp), with the pod's args.
+            argv, ports = workloads.epp_argv(str(_epp_binary()), [self._rewrite(a, mounts) for a in command[1:] + args],
+                                             procs.free_port)
+            c.proc = procs.spawn(argv, logf, env={**env, "HOME": str(self.dir)}, cwd=self.dir)
+            c.local_ports = ports
+            for port, local in sorted(ports.items()):
+                c.forwarders.append(Forwarder(self.ip, port, local))
         else:
             # Mount paths are rewritten in what the container supplies, never in the local
             # interpreter path the rule adds: a volume mounted at /work or /tmp must not redirect
@@ -600,6 +618,12 @@ class PodRun(threading.Thread):
         try:
             if c.rule and c.rule.kind in ("vllm", "transformers"):
                 return _http_ok(f"http://{self.ip}:{c.vllm.port}/health")
+            if c.rule and c.rule.kind == "epp":
+                # Every port the picker listens on, itself (a forwarder always accepts): its gRPC
+                # health port opens before its ext-proc port does.
+                for local in c.local_ports.values():
+                    socket.create_connection(("127.0.0.1", local), timeout=1).close()
+                return bool(c.local_ports)
             if "httpGet" in probe:
                 h = probe["httpGet"]
                 port = _port(h.get("port"), c.spec)

@@ -168,9 +168,9 @@ def prometheus(cluster):
 
 @pytest.fixture(scope="session")
 def inference_gateway(cluster):
-    """The Gateway API Inference Extension add-on (e2e/addons/epp.py): its CRDs on the shared cluster,
-    and `.picker(namespace, pool, config)` starting an endpoint picker for an InferencePool with a
-    gateway in front of it. Built and started on first use only; stopped at the end of the session."""
+    """The Gateway API Inference Extension add-on (e2e/addons/epp.py): its CRDs and the pickers'
+    ClusterRole on the shared cluster, and `.front(namespace, picker_pod_ip)` starting a gateway in
+    front of an endpoint picker the operator deployed. Built and started on first use only; stopped at the end of the session."""
     from e2e.addons import epp
 
     d = _state_root("epp")

@@ -16,6 +16,9 @@ Kinds of rule:
             model name, at the pod IP and vLLM's port. For tests that judge what a model says
             (the serving canary); the simulator's text is random.
   noop    — a container that "runs" (init: succeeds at once; main: stays running) without a process.
+  epp     — the Gateway API Inference Extension's endpoint picker: run the `epp` binary e2e/build.sh
+            built from its Go module (the image's entrypoint) with the container's args; its ports
+            (it listens on every interface) are moved to free local ports, forwarded from the pod IP.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class ImageRule:
     match: str            # substring of the image reference, e.g. "fewerbits-quantjob"
-    kind: str             # module | command | vllm | noop
+    kind: str             # module | command | vllm | epp | noop
     module: str = ""      # for kind=module
 
     def to_json(self) -> dict:
@@ -51,6 +54,8 @@ DEFAULT_RULES = (
     # A vLLM image for tests that need real text: `transformers serve` on the CPU (before the
     # generic `fewerbits-test/` rule, which would run the container's command).
     ImageRule("fewerbits-test/vllm-cpu", "transformers"),
+    # The endpoint picker the operator deploys for an InferencePool (picker.py, FEWERBITS_EPP_IMAGE).
+    ImageRule("gateway-api-inference-extension/epp", "epp"),
     ImageRule("fewerbits-test/", "command"),
 )
 
@@ -178,3 +183,30 @@ def transformers_argv(v: VLLMArgs, host: str) -> list[str]:
 
     exe = Path(sys.executable).parent / "transformers"
     return [str(exe), "serve", "--host", host, "--port", str(v.port), "--device", "cpu", v.served_model_names[0]]
+EPP_PORT_FLAGS = {"--grpc-port": 9002, "--grpc-health-port": 9003, "--metrics-port": 9090}
+"""The picker's listening ports and their defaults (cmd/epp/runner, v1.1.0)."""
+
+
+def epp_argv(binary: str, args: list[str], free_port) -> tuple[list[str], dict[int, int]]:
+    """The picker's argv with each listening port moved to a free local one, and {container port:
+    local port} for the forwarders (pod IP:container port -> 127.0.0.1:local port)."""
+    out: list[str] = []
+    ports: dict[int, int] = {}
+    seen: set[str] = set()
+    i = 0
+    while i < len(args):
+        key, eq, val = args[i].partition("=")
+        if key in EPP_PORT_FLAGS:
+            value = val if eq else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if eq else 2
+            seen.add(key)
+            ports[int(value)] = local = free_port()
+            out += [key, str(local)]
+            continue
+        out.append(args[i])
+        i += 1
+    for key, default in EPP_PORT_FLAGS.items():
+        if key not in seen:
+            ports[default] = local = free_port()
+            out += [key, str(local)]
+    return [binary, *out], ports

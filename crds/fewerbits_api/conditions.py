@@ -67,6 +67,7 @@ class Reason:
     # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.routing)
     ROUTING_UNAVAILABLE = "RoutingUnavailable"
     INFERENCE_POOL_CONFLICT = "InferencePoolConflict"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
 
 
 class Condition(ApiModel):

@@ -220,6 +220,14 @@ class PolicyRules(ApiModel):
     quantizationJob: QuantizationJobPlacement = Field(default_factory=QuantizationJobPlacement)
     """Placement and limits of quantization Jobs. With several policies, laid over one another by
     priority field by field, like `defaults`."""
+    poolCostWeights: Annotated[dict[Annotated[str, Field(min_length=1, max_length=253)],
+                                    Annotated[float, Field(gt=0, le=1000)]], Field(max_length=64)] | None = None
+    """Relative cost of one GPU of each pool, by pool name or GPU product (`nvidia.com/gpu.product`),
+    e.g. `{NVIDIA-H100-80GB-HBM3: 1.0, NVIDIA-L4: 0.27}`; a pool name wins over its product. With
+    `serving.routing: inferencePool` and several variants, the autoscaler adds replicas to the pool
+    with the lowest cost per served token (this weight x GPUs per replica / the plan's throughput
+    estimate) and removes them from the most expensive first. Unlisted pools: the operator's
+    `gpuCostWeights` setting, else 1. With several policies: per key, the highest priority's."""
 
     def source_allowed(self, uri: str) -> bool:
         return self.allowedSources is None or any(fnmatch.fnmatchcase(uri, p) for p in self.allowedSources)

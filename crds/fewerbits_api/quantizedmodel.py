@@ -596,6 +596,10 @@ class VariantServingStatus(ApiModel):
     nodesPerReplica: Annotated[int, Field(ge=1, le=64)] = 1
     """Nodes (pods) per replica: above 1 the variant runs as a LeaderWorkerSet named `deployment`,
     whose replicas are groups of this many pods."""
+    podsWithoutMetrics: Annotated[int, Field(ge=0)] | None = None
+    """Ready pods of this variant that exposed no vLLM metrics at the autoscaler's last pass (a
+    wrong image, an old vLLM): they are served but not scaled down, and with InferencePool routing
+    the endpoint picker spreads requests evenly until they report (event `MetricsUnavailable`)."""
 
 
 class EffectiveAutoscaling(AutoscalingSpec):
@@ -604,9 +608,18 @@ class EffectiveAutoscaling(AutoscalingSpec):
     policyMaxReplicas: Annotated[int, Field(ge=1, le=1000)] | None = None
     """The matching policy's `rules.maxReplicas`: the autoscaler never goes above it, even when
     `minReplicas` is higher."""
+    placement: Literal["perVariant", "cheapestPool"] = "perVariant"
+    """Where extra capacity goes. `cheapestPool` (routing through an InferencePool, whose picker
+    follows each pod's free capacity): the model's demand is added on the pool with the lowest cost
+    per served token and removed from the most expensive first. `perVariant` (routing through the
+    Service, which splits requests evenly over pods): each variant scales on its own load, since
+    with an even split a replica of any pool takes the same share of requests."""
+    poolCostWeights: Annotated[dict[Annotated[str, Field(max_length=253)], float], Field(max_length=128)] | None = None
+    """The cost weight per GPU of each pool (by pool name or GPU product) the `cheapestPool`
+    placement uses: the policy's `rules.poolCostWeights` over the operator's `gpuCostWeights`."""
 
 
-AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime")
+AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime", "podsWithoutMetrics")
 """The fields of `status.serving[]` the autoscaler writes; reconcile keeps them as they are."""
 
 

@@ -1,13 +1,15 @@
-"""The Gateway API Inference Extension on the shared e2e cluster: its CRDs, one endpoint picker (EPP)
-per InferencePool, and a gateway in front of each that speaks Envoy's ext_proc protocol to it.
+"""The Gateway API Inference Extension on the shared e2e cluster: its CRDs, the ClusterRole the
+chart ships for the operator's endpoint pickers (EPP), and a gateway in front of a picker that
+speaks Envoy's ext_proc protocol to it.
 
 All built from Go modules by e2e/build.sh (`epp`, `gateway`), pinned by GIE_VERSION in
 e2e/versions.env. Started only for the tests that ask (the `inference_gateway` session fixture in
 e2e/pytest_plugin.py), so the rest of the suite pays nothing.
 
-The EPP runs as a local process with the cluster's kubeconfig, exactly the binary a cluster runs in
-its Deployment: it watches the InferencePool and its pods, scrapes each pod's vLLM /metrics at
-<pod IP>:<target port> (the pod runner gives pods loopback IPs), and answers ext_proc streams.
+The EPP is the operator's: its Deployment's pod is run by the pod runner (e2e/workloads.py, rule
+`epp`) as the binary built here, with its ServiceAccount's token, so it reads the pool and pods
+with the chart's role: it watches the InferencePool and its pods, scrapes each pod's vLLM /metrics
+at <pod IP>:<target port> (the pod runner gives pods loopback IPs), and answers ext_proc streams.
 `fewerbits-extproc-gateway` (e2e/gateway/main.go) stands in for Envoy, which cannot be fetched here:
 it sends each HTTP request's headers and body to the EPP, forwards to the endpoint the EPP names, and
 echoes it in the `X-Fewerbits-Endpoint` response header.
@@ -16,6 +18,7 @@ echoes it in the `X-Fewerbits-Endpoint` response header.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -72,18 +75,9 @@ def install_crds(cluster) -> None:
             time.sleep(0.2)
 
 
-def epp_argv(binary: Path, namespace: str, pool: str, grpc: int, health: int, metrics: int, config: str) -> list[str]:
-    return [str(binary), "--pool-name", pool, "--pool-namespace", namespace, "--pool-group", GROUP,
-            "--grpc-port", str(grpc), "--grpc-health-port", str(health), "--metrics-port", str(metrics),
-            "--secure-serving=false", "--metrics-endpoint-auth=false", "--enable-pprof=false", "--tracing=false",
-            # vLLM >= 0.10 (and the simulator) name it kv_cache_usage_perc; the EPP's default is the old name.
-            "--kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc",
-            "--config-text", config, "--v", "2"]
-
-
 @dataclass
 class Picker:
-    """One EPP for one InferencePool, and its gateway."""
+    """The e2e gateway in front of one endpoint picker (the picker is the operator's pod)."""
 
     namespace: str
     pool: str
@@ -92,24 +86,10 @@ class Picker:
     metrics_url: str = ""
     _procs: list[subprocess.Popen] = field(default_factory=list)
 
-    def start(self, kubeconfig: Path, epp: Path, gateway: Path, config: str) -> "Picker":
-        grpc, health, metrics, http = (procs.free_port() for _ in range(4))
-        env = {"KUBECONFIG": str(kubeconfig), "PATH": "/usr/bin:/bin", "HOME": str(self.log_dir)}
-        tag = f"{self.namespace}-{self.pool}"
-        self._procs.append(procs.spawn(epp_argv(epp, self.namespace, self.pool, grpc, health, metrics, config),
-                                       self.log_dir / f"epp-{tag}.log", env=env))
-        self._procs.append(procs.spawn([str(gateway), "--listen", f"127.0.0.1:{http}", "--picker", f"127.0.0.1:{grpc}"],
-                                       self.log_dir / f"gateway-{tag}.log", env=env))
-        self.gateway_url = f"http://127.0.0.1:{http}"
-        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        return self
-
-    @property
-    def log(self) -> Path:
-        return self.log_dir / f"epp-{self.namespace}-{self.pool}.log"
-
     def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
+        """The gateway's log (the picker's is its pod's, in the pod runner's state)."""
+        logs = sorted(self.log_dir.glob(f"gateway-{self.namespace}-*.log"))
+        return "".join(f.read_text(errors="replace") for f in logs)
 
     def queue_sizes(self) -> dict[str, int]:
         """The EPP's own view: `inference_pool_per_pod_queue_size` by pod name (what it scraped)."""
@@ -144,20 +124,50 @@ class Picker:
         self._procs.clear()
 
 
+def install_picker_role(cluster) -> None:
+    """The ClusterRole the chart ships for the operator's pickers (templates/epp-rbac.yaml), rendered
+    by Helm for a release named `fewerbits`: `fewerbits-epp`, the operator's default
+    FEWERBITS_EPP_CLUSTER_ROLE. The operator under test binds it per model."""
+    chart = versions.E2E_DIR.parent / "charts" / "fewerbits"
+    text = cluster.helm("template", "fewerbits", str(chart), "--show-only", "templates/epp-rbac.yaml",
+                        "--kube-version", versions.VERSIONS["KUBERNETES_VERSION"]).stdout
+    cluster.apply(text)
+
+
 class InferenceGateway:
-    """The session's add-on: CRDs installed once, a Picker per (namespace, pool) on demand."""
+    """The session's add-on: CRDs and the pickers' ClusterRole installed once, a gateway in front of
+    an operator-deployed picker on demand (``front``)."""
 
     def __init__(self, cluster, log_dir: Path):
         self.cluster = cluster
         self.log_dir = log_dir
         self.epp, self.gateway = ensure_built()
         install_crds(cluster)
+        install_picker_role(cluster)
         self.pickers: list[Picker] = []
 
-    def picker(self, namespace: str, pool: str, config: str) -> Picker:
-        p = Picker(namespace, pool, self.log_dir).start(self.cluster.kubeconfig, self.epp, self.gateway, config)
+    def front(self, namespace: str, picker_pod_ip: str, tls: bool = True) -> "Picker":
+        """A gateway in front of a picker the operator deployed (its pod, run by the pod runner from
+        the picker's image rule): ext-proc to <pod IP>:9002, over TLS as the picker serves by default.
+        The Service the InferencePool names has no kube-proxy here, so the pod IP stands in for it."""
+        http = procs.free_port()
+        p = Picker(namespace, f"front-{picker_pod_ip}", self.log_dir)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.log_dir)}
+        p._procs.append(procs.spawn([str(self.gateway), "--listen", f"127.0.0.1:{http}", "--picker",
+                                     f"{picker_pod_ip}:9002", *(["--picker-tls"] if tls else [])],
+                                    self.log_dir / f"gateway-{namespace}-{picker_pod_ip}.log", env=env))
+        p.gateway_url = f"http://127.0.0.1:{http}"
+        p.metrics_url = f"http://{picker_pod_ip}:9090/metrics"
         self.pickers.append(p)
-        return p
+        deadline = time.monotonic() + 30
+        while True:  # the gateway listening (it dials the picker lazily, per request)
+            try:
+                socket.create_connection(("127.0.0.1", http), timeout=1).close()
+                return p
+            except OSError:
+                if time.monotonic() > deadline or p._procs[0].poll() is not None:
+                    raise RuntimeError(f"the e2e gateway did not listen on {http}") from None
+                time.sleep(0.05)
 
     def stop(self) -> None:
         for p in self.pickers:

@@ -15,6 +15,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -27,6 +28,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extproc "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -173,9 +175,15 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:18080", "HTTP address to serve")
-	picker := flag.String("picker", "127.0.0.1:9002", "the endpoint picker's ext_proc gRPC address (plaintext)")
+	picker := flag.String("picker", "127.0.0.1:9002", "the endpoint picker's ext_proc gRPC address")
+	pickerTLS := flag.Bool("picker-tls", false, "speak TLS to the picker without verifying its certificate "+
+		"(the EPP's default --secure-serving uses a self-signed one; Envoy-based gateways are configured the same way)")
 	flag.Parse()
-	conn, err := grpc.NewClient(*picker, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if *pickerTLS {
+		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true})
+	}
+	conn, err := grpc.NewClient(*picker, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		log.Fatalf("picker %s: %v", *picker, err)
 	}

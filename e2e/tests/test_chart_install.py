@@ -55,9 +55,12 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("", "services", ""): {"get", "create", "patch"},
     ("", "events", ""): {"create"},
     ("inference.networking.k8s.io", "inferencepools", ""): {"get", "create", "patch"},
-    # get, update and delete are granted on the node cache's references ConfigMap by name only
-    # (resourceNames): a request without a name is refused, so only create shows here.
-    ("", "configmaps", ""): {"create"},
+    # Each inferencePool model's endpoint picker (picker.py), and the node cache's references ConfigMap
+    # (created under the same grant; update and delete by its name only, asked for below); `bind` is
+    # asked for separately below.
+    ("", "serviceaccounts", ""): {"get", "create"},
+    ("", "configmaps", ""): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings", ""): {"get", "create", "patch"},
 }
 CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in every namespace and cluster-wide
     ("fewerbits.io", "quantizationpolicies", ""): {"list", "watch"},
@@ -143,18 +146,31 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
         assert granted == expected, (
             f"granted but not expected: {sorted(granted - expected)}; "
             f"expected but not granted: {sorted(expected - granted)}")
-        # The named ConfigMap grant (nodecache.py's referenced keys): that name only, watched namespace only.
         authz = client.AuthorizationV1Api(api)
 
-        def may(verb: str, name: str, ns: str) -> bool:
+        # The named ConfigMap grant (nodecache.py's referenced keys): replace and delete that name
+        # only, in the watched namespace only.
+        def may_cm(verb: str, name: str, ns: str) -> bool:
             attrs = {"verb": verb, "resource": "configmaps", "name": name, "namespace": ns}
             return authz.create_subject_access_review({"spec": {
                 "user": sa, "groups": ["system:serviceaccounts", "system:authenticated"],
                 "resourceAttributes": attrs}}).status.allowed
-        for verb in ("get", "update", "delete"):
-            assert may(verb, "fewerbits-node-cache-references", model_ns), verb
-            assert not may(verb, "kube-root-ca.crt", model_ns), verb
-            assert not may(verb, "fewerbits-node-cache-references", "default"), verb
+        for verb in ("update", "delete"):
+            assert may_cm(verb, "fewerbits-node-cache-references", model_ns), verb
+            assert not may_cm(verb, "kube-root-ca.crt", model_ns), verb
+            assert not may_cm(verb, "fewerbits-node-cache-references", "default"), verb
+
+        # `bind` (not in VERBS): on the picker's ClusterRole only, in the watched namespace only; never
+        # `escalate`, never another role.
+        def may(verb: str, name: str | None, ns: str | None) -> bool:
+            attrs = {"verb": verb, "group": "rbac.authorization.k8s.io", "resource": "clusterroles", "name": name,
+                     "namespace": ns}
+            return authz.create_subject_access_review({"spec": {"user": sa, "resourceAttributes": attrs}}).status.allowed
+
+        assert may("bind", "fewerbits-epp", model_ns)
+        assert not may("bind", "fewerbits-epp", "default") and not may("bind", "fewerbits-epp", None)
+        assert not any(may("bind", other, model_ns) for other in ("admin", "edit", "cluster-admin", "fewerbits", None))
+        assert not may("escalate", "fewerbits-epp", model_ns)
 
         source = demo.upload_test_model(cluster)
         cluster.apply(demo.model_manifest(cluster, model_ns, "chart-sample", source, "s3-credentials"))

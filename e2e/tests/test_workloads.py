@@ -59,3 +59,15 @@ def test_the_cpu_vllm_image_runs_transformers_serve_on_the_directory_vllm_would_
     argv = workloads.transformers_argv(v, "10.244.0.7")
     assert argv[0].endswith("/transformers") and argv[1:] == ["serve", "--host", "10.244.0.7", "--port", "8000",
                                                              "--device", "cpu", "q"]
+def test_the_operators_endpoint_picker_runs_the_built_binary_on_free_ports():
+    from fewerbits_operator.settings import OperatorSettings
+
+    rule = workloads.rule_for(OperatorSettings().epp_image, workloads.default_rules())
+    assert rule is not None and rule.kind == "epp"
+    free = iter(range(41000, 41010))
+    argv, ports = workloads.epp_argv("/bin/epp", ["--pool-name", "m", "--grpc-port", "9002", "--metrics-port=9090"],
+                                     lambda: next(free))
+    # Each listening port moved (the picker binds every interface), the defaults too; the rest kept.
+    assert argv == ["/bin/epp", "--pool-name", "m", "--grpc-port", "41000", "--metrics-port", "41001",
+                    "--grpc-health-port", "41002"]
+    assert ports == {9002: 41000, 9090: 41001, 9003: 41002}

@@ -80,6 +80,9 @@ def variant_to_wake(model: dict[str, Any], deployments: list[dict[str, Any]]) ->
     return deployments[0] if deployments else None
 
 
+REWAKE_SECONDS = 5.0
+
+
 @dataclass
 class ModelGate:
     """The requests waiting for one model, and whether a wake-up was asked."""
@@ -101,6 +104,17 @@ class Activator:
         self._lock = threading.Lock()
         self.woken = 0
         """Wake-ups asked (a counter for tests and metrics)."""
+        self._held: dict[tuple[str, str], float] = {}
+
+    def last_held(self, ns: str, name: str) -> float | None:
+        """When (epoch seconds) a request for this model last waited here for a replica: the
+        autoscaler keeps a woken model from going back to zero for scaleDownDelaySeconds after it."""
+        with self._lock:
+            return self._held.get((ns, name))
+
+    def _note_held(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._held[key] = time.time()
 
     def gate(self, key: tuple[str, str]) -> ModelGate:
         with self._lock:
@@ -144,11 +158,13 @@ class Activator:
                     return error(503, f"{ns}/{name} is starting and {g.waiting} requests already wait for it",
                                  {"Retry-After": "5"})
                 g.waiting += 1
+            self._note_held(key)
             try:
                 target = self._wait(ns, name, model, g)
             finally:
                 with g.lock:
                     g.waiting -= 1
+                self._note_held(key)
             if target is None:
                 return error(504, f"{ns}/{name}: no replica became ready within {self.timeout:.0f}s")
         fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
@@ -158,8 +174,9 @@ class Activator:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             with g.lock:
-                # One wake per wait; asked again only if the last one is older than the timeout.
-                ask = g.woke_at is None or time.monotonic() - g.woke_at > self.timeout
+                # One wake per wait, asked again every REWAKE_SECONDS: a no-op while a variant has
+                # replicas (variant_to_wake), a new wake if the model fell back to zero meanwhile.
+                ask = g.woke_at is None or time.monotonic() - g.woke_at > min(self.timeout, REWAKE_SECONDS)
                 if ask:
                     g.woke_at = time.monotonic()
             if ask:

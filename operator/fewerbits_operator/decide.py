@@ -69,8 +69,8 @@ from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, O
 from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from .evaljob import render_eval_job
 from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
-from . import routing
-from .routing import CreateInferencePool, PatchInferencePool
+from . import picker, routing
+from .routing import CreateInferencePool, PatchInferencePool, capacity_placement
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -85,7 +85,7 @@ WARNING_REASONS = frozenset({
     Reason.JOB_EXCEEDS_POLICY, Reason.DATASET_UNREADABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
     Reason.CALIBRATION_DATA_UNAVAILABLE,
-    routing.REASON_UNAVAILABLE, routing.REASON_CONFLICT,
+    routing.REASON_UNAVAILABLE, routing.REASON_CONFLICT, Reason.METRICS_UNAVAILABLE,
 })
 MAX_NAME = 40
 """A model's name prefixes Deployment names (`<name>-<pool>`): at most 40 characters."""
@@ -156,7 +156,8 @@ class ClaimArtifact:
 
 
 Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, DeleteDeployment, CreateService,
-               PatchService, ClaimArtifact, CreateInferencePool, PatchInferencePool]
+               PatchService, ClaimArtifact, CreateInferencePool, PatchInferencePool, picker.CreatePickerObject,
+               picker.UpdatePickerObject]
 
 
 @dataclass(frozen=True)
@@ -286,11 +287,16 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
     return Acceptance(eff, missing_secrets(eff.spec, obs.namespace, obs.secrets))
 
 
-def effective_autoscaling(acc: Acceptance) -> EffectiveAutoscaling | None:
+def effective_autoscaling(acc: Acceptance, obs: Observed | None = None,
+                          settings: OperatorSettings | None = None) -> EffectiveAutoscaling | None:
     if acc.spec is None:
         return None
     cap = acc.effective.policy.rules.maxReplicas
-    return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap)
+    placement, weights = capacity_placement(acc.spec.serving, obs.routing if obs is not None else None,
+                                            settings.cost_weights if settings is not None else {},
+                                            acc.effective.policy.rules.poolCostWeights)
+    return EffectiveAutoscaling(**acc.spec.autoscaling.model_dump(), policyMaxReplicas=cap, placement=placement,
+                                poolCostWeights=weights)
 
 
 def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | None, same_generation: bool,
@@ -982,6 +988,17 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     if the_plan.variants and not conflict and routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
         pool_actions, routing_problem = routing.pool_actions(obs.routing, owner)
         actions.extend(pool_actions)
+        if routing_problem is None and obs.routing is not None:
+            # Its endpoint picker (picker.py): scoring on KV and queue, or an even spread while a
+            # variant's pods expose no metrics.
+            picker_actions, routing_problem = picker.picker_actions(
+                obs.routing.picker, owner, settings.epp_image, settings.epp_cluster_role,
+                picker.unmetered_variants(obs.old_status.serving))
+            actions.extend(picker_actions)
+            routing_problem = routing_problem and (routing.REASON_CONFLICT, routing_problem)
+    elif routing.routing_of(spec.serving) != routing.INFERENCE_POOL and obs.routing is not None \
+            and (gone_picker := picker.leftover(obs.routing.picker, owner)):
+        actions.append(DeleteDeployment(*gone_picker))
 
     old_serving = {s.variant: s for s in obs.old_status.serving}
     serving: list[VariantServingStatus] = []
@@ -1031,6 +1048,14 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     elif routing_problem:
         # Served through the Service meanwhile (Ready says so); what was asked of routing is refused.
         st.set(C.DEPLOYED, False, *routing_problem)
+    elif rolled_out and (unmetered := picker.unmetered_variants(obs.old_status.serving)):
+        # Served and never dropped; said on the model (the autoscaler's event says it too).
+        routed = routing.routing_of(spec.serving) == routing.INFERENCE_POOL
+        st.set(C.DEPLOYED, True, Reason.METRICS_UNAVAILABLE,
+               f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}; variant(s) "
+               f"{', '.join(unmetered)} have ready pods that expose no vLLM metrics (a wrong image or an old vLLM): "
+               + ("the endpoint picker spreads requests evenly over every pod until they report"
+                  if routed else "they are served, and not scaled down until they report"))
     elif rolled_out:
         st.set(C.DEPLOYED, True, Reason.DEPLOYMENTS_CREATED,
                f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}")
@@ -1088,7 +1113,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     if acc.missing_secrets:
         st.set(C.ACCEPTED, False, Reason.MISSING_SECRET, "; ".join(acc.missing_secrets))
         st.waiting(LATER, Reason.BLOCKED, "a referenced Secret is missing (see Accepted)")
-        status.autoscaling = effective_autoscaling(acc)
+        status.autoscaling = effective_autoscaling(acc, obs, settings)
         return done()
     spec = acc.spec
     assert spec is not None and spec.storage is not None
@@ -1096,7 +1121,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
            (f"policy {eff.policy.names[0]} applies" if len(eff.policy.names) == 1 else
             f"policies {', '.join(eff.policy.names)} apply")
            if eff.policy.governed else "no QuantizationPolicy matches this namespace")
-    status.autoscaling = effective_autoscaling(acc)
+    status.autoscaling = effective_autoscaling(acc, obs, settings)
 
     # 2. Planned: model shape × GPU pools, and the pools gone since the last pass.
     the_plan, verdict = current_plan(obs, acc)

@@ -182,6 +182,16 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
         longest = max(v for v, _ in periods)
         rules["artifactRetentionPeriodSeconds"] = longest
         rule_sources["artifactRetentionPeriodSeconds"] = next(n for v, n in periods if v == longest)
+    weights: dict[str, float] = {}
+    weight_leaves: dict[str, tuple[str, ...]] = {}
+    for p in matching:  # highest priority first: per key, the first policy that sets it wins
+        for key, w in (p.spec.rules.poolCostWeights or {}).items():
+            if key not in weights:
+                weights[key] = w
+                rule_sources[f"poolCostWeights.{key}"] = p.metadata.name
+                weight_leaves[f"poolCostWeights.{key}"] = ("poolCostWeights", key)
+    if weights:
+        rules["poolCostWeights"] = weights
     permitted("allowTrustRemoteCode", True, False)
     permitted("artifactRetention", "Delete", "Retain")
 
@@ -218,7 +228,7 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
     return Combined(
         names=names, defaults=defaults, default_sources=default_sources,
         rules=PolicyRules.model_validate(rules), rule_sources=rule_sources,
-        rule_leaves={k: ("quantizationJob",) + v for k, v in placement_leaves.items()},
+        rule_leaves={**{k: ("quantizationJob",) + v for k, v in placement_leaves.items()}, **weight_leaves},
         source_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedSources)) for p in matching
                               if p.spec.rules.allowedSources is not None),
         image_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedImages)) for p in matching

@@ -43,13 +43,14 @@ from .decide import (
 from .kube import Kube
 from .nodecache import REFERENCES_CONFIGMAP, ApplyReferences, ReferencesAction
 from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
+from .picker import CreatePickerObject, UpdatePickerObject
 from .routing import CreateInferencePool, PatchInferencePool
 from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
 
 ORDER = (DeleteDeployment, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService,
-         CreateInferencePool, PatchInferencePool)
+         CreateInferencePool, PatchInferencePool, CreatePickerObject, UpdatePickerObject)
 
 
 class StatusConflict(RuntimeError):
@@ -95,6 +96,13 @@ def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -
         kube.create_inference_pool(_plain(action.pool))
     elif isinstance(action, PatchInferencePool):
         kube.patch_inference_pool(action.namespace, action.name, _plain(action.patch))
+    elif isinstance(action, CreatePickerObject):
+        kube.create(_plain(action.obj))
+    elif isinstance(action, UpdatePickerObject) and action.obj["kind"] == "Deployment":
+        if not kube.replace_deployment(_plain(action.obj)):
+            raise StatusConflict(f"Deployment {action.obj['metadata']['name']} changed while reconciling; retrying")
+    elif isinstance(action, UpdatePickerObject):
+        kube.patch_picker_object(_plain(action.obj))
     else:  # pragma: no cover - the Action union is closed
         raise TypeError(f"unknown action {action!r}")
 

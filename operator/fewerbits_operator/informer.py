@@ -70,9 +70,12 @@ def policy_relevant(policy: dict[str, Any]) -> Any:
 
 def model_relevant(model: dict[str, Any]) -> Any:
     """A model is reconciled again when its spec changes (generation), its deletion starts, or
-    its labels or annotations change; not on status writes (its own, or the autoscaler's)."""
+    its labels or annotations change; not on status writes (its own, or the autoscaler's), except
+    the autoscaler's finding that a variant's pods expose no metrics (the picker's profile follows it)."""
     md = model.get("metadata") or {}
-    return (md.get("generation"), md.get("deletionTimestamp"), md.get("labels"), md.get("annotations"))
+    unmetered = tuple(sorted(str(s.get("variant")) for s in ((model.get("status") or {}).get("serving") or [])
+                             if isinstance(s, dict) and s.get("podsWithoutMetrics")))
+    return (md.get("generation"), md.get("deletionTimestamp"), md.get("labels"), md.get("annotations"), unmetered)
 
 
 def any_change(obj: dict[str, Any]) -> Any:

@@ -359,6 +359,12 @@ class Kube:
                 out = self.apps.create_namespaced_deployment(ns, body)
             elif kind == "Service":
                 out = self.core.create_namespaced_service(ns, body)
+            elif kind == "ServiceAccount":  # the endpoint picker's (picker.py)
+                out = self.core.create_namespaced_service_account(ns, body)
+            elif kind == "ConfigMap":
+                out = self.core.create_namespaced_config_map(ns, body)
+            elif kind == "RoleBinding":
+                out = client.RbacAuthorizationV1Api(self.api).create_namespaced_role_binding(ns, body)
             else:
                 raise ValueError(f"cannot create {kind}")
         except ApiException as e:
@@ -574,8 +580,17 @@ class Kube:
     # ------------------------------------------------------------ the node cache's referenced keys (nodecache.py)
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get_picker_object("ConfigMap", namespace, name)
+
+    def get_picker_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ServiceAccount, RoleBinding, ConfigMap or Service by name (the picker's objects, the node
+        cache's references ConfigMap); the picker's Deployment comes from ``list_deployments``."""
+        read = {"ServiceAccount": self.core.read_namespaced_service_account,
+                "ConfigMap": self.core.read_namespaced_config_map,
+                "Service": self.core.read_namespaced_service,
+                "RoleBinding": client.RbacAuthorizationV1Api(self.api).read_namespaced_role_binding}[kind]
         try:
-            return self.api.sanitize_for_serialization(self.core.read_namespaced_config_map(name, namespace))
+            return self.api.sanitize_for_serialization(read(name, namespace))
         except ApiException as e:
             if _missing(e):
                 return None
@@ -606,6 +621,20 @@ class Kube:
             if not _missing(e) and e.status != 409:
                 raise
             return
+        self._wrote()
+
+    # ------------------------------------------------------------ the endpoint picker (picker.py)
+
+    def patch_picker_object(self, body: dict[str, Any]) -> None:
+        """Merge-patch the picker's ServiceAccount, RoleBinding, ConfigMap or Service to ``body``."""
+        kind, md = body["kind"], body["metadata"]
+        patch = {k: v for k, v in body.items() if k not in ("apiVersion", "kind", "metadata", "roleRef")}
+        patch["metadata"] = {"labels": md.get("labels"), "annotations": md.get("annotations")}
+        fn = {"ServiceAccount": self.core.patch_namespaced_service_account,
+              "ConfigMap": self.core.patch_namespaced_config_map,
+              "Service": self.core.patch_namespaced_service,
+              "RoleBinding": client.RbacAuthorizationV1Api(self.api).patch_namespaced_role_binding}[kind]
+        fn(md["name"], md["namespace"], patch)
         self._wrote()
 
     # ------------------------------------------------------------ events

@@ -36,7 +36,7 @@ from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFact
 from .pincache import PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
-from . import routing
+from . import picker, routing
 from .planner import ModelConfigError as ShapeError
 from .render import LABEL_VARIANT, LABEL_MODEL
 from .settings import OperatorSettings
@@ -211,7 +211,12 @@ class Observer:
             facts["service_read"] = True
             if routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
                 served = self.kube.serves(routing.GROUP, routing.VERSION, routing.PLURAL)
-                facts["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None)
+                facts["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None,
+                                                        self._picker_facts(ns, name) if served else None)
+            elif stale := [d for d in self.kube.list_deployments(ns, f"{picker.LABEL_PICKER}={name}")
+                           if d["metadata"]["name"] == picker.name_of(name)]:
+                # Routed through the Service again: the picker's Deployment left from before goes.
+                facts["routing"] = routing.RoutingFacts(False, None, picker.PickerFacts(_freeze({"Deployment": stale[0]})))
         # Only when something is short of ready: a pod listing per such variant, never at rest.
         short: dict[str, tuple[ContainerTermination, ...]] = {}
         for d in deployments.values():
@@ -222,6 +227,13 @@ class Observer:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
         return Observed(**facts)
+
+    def _picker_facts(self, ns: str, name: str) -> picker.PickerFacts:
+        objs: dict[str, Any] = {k: self.kube.get_picker_object(k, ns, picker.name_of(name))
+                                for k in picker.KINDS if k != "Deployment"}
+        deps = self.kube.list_deployments(ns, f"{picker.LABEL_PICKER}={name}")
+        objs["Deployment"] = next((d for d in deps if d["metadata"]["name"] == picker.name_of(name)), None)
+        return picker.PickerFacts(_freeze(objs))
 
     def _claim_facts(self, storage, planned, creds) -> ArtifactFacts:
         """The claim on the planned key (claims.py) and whether its holder Job failed or is gone

@@ -5,7 +5,7 @@ only its Service: the pure half (docs/routing.md).
 (``inference.networking.k8s.io/v1``) per model, named like the model, selecting the serving pods of
 every variant (the same labels as the Service) on vLLM's port, with its endpoint picker (EPP)
 referenced as the Service ``<model>-epp`` on the EPP's ext-proc port. The EPP scores each pod on
-its KV-cache usage and waiting requests (``EPP_CONFIG``), so a slow pool gets fewer requests than
+its KV-cache usage and waiting requests (the operator deploys it: picker.py), so a slow pool gets fewer requests than
 the Service's even split. The Service stays in every case: clusters without a gateway keep working.
 
 The default is ``service``: an InferencePool is useful only behind a gateway that implements the
@@ -40,27 +40,6 @@ DEFAULT_ROUTING = SERVICE
 REASON_UNAVAILABLE = Reason.ROUTING_UNAVAILABLE
 REASON_CONFLICT = Reason.INFERENCE_POOL_CONFLICT
 
-# The EPP's scheduling profile: the KV-cache utilization scorer (prefers pods with free KV blocks)
-# and the queue scorer (prefers pods with fewer waiting requests), equal weights, max-score picker.
-# Plugin names are the EPP v1.1.0 in-tree ones (cmd/epp/runner registerInTreePlugins).
-EPP_CONFIG = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: max-score-picker
-- type: single-profile-handler
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 1
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 1
-  - pluginRef: max-score-picker
-"""
-
 
 def epp_name(model: str) -> str:
     return f"{model}-epp"
@@ -74,6 +53,8 @@ class RoutingFacts:
     """Whether the API server serves inferencepools in inference.networking.k8s.io/v1."""
     pool: Mapping[str, Any] | None = None
     """The InferencePool of the model's name, if any."""
+    picker: Any = None
+    """The endpoint picker's objects (``picker.PickerFacts``), read once the CRD is served."""
 
 
 @dataclass(frozen=True)
@@ -130,3 +111,23 @@ def pool_actions(facts: RoutingFacts | None, owner: Owner
     if (cur.get("spec") or {}) != desired["spec"]:
         return [PatchInferencePool(owner.namespace, owner.name, {"spec": desired["spec"]})], None
     return [], None
+
+
+PER_VARIANT = "perVariant"
+CHEAPEST_POOL = "cheapestPool"
+
+
+def capacity_placement(serving: Any, facts: RoutingFacts | None, operator_weights: Mapping[str, float],
+                       policy_weights: Mapping[str, float] | None) -> tuple[str, dict[str, float] | None]:
+    """Where the autoscaler puts a model's extra capacity (``status.autoscaling.placement``), and
+    the cost weights it prices pools with (the policy's per key over the operator's setting).
+
+    ``cheapestPool`` only when the model's requests reach its pods through the InferencePool: its
+    picker sends each request to the pod with the most free KV cache and the shortest queue, so a
+    replica added to the cheap pool takes load off every other pool. Behind the Service (also when
+    the InferencePool CRD is not served, where the Service is all there is) every pod receives the
+    same share of requests whatever its speed: a replica added to a fast pool takes no load off a
+    saturated slow one, so each variant must scale on its own load (``perVariant``)."""
+    weights = {**operator_weights, **(policy_weights or {})} or None
+    follows = routing_of(serving) == INFERENCE_POOL and facts is not None and facts.crd_served
+    return (CHEAPEST_POOL if follows else PER_VARIANT), weights

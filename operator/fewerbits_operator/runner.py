@@ -128,18 +128,22 @@ class Operator:
             on_models_listed=self._models_listed, on_child_change=self._child_changed,
             on_node_change=self._node_changed, on_policy_change=self._policy_changed,
             namespace_ttl_seconds=s.resync_seconds)
+        activator = None
+        if s.activator_port:
+            from .activator import Activator
+            activator = Activator(kube, queue=s.activator_queue, timeout=s.activator_timeout_seconds)
         if s.autoscaler_enabled:
             source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
                       if s.autoscaler_metrics_source == "prometheus"
                       else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
             scaler = Autoscaler(kube, source, namespaces=s.namespaces,
-                                status_interval_seconds=s.autoscaler_status_interval_seconds)
+                                status_interval_seconds=s.autoscaler_status_interval_seconds,
+                                held=activator.last_held if activator is not None else None)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
-        if s.activator_port:
-            from .activator import Activator, serve as serve_activator
+        if activator is not None:
+            from .activator import serve as serve_activator
             try:
-                self._activator = serve_activator(Activator(kube, queue=s.activator_queue,
-                                                            timeout=s.activator_timeout_seconds), s.activator_port)
+                self._activator = serve_activator(activator, s.activator_port)
             except OSError as e:  # the port taken: scale from zero is off, everything else works
                 log.error("activator not started on port %d: %s", s.activator_port, e)
         if s.health_port:

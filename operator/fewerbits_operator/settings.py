@@ -113,6 +113,16 @@ class OperatorSettings(BaseSettings):
     """Requests that may wait per model at zero replicas; past it they get 503 with Retry-After."""
     activator_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
     """How long a request waits for a replica to become ready before a 504."""
+    gpu_cost_weights: str = ""
+    """Relative cost of one GPU per pool name or GPU product, `PRODUCT=WEIGHT,...` (e.g.
+    `NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.27`): where a model routed through an InferencePool adds
+    replicas first (a policy's `rules.poolCostWeights` wins per key). Unlisted: 1, so the pool with
+    the most throughput per GPU is preferred."""
+    epp_image: str = "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
+    """Image of the endpoint picker the operator deploys per model with `serving.routing: inferencePool`."""
+    epp_cluster_role: str = "fewerbits-epp"
+    """The ClusterRole (shipped by the chart) each picker's RoleBinding refers to: read pods and
+    InferencePools. The operator may bind only this role."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage and for reading a model's config.json
     from its source (one ObjectStore serves both)."""
@@ -124,6 +134,19 @@ class OperatorSettings(BaseSettings):
     @property
     def steady_period_seconds(self) -> float:
         return min(self.steady_resync_seconds, 10 * self.resync_seconds)
+
+    @property
+    def cost_weights(self) -> dict[str, float]:
+        from .autoscaler.capacity import parse_cost_weights
+        return parse_cost_weights(self.gpu_cost_weights)
+
+    @model_validator(mode="after")
+    def _cost_weights_readable(self) -> "OperatorSettings":
+        try:
+            self.cost_weights
+        except ValueError as e:
+            raise ValueError(f"FEWERBITS_GPU_COST_WEIGHTS: {e}") from None
+        return self
 
     @model_validator(mode="after")
     def _prometheus_needs_url(self) -> "OperatorSettings":

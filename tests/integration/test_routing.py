@@ -2,14 +2,18 @@
 llm-d-inference-sim pod each, played by the pod runner), `spec.serving.routing: inferencePool`, the
 Gateway API Inference Extension's endpoint picker (EPP, built from its Go module) picking for the
 InferencePool the operator keeps, and requests sent through a gateway that speaks Envoy's ext_proc
-protocol to it (e2e/gateway; no Envoy binary can be fetched here).
+protocol to it (e2e/gateway; no Envoy binary can be fetched here). The picker is the one the
+operator deploys for the model (picker.py: Deployment, Service, ConfigMap, ServiceAccount bound to
+the chart's `fewerbits-epp` ClusterRole), run by the pod runner from its image rule with its own
+ServiceAccount's token, so the chart's role is what it reads the pool and pods with.
 
 One model, in order: without the InferencePool CRD the option is refused on the model while the
 Service serves; once the CRD is installed the operator creates the pool; a pool of another model's
 name that it does not own is a conflict, left untouched; the EPP sends requests to the less loaded
 pod; under a load whose per-pod queue follows what each pool received and drains at the pool's
 speed, the slow pool gets a smaller share than the Service's even split; a pod that exposes no
-metrics is still routed to, never dropped (the EPP takes it for idle: see step 6).
+metrics is still routed to, never dropped: the autoscaler finds it, the model says
+`MetricsUnavailable`, and the operator turns the picker to an even spread (step 6).
 
 The simulators report what the test tells them (`POST /admin/config` fake metrics, per pod): the
 simulator's real-metrics mode cannot be given different speeds per pool here, so the queue model
@@ -30,7 +34,7 @@ from kubernetes import client
 from e2e.demo import ARTIFACT_BUCKET
 
 from e2e.tests.test_harness import wait_for
-from fewerbits_operator.routing import EPP_CONFIG
+from fewerbits_operator import picker as epp
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
 # One fp8-dynamic artifact for the routing and scale-from-zero tests: the second is a cache hit.
@@ -95,12 +99,16 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
 
     # 1. Without the CRD: refused on the model, served through the Service all the same.
     spec = model_spec(quantization={"format": "fp8-dynamic"}, serving={"maxModelLen": 256, "routing": "inferencePool"},
-                      storage={"uri": SHARED_ARTIFACTS})
+                      storage={"uri": SHARED_ARTIFACTS},
+                      # The autoscaler reads every serving pod's metrics (step 6) but never scales: 1..1.
+                      autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 1})
     models.apply(namespace, "routed", spec)
     models.wait_condition(namespace, "routed", "Ready", timeout=600)
     deployed = models.wait_condition(namespace, "routed", "Deployed", status="False", timeout=60)
     assert deployed["reason"] == "RoutingUnavailable", deployed
     assert "spec.serving.routing" in deployed["message"] and crd in deployed["message"]
+    # Served through the Service only: each variant scales on its own load.
+    assert models.get(namespace, "routed")["status"]["autoscaling"]["placement"] == "perVariant"
 
     # 2. The CRD installed (the add-on starts here): the operator notices and creates the pool.
     gateway = request.getfixturevalue("inference_gateway")
@@ -109,6 +117,9 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     assert pool["spec"]["selector"]["matchLabels"] == {"fewerbits.io/model": "routed",
                                                        "app.kubernetes.io/component": "server"}
     assert pool["metadata"]["ownerReferences"][0]["kind"] == "QuantizedModel"
+    # Routing now follows capacity: the autoscaler places extra replicas on the cheapest pool per token.
+    models.wait("placement cheapestPool", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["placement"] == "cheapestPool", timeout=30)
 
     # 3. Someone else's InferencePool with a model's name: a conflict, never overwritten.
     foreign = {"apiVersion": f"{IP_GROUP}/v1", "kind": "InferencePool", "metadata": {"name": "other"},
@@ -122,8 +133,15 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     still = custom.get_namespaced_custom_object(IP_GROUP, "v1", namespace, "inferencepools", "other")
     assert still["spec"]["targetPorts"] == [{"number": 1234}] and not still["metadata"].get("ownerReferences"), conflict
 
-    # 4. The EPP for the model's pool, and a gateway in front of it.
-    picker = gateway.picker(namespace, "routed", EPP_CONFIG)
+    # 4. The operator's EPP for the model's pool, and a gateway in front of it.
+    apps, rbac = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
+    binding = wait_until("the picker's RoleBinding", lambda: _get(rbac.read_namespaced_role_binding, "routed-epp",
+                                                                 namespace), timeout=60)
+    assert binding.role_ref.name == "fewerbits-epp" and binding.role_ref.kind == "ClusterRole"
+    assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "routed-epp")]
+    assert pool["spec"]["endpointPickerRef"]["name"] == core.read_namespaced_service("routed-epp", namespace).metadata.name
+    picker_ip = wait_until("the picker's pod ready", lambda: picker_pod_ip(core, namespace, "routed"), timeout=120)
+    picker = gateway.front(namespace, picker_ip)
     pods = pods_by_pool(core, namespace, "routed")
     assert set(pods) == {"h100", "l4"}, pods
     ip_pool = {p.status.pod_ip: pool for pool, p in pods.items()}
@@ -175,26 +193,93 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     assert share["l4"] > 0, f"the slow pool is never starved: {figures}"
     assert even.waiting("l4") > 10 * max(1, routed.waiting("l4")), figures  # the even split saturates the L4
 
-    # 6. A pod whose server exposes no metrics (an old image): never dropped. The EPP v1.1.0 keeps
-    # it with zero queue and zero KV usage (its failed scrapes are logged at trace level only), so
-    # beside loaded pods it looks idle and is preferred: what this shows is that, not round-robin.
+    # 6. A pod whose server exposes no metrics (an old image) in the L4 variant: never dropped. The
+    # autoscaler finds it, the model says MetricsUnavailable, and the operator turns its picker to
+    # an even spread (with scoring, v1.1.0 would take the pod for idle and send it everything).
     set_load({p: 0.5 for p in pods}, {p: 3 for p in pods})
     bare = {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "no-metrics", "labels": {"fewerbits.io/model": "routed",
-                                                          "app.kubernetes.io/component": "server"}},
-            "spec": {"nodeName": None, "containers": [{
+            "metadata": {"name": "no-metrics", "labels": {
+                "fewerbits.io/model": "routed", "app.kubernetes.io/component": "server",
+                "fewerbits.io/variant": pods["l4"].metadata.labels["fewerbits.io/variant"]}},
+            "spec": {"containers": [{
                 "name": "server", "image": "fewerbits-test/python",
                 "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                 "command": ["python", "-m", "http.server", "8000", "--bind", "$(MY_IP)"],
                 "ports": [{"containerPort": 8000, "name": "http"}],
                 "readinessProbe": {"tcpSocket": {"port": 8000}, "periodSeconds": 1}}],
                 "tolerations": [{"operator": "Exists"}]}}
-    del bare["spec"]["nodeName"]
     core.create_namespaced_pod(namespace, bare)
     bare_ip = wait_until("the bare pod ready", lambda: (p := core.read_namespaced_pod("no-metrics", namespace)).status.pod_ip
                          and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
                          and p.status.pod_ip, timeout=120)
-    wait_until("the EPP to list the bare pod", lambda: "no-metrics" in picker.queue_sizes(), timeout=30)
-    hits = [picker.chat("routed")[1].rsplit(":", 1)[0] for _ in range(20)]
-    print("NO-METRICS POD SHARE", hits.count(bare_ip) / len(hits))
-    assert hits.count(bare_ip) > 0, f"a pod without metrics was dropped: {hits}"
+    models.wait("Deployed says MetricsUnavailable", lambda: models.condition(namespace, "routed", "Deployed")["reason"]
+                == "MetricsUnavailable", timeout=60)
+    assert "l4" in models.condition(namespace, "routed", "Deployed")["message"]
+    assert any(e.reason == "MetricsUnavailable" and e.type == "Warning" for e in models.events(namespace, "routed"))
+    wait_until("the picker's config turned to an even spread", lambda: "random-picker" in
+               core.read_namespaced_config_map("routed-epp", namespace).data[epp.CONFIG_FILE], timeout=30)
+    new_ip = wait_until("the picker restarted with it", lambda: (ip := picker_pod_ip(core, namespace, "routed",
+                                                                                    not_ip=picker_ip)) and ip, timeout=120)
+    even_picker = gateway.front(namespace, new_ip)
+    wait_until("the new picker to list the three pods", lambda: len(even_picker.queue_sizes()) == 3, timeout=30)
+    hits = []
+    for _ in range(30):
+        status, endpoint, body = even_picker.chat("routed")
+        hits.append(endpoint.rsplit(":", 1)[0])
+    share = {"bare": hits.count(bare_ip) / len(hits),
+             **{p: hits.count(pod.status.pod_ip) / len(hits) for p, pod in pods.items()}}
+    print("NO-METRICS POD SHARE (even spread)", json.dumps(share))
+    # Every pod is routed to (the bare one answers with http.server's 501 for a POST: routed, not
+    # dropped); none takes everything.
+    assert all(v > 0 for v in share.values()) and max(share.values()) < 0.7, (share, hits)
+
+    # Its pods report again (the pod goes): the model and the picker's profile come back.
+    core.delete_namespaced_pod("no-metrics", namespace, grace_period_seconds=0)
+    models.wait("Deployed back to DeploymentsCreated", lambda: models.condition(namespace, "routed", "Deployed")
+                ["reason"] == "DeploymentsCreated", timeout=60)
+    wait_until("the picker's scoring profile back", lambda: "kv-cache-utilization-scorer" in
+               core.read_namespaced_config_map("routed-epp", namespace).data[epp.CONFIG_FILE], timeout=30)
+
+    # 7. Capacity-aware placement in the operator's autoscaler loop: both pools at KV 0.9 (target
+    # 0.7) each want 2 replicas on their own; the model's extra capacity goes to the H100 pool, the
+    # cheaper per token (equal cost weights, the plan's higher throughput per GPU), the L4 stays.
+    deps = {d.metadata.labels["fewerbits.io/variant"].split("-", 1)[0]: d.metadata.name
+            for d in models.deployments(namespace, "routed")}
+    models.patch_spec(namespace, "routed", {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3}})
+    models.wait("maxReplicas 3 published", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["maxReplicas"] == 3, timeout=30)
+    for pod in pods.values():
+        report(pod.status.pod_ip, 0.9, 0)
+
+    def scale(pool: str) -> int:
+        return apps.read_namespaced_deployment_scale(deps[pool], namespace).spec.replicas
+
+    wait_until("the H100 pool scaled for both", lambda: scale("h100") == 3, timeout=60)
+    assert scale("l4") == 1
+    (up,) = [e for e in models.events(namespace, "routed") if e.reason == "ScaledUp"]
+    assert "capacity-aware" in up.message and deps["h100"] in up.message, up.message
+
+    # 8. Back to the Service: placement per variant again, and the picker's Deployment goes.
+    models.patch_spec(namespace, "routed", {"serving": {"maxModelLen": 256, "routing": "service"}})
+    models.wait("placement perVariant", lambda: models.get(namespace, "routed")["status"]["autoscaling"]
+                ["placement"] == "perVariant", timeout=30)
+    wait_until("the picker's Deployment gone", lambda: not apps.list_namespaced_deployment(
+        namespace, label_selector=f"{epp.LABEL_PICKER}=routed").items, timeout=30)
+
+
+def _get(read, name: str, namespace: str):
+    try:
+        return read(name, namespace)
+    except client.exceptions.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def picker_pod_ip(core: client.CoreV1Api, namespace: str, model: str, not_ip: str | None = None) -> str | None:
+    """The IP of the operator's ready picker pod for the model (its label, never the model label)."""
+    for p in core.list_namespaced_pod(namespace, label_selector=f"{epp.LABEL_PICKER}={model}").items:
+        ready = any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+        if ready and p.status.pod_ip and p.status.pod_ip != not_ip and not p.metadata.deletion_timestamp:
+            return p.status.pod_ip
+    return None

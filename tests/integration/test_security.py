@@ -29,7 +29,16 @@ def rendered_pods() -> dict[str, dict]:
     in tests/unit/test_render.py keeps them equal to the renderers' output)."""
     job = yaml.safe_load((GOLDEN / "job.yaml").read_text())
     deployment = yaml.safe_load((GOLDEN / "deployment.yaml").read_text())
-    return {"quantjob": job["spec"]["template"], "fetch + vLLM": deployment["spec"]["template"]}
+    from fewerbits_operator.picker import SCORING_CONFIG, render_picker
+    from fewerbits_operator.render import Owner
+    from fewerbits_operator.settings import OperatorSettings
+
+    settings = OperatorSettings()
+    picker = render_picker(Owner("m", "ns", "uid"), settings.epp_image, settings.epp_cluster_role, SCORING_CONFIG)
+    template = picker["Deployment"]["spec"]["template"]
+    del template["spec"]["serviceAccountName"]  # its own, created beside it; admission here needs it to exist
+    return {"quantjob": job["spec"]["template"], "fetch + vLLM": deployment["spec"]["template"],
+            "endpoint picker": template}
 
 
 def dry_run_pod(api: client.CoreV1Api, namespace: str, name: str, template: dict) -> None:

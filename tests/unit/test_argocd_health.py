@@ -147,6 +147,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.LEADER_WORKER_SET_MISSING: ("Deployed", "Degraded"),
     Reason.ROUTING_UNAVAILABLE: ("Deployed", "Degraded"),
     Reason.INFERENCE_POOL_CONFLICT: ("Deployed", "Degraded"),
+    Reason.METRICS_UNAVAILABLE: ("Deployed", None),  # True: served, with a warning
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
 

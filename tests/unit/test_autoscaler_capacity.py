@@ -12,6 +12,7 @@ from fewerbits_operator.autoscaler.capacity import (
     economics_from_plan,
     parse_cost_weights,
     prefer_cheapest,
+    rebalance,
     state_of,
 )
 from fewerbits_operator.autoscaler.metrics import PodSample
@@ -122,3 +123,25 @@ def test_state_of_a_real_decision():
     s = state_of("h100", d, 1, 10, True)
     assert (s.current, s.desired, s.wants, s.step_limit) == (3, 6, 6, 7)
     assert state_of("h100", decide(spec, None, Observation(3), History(), 0.0), 1, 10, False).wants is None
+
+
+def test_rebalance_rewrites_only_the_decisions_it_changes():
+    # The loop's and the bench's entry point: real decisions in, the ones to act on out.
+    spec = AutoscalingSpec(minReplicas=1, maxReplicas=20, targetKVCacheUsage=0.5, scaleDownDelaySeconds=0)
+    hot = tuple(PodSample(f"p{i}", 0.75, 0.0, 8.0) for i in range(2))
+    h100 = decide(spec, None, Observation(2, hot), History(), 0.0)
+    l4 = decide(spec, None, Observation(2, hot), History(), 0.0)
+    assert (h100.desired, l4.desired) == (3, 3)
+    out = rebalance([("h100", h100, True), ("l4", l4, True)], 1, 20, ECON)
+    assert [d.desired for d in out] == [4, 2]  # 30+3 units wanted of 22: +2 H100 (20 units), no L4
+    assert out[0].act and out[0].direction == "up" and out[0].reason.startswith("capacity-aware")
+    assert "scale up 2->3" in out[0].reason  # its own decision is kept in the reason
+    assert not out[1].act and out[1].direction is None and out[1].history is l4.history
+    # Unknown economics: every decision stands, untouched.
+    assert rebalance([("h100", h100, True), ("l4", l4, True)], 1, 20, {}) == [h100, l4]
+
+
+def test_economics_count_every_node_of_a_multinode_replica():
+    plan = [{"pool": "h100", "gpuProduct": "H", "tensorParallelSize": 8, "nodesPerReplica": 2,
+             "decodeTokensPerSecond": 100.0}]
+    assert economics_from_plan(plan, {"H": 0.5})["h100"].cost == pytest.approx(8.0)

@@ -413,7 +413,8 @@ def test_merge_serving_changes_only_autoscaler_fields():
     assert merge_serving(serving, {"a": {"kvCacheUsage": 0.5}}) is None
     with pytest.raises(ValueError, match="replicas"):
         merge_serving(serving, {"a": {"replicas": 5}})
-    assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime"}
+    assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime",
+                                      "podsWithoutMetrics"}
 
 
 def test_classify_pods():
@@ -484,3 +485,84 @@ def test_wrapper_event_is_best_effort():
                   "metadata": {"name": "m", "namespace": NS, "uid": "u"}}, "Normal", "ScaledUp", "x" * 5000)
     body = w.core.create_namespaced_event.call_args.args[1]
     assert body["involvedObject"]["kind"] == "QuantizedModel" and len(body["message"]) == 1024
+
+
+# ------------------------------------------------------------------ placement across pools, missing metrics
+
+
+def two_pool_model(io: FakeIO, servers, placement: str, kv: float = 0.9):
+    """Model m2 on an H100 pool (100 tokens/s per replica) and an L4 pool (10 tokens/s, weight
+    0.27 per GPU: 2.7x the H100's cost per token), two pods each at the same KV usage."""
+    io.add_model("m2", {"maxReplicas": 10}, pools=("h100", "l4"))
+    io.models["m2"]["status"]["autoscaling"].update(placement=placement, poolCostWeights={"NVIDIA-L4": 0.27})
+    io.models["m2"]["status"]["plan"] = {"variants": [
+        {"pool": "h100", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "tensorParallelSize": 1, "decodeTokensPerSecond": 100.0},
+        {"pool": "l4", "gpuProduct": "NVIDIA-L4", "tensorParallelSize": 1, "decodeTokensPerSecond": 10.0}]}
+    srvs = servers(4)
+    for i, (pool, s) in enumerate(zip(("h100", "h100", "l4", "l4"), srvs)):
+        io.add_pod("m2", pool, f"m2-{pool}-{i}", s.port)
+        s.set(kv=kv)
+    io.add_deployment("m2", "h100", 2)
+    io.add_deployment("m2", "l4", 2)
+    return srvs
+
+
+def test_cheapest_pool_placement_adds_the_demand_on_the_cheaper_pool_per_token(servers):
+    io = FakeIO()
+    two_pool_model(io, servers, "cheapestPool")
+    out = scaler(io).run_once(T0)
+    # Each pool's own rule wants 3 (KV 0.9 / 0.7): 330 units wanted of 220; the H100 takes the
+    # missing 110 (+2 replicas), the L4 (2.7x per token) stays.
+    assert sorted(io.scale_writes) == [("m2-h100", 4)]
+    assert {o.variant: o.decision.desired for o in out} == {"h100": 4, "l4": 2}
+    (reason,) = [m for _, r, m in io.events if r == "ScaledUp"]
+    assert reason.startswith("m2-h100: capacity-aware") and "own decision: 3" in reason
+    serving = {e["variant"]: e for e in io.models["m2"]["status"]["serving"]}
+    assert serving["h100"]["desiredReplicas"] == 4 and serving["l4"]["desiredReplicas"] == 2
+
+
+def test_per_variant_placement_scales_each_pool_on_its_own_load(servers):
+    # Behind the Service every pod gets the same share: each pool must grow on its own load.
+    io = FakeIO()
+    two_pool_model(io, servers, "perVariant")
+    scaler(io).run_once(T0)
+    assert sorted(io.scale_writes) == [("m2-h100", 3), ("m2-l4", 3)]
+
+
+def test_pods_without_metrics_warn_once_and_keep_serving(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2)
+    srvs[0].set(kv=0.7)
+    srvs[1].page = "# an old server: no vLLM metrics here\n"
+    a = scaler(io)
+    a.run_once(T0)
+    a.run_once(T0 + 15)
+    warnings = [m for _, r, m in io.events if r == "MetricsUnavailable"]
+    assert len(warnings) == 1 and "variant h100: 1 of 2 ready pod(s) expose no vLLM metrics" in warnings[0]
+    assert io.scale_writes == []  # never a scale-down on missing data
+    assert io.models["m1"]["status"]["serving"][0]["podsWithoutMetrics"] == 1  # what reconcile reads
+    srvs[1].set(kv=0.7)
+    a.run_once(T0 + 30)
+    assert [m for _, r, m in io.events if r == "MetricsRestored"] == ["variant h100: all 2 ready pod(s) report "
+                                                                      "vLLM metrics again"]
+    assert "podsWithoutMetrics" not in io.models["m1"]["status"]["serving"][0]
+
+
+def test_a_model_the_activator_just_woke_is_not_scaled_back_to_zero(servers):
+    # Idle with minReplicas 0 and a 6 s delay: it would go to zero, but the activator held a request
+    # for it 2 s ago (its pod started between two passes): kept until the delay after that.
+    io = FakeIO()
+    srvs = setup(io, servers, 1, minReplicas=0, maxReplicas=2, scaleDownDelaySeconds=6)
+    srvs[0].set(kv=0.0)
+    held = {"at": None}
+    a = scaler(io, held=lambda ns, name: held["at"])
+    for t in (0, 2, 4, 6):
+        a.run_once(T0 + t)
+    assert io.scale_writes == [("m1-h100", 0)]  # idle for the delay: down to zero
+    io.deployments["m1-h100"]["spec"]["replicas"] = 1  # the activator's wake
+    held["at"] = T0 + 7
+    out = a.run_once(T0 + 8)
+    assert io.scale_writes == [("m1-h100", 0)] and not out[0].decision.act
+    assert "the activator held a request for this model 1s ago" in out[0].decision.reason
+    a.run_once(T0 + 13.5)
+    assert len(io.scale_writes) == 2 and io.scale_writes[-1] == ("m1-h100", 0)  # 6.5 s after it

@@ -184,8 +184,16 @@ NAMESPACED_RULES = {
     ("", "services"): {"get", "create", "patch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("", "events"): {"create"},
-    ("", "configmaps"): {"create"},
-    ("", "configmaps/fewerbits-node-cache-references"): {"get", "update", "delete"},  # resourceNames
+    ("", "configmaps[fewerbits-node-cache-references]"): {"get", "update", "delete"},  # resourceNames
+    ("", "serviceaccounts"): {"get", "create"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
+    ("rbac.authorization.k8s.io", f"clusterroles[{RELEASE}-fewerbits-epp]"): {"bind"},
+}
+EPP_RULES = {  # the ClusterRole the operator binds for each model's endpoint picker (upstream's Role)
+    ("", "pods"): {"get", "list", "watch"},
+    ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
+    ("inference.networking.x-k8s.io", "inferenceobjectives"): {"get", "list", "watch"},
 }
 CLUSTER_RULES = {
     ("fewerbits.io", "quantizationpolicies"): {"list", "watch"},
@@ -198,14 +206,14 @@ CLUSTER_RULES = {
 def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, f"unexpected rule fields: {rule}"
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, f"unexpected rule fields (nonResourceURLs?): {rule}"
         names = rule.get("resourceNames")
-        if names is not None:  # a grant on named objects only: "<resource>/<name>" in the tables
+        if names is not None:  # a grant on named objects only: "<resource>[<name>]" in the tables
             assert names and "create" not in rule["verbs"] and "list" not in rule["verbs"], rule
         for g in rule["apiGroups"]:
             for r in rule["resources"]:
-                for n in names or [None]:
-                    out.setdefault((g, f"{r}/{n}" if n else r), set()).update(rule["verbs"])
+                for key in ([f"{r}[{n}]" for n in names] if names is not None else [r]):
+                    out.setdefault((g, key), set()).update(rule["verbs"])
     return out
 
 
@@ -224,7 +232,7 @@ def test_every_rule_says_why(helm: list[str]):
     for mode in ("defaults", "cluster"):
         lines = template_text(helm, MODES[mode]).splitlines()
         rules = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
-        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES)
+        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES)
         for i in rules:
             assert lines[i - 1].lstrip().startswith("#"), f"{mode}: rule without a comment: {lines[i]} {lines[i + 1]}"
 
@@ -232,7 +240,7 @@ def test_every_rule_says_why(helm: list[str]):
 def test_rbac_namespaced_scope(helm: list[str]):
     objs = render(helm, MODES["two-namespaces"])
     sa = f"{RELEASE}-fewerbits"
-    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == CLUSTER_RULES
     roles = by_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
@@ -245,6 +253,17 @@ def test_rbac_namespaced_scope(helm: list[str]):
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == '["ml-a","ml-b"]'
 
 
+def test_the_pickers_cluster_role_reads_pods_and_pools_only_and_is_bound_by_nothing_in_the_chart(helm: list[str]):
+    for mode in ("defaults", "cluster"):
+        objs = render(helm, MODES[mode])
+        (role,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-fewerbits-epp"]
+        assert _grants(role) == EPP_RULES
+        # The operator binds it per model (picker.py); the chart binds it to no one.
+        assert not [b for b in by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding")
+                    if b["roleRef"]["name"] == role["metadata"]["name"]]
+    assert env_of(operator_deployment(objs))["FEWERBITS_EPP_CLUSTER_ROLE"] == role["metadata"]["name"]
+
+
 def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]):
     objs = render(helm, [])
     assert [r["metadata"]["namespace"] for r in by_kind(objs, "Role")] == [NAMESPACE]
@@ -254,7 +273,7 @@ def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]
 def test_rbac_cluster_scope(helm: list[str]):
     objs = render(helm, MODES["cluster"])
     assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
-    (cluster_role,) = by_kind(objs, "ClusterRole")
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES
     (binding,) = by_kind(objs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
@@ -343,7 +362,7 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
         if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
-                   "FEWERBITS_QUANTJOB_TOOLS"):
+                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE"):
             continue  # release namespace; image tags (and the image's tools) follow the chart's appVersion
         if default is None:
             assert key not in env, f"{key}: unset means None"
@@ -424,3 +443,12 @@ def test_chart_metadata():
     import fewerbits_operator
     assert chart["appVersion"] == fewerbits_operator.__version__
     assert re.fullmatch(r"v1\.(\d+)\.\d+", KUBE_VERSION) and int(KUBE_VERSION.split(".")[1]) >= 30
+
+
+def test_gpu_cost_weights_and_the_pickers_role_reach_the_operator(helm: list[str]):
+    text = template_text(helm, [], extra=("--set-json", 'config.autoscaler.gpuCostWeights={"NVIDIA-L4": 0.27, '
+                                                         '"NVIDIA-A100-SXM4-80GB": 0.6}'))
+    env = env_of(operator_deployment([d for d in yaml.safe_load_all(text) if d]))
+    from fewerbits_operator.autoscaler.capacity import parse_cost_weights
+    assert parse_cost_weights(env["FEWERBITS_GPU_COST_WEIGHTS"]) == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
+    assert env["FEWERBITS_EPP_CLUSTER_ROLE"] == "fb-fewerbits-epp"

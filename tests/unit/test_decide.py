@@ -506,6 +506,10 @@ CASES = [
          _seq(_set(spec=base_spec(serving={"maxModelLen": 4096, "routing": "inferencePool"})), _ready_world,
               _set(routing=RoutingFacts(True, {"metadata": {"ownerReferences": [{"uid": "someone-else"}]}}))),
          {"Deployed": ("False", "InferencePoolConflict")}, actions=[]),
+    Case("a variant whose pods expose no metrics is served, and said so",
+         _seq(_ready_world, lambda w: w.status["serving"][0].update(podsWithoutMetrics=1)),
+         {"Deployed": ("True", "MetricsUnavailable"), "Ready": ("True", "AllVariantsReady")},
+         message={"Deployed": "expose no vLLM metrics"}, events={"MetricsUnavailable"}),
     Case("our Service edited by hand is repaired", _seq(_ready_world, lambda w: w.service["spec"].update(
         selector={"app": "x"})), {"Ready": ("True", "AllVariantsReady")}, actions=[PatchService]),
     Case("autoscaler fields survive a reconcile",

@@ -207,3 +207,12 @@ def test_status_effective_stays_within_the_crd_limits_however_long_the_label_key
     eff = effective_spec(deep_merge(SPEC, {"source": {"uri": "hf://" + "x" * 500}}), combine_policies([p]))
     values = effective_values(eff).values
     assert all(len(v.path) <= 256 and len(v.value) <= 256 and len(v.source) <= 512 for v in values)
+
+
+def test_pool_cost_weights_combine_per_key_highest_priority_first():
+    low = qp("platform", 0, rules={"poolCostWeights": {"NVIDIA-L4": 0.3, "NVIDIA-A100-SXM4-80GB": 0.6}})
+    high = qp("team", 10, rules={"poolCostWeights": {"NVIDIA-L4": 0.25}})
+    c = combine_policies(matching_policies([low, high], {}))
+    assert c.rules.poolCostWeights == {"NVIDIA-L4": 0.25, "NVIDIA-A100-SXM4-80GB": 0.6}
+    assert c.rule_sources["poolCostWeights.NVIDIA-L4"] == "team"
+    assert c.rule_sources["poolCostWeights.NVIDIA-A100-SXM4-80GB"] == "platform"

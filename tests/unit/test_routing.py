@@ -91,3 +91,133 @@ def test_routing_value_is_validated_at_admission():
 
     with pytest.raises(ValidationError):
         QuantizedModelSpec.model_validate(base_spec(serving={"routing": "gateway"}))
+
+
+def test_placement_follows_the_routing_and_publishes_the_cost_weights():
+    # Capacity-following routing: cheapest pool first; the policy's weight wins over the setting's.
+    settings = SETTINGS.model_copy(update={"gpu_cost_weights": "NVIDIA-L4=0.3,NVIDIA-A100-SXM4-80GB=0.6"})
+    w = world()
+    w.policies = [{"metadata": {"name": "costs"}, "spec": {"rules": {"poolCostWeights": {"NVIDIA-L4": 0.27}}}}]
+    out = decide(replace(w.observed(), routing=RoutingFacts(True, owned_pool())), settings)
+    auto = out.status.autoscaling
+    assert auto.placement == "cheapestPool"
+    assert auto.poolCostWeights == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
+    assert any(v.path == "rules.poolCostWeights.NVIDIA-L4" and v.value == "0.27" and v.source == "costs"
+               for v in out.status.effective.values)
+    # Behind the Service (or without the CRD, where the Service is all there is): per variant.
+    out = decide(replace(w.observed(), routing=RoutingFacts(False)), settings)
+    assert out.status.autoscaling.placement == "perVariant"
+    plain = World()
+    _ready_world(plain)
+    assert decide(plain.observed(), SETTINGS).status.autoscaling.placement == "perVariant"
+
+
+def test_cost_weight_setting_and_rule_are_checked():
+    import pytest
+    from pydantic import ValidationError
+
+    from fewerbits_api.policy import PolicyRules
+    from fewerbits_operator.settings import OperatorSettings
+    with pytest.raises(ValidationError, match="FEWERBITS_GPU_COST_WEIGHTS: GPU cost weight 'NVIDIA-L4=0'"):
+        OperatorSettings(gpu_cost_weights="NVIDIA-L4=0")
+    with pytest.raises(ValidationError, match="poolCostWeights"):
+        PolicyRules.model_validate({"poolCostWeights": {"NVIDIA-L4": -1}})
+
+
+# ---------------------------------------------------------------- the operator's endpoint picker
+
+from fewerbits_operator import picker as epp  # noqa: E402
+
+
+def picker_world(objects=None, unmetered=False):
+    w = world()
+    if unmetered:
+        w.status["serving"][0]["podsWithoutMetrics"] = 2
+    facts = RoutingFacts(True, owned_pool(), epp.PickerFacts(objects or {k: None for k in epp.KINDS}))
+    return w, facts
+
+
+def rendered(config=epp.SCORING_CONFIG):
+    objs = epp.render_picker(Owner(NAME, NS, UID), SETTINGS.epp_image, SETTINGS.epp_cluster_role, config)
+    for o in objs.values():
+        o["metadata"]["ownerReferences"] = [{"uid": UID}]
+        o["metadata"]["resourceVersion"] = "7"
+    return objs
+
+
+def test_the_picker_is_deployed_for_the_pool_with_least_privilege():
+    w, facts = picker_world()
+    out, conds = run(w, facts)
+    created = {a.obj["kind"]: a.obj for a in out.actions if isinstance(a, epp.CreatePickerObject)}
+    assert set(created) == set(epp.KINDS)
+    assert all(o["metadata"]["name"] == f"{NAME}-epp" and o["metadata"]["ownerReferences"][0]["uid"] == UID
+               for o in created.values())
+    # Bound to the one ClusterRole the chart ships, for its own ServiceAccount only.
+    rb = created["RoleBinding"]
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "fewerbits-epp"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": f"{NAME}-epp", "namespace": NS}]
+    # The InferencePool's endpointPickerRef names this Service and port.
+    ref = routing.render_inference_pool(Owner(NAME, NS, UID))["spec"]["endpointPickerRef"]
+    svc = created["Service"]
+    assert ref["name"] == svc["metadata"]["name"] and ref["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]]
+    dep = created["Deployment"]
+    pod = dep["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.1.0"
+    assert c["args"][c["args"].index("--kv-cache-usage-percentage-metric") + 1] == "vllm:kv_cache_usage_perc"
+    assert c["args"][c["args"].index("--pool-name") + 1] == NAME and "--config-file" in c["args"]
+    assert pod["spec"]["serviceAccountName"] == f"{NAME}-epp"
+    # Never selected as a serving pod: no model label on the picker's pods or objects.
+    assert "fewerbits.io/model" not in pod["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert "kv-cache-utilization-scorer" in created["ConfigMap"]["data"]["epp.yaml"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and pod["spec"]["securityContext"]["runAsNonRoot"]
+    assert conds["Deployed"].status == "True"
+
+
+def test_picker_at_rest_no_write_and_a_settings_change_rolls_it():
+    w, facts = picker_world(rendered())
+    out, _ = run(w, facts)
+    assert out.actions == ()
+    settings = SETTINGS.model_copy(update={"epp_image": "mirror.example.com/epp:v1.1.0"})
+    out = decide(replace(w.observed(), routing=facts), settings)
+    (update,) = out.actions
+    assert isinstance(update, epp.UpdatePickerObject) and update.obj["kind"] == "Deployment"
+    assert update.obj["metadata"]["resourceVersion"] == "7"
+
+
+def test_pods_without_metrics_turn_the_picker_to_an_even_spread():
+    # v1.1.0 rates a pod whose scrape fails the idlest: scoring would send it everything.
+    w, facts = picker_world(rendered(), unmetered=True)
+    out, conds = run(w, facts)
+    updates = {a.obj["kind"]: a.obj for a in out.actions if isinstance(a, epp.UpdatePickerObject)}
+    assert set(updates) == {"ConfigMap", "Deployment"}  # the template's config hash restarts the picker
+    assert updates["ConfigMap"]["data"]["epp.yaml"] == epp.ROUND_ROBIN_CONFIG
+    assert "random-picker" in epp.ROUND_ROBIN_CONFIG and "scorer" not in epp.ROUND_ROBIN_CONFIG
+    variant = w.status["serving"][0]["variant"]
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("True", "MetricsUnavailable")
+    assert variant in conds["Deployed"].message and "evenly" in conds["Deployed"].message
+
+
+def test_a_picker_object_someone_else_owns_is_a_conflict_never_written():
+    objs = rendered()
+    objs["ConfigMap"]["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    objs["Service"] = None
+    w, facts = picker_world(objs)
+    out, conds = run(w, facts)
+    assert [a.obj["kind"] for a in out.actions] == ["Service"]
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "InferencePoolConflict")
+    assert f"ConfigMap {NS}/{NAME}-epp" in conds["Deployed"].message
+
+
+def test_back_to_service_routing_removes_the_pickers_deployment_only():
+    from fewerbits_operator.decide import DeleteDeployment
+    w = World(spec=base_spec(serving={"maxModelLen": 4096}))
+    _ready_world(w)
+    dep = rendered()["Deployment"]
+    out, conds = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
+    assert out.actions == (DeleteDeployment(NS, f"{NAME}-epp"),)
+    assert conds["Deployed"].status == "True"
+    dep["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]  # not ours: left alone
+    out, _ = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
+    assert out.actions == ()

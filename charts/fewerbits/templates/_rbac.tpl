@@ -87,17 +87,35 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch"]
 # The node cache's referenced-keys ConfigMap (operator/fewerbits_operator/nodecache.py), one per
-# namespace with artifactCache: Node models: create it (Kube.apply_configmap; create cannot be
-# limited to a name) ...
-- apiGroups: [""]
-  resources: ["configmaps"]
-  verbs: ["create"]
-# ... and read, replace and delete that one name only (Kube.get_configmap, Kube.apply_configmap,
-# Kube.delete_configmap). No list or watch: no other ConfigMap is ever read.
+# namespace with artifactCache: Node models: created under the picker's ConfigMap grant below
+# (create cannot be limited to a name); replaced and deleted by that one name only
+# (Kube.apply_configmap, Kube.delete_configmap). No list or watch of ConfigMaps.
 - apiGroups: [""]
   resources: ["configmaps"]
   resourceNames: ["fewerbits-node-cache-references"]
   verbs: ["get", "update", "delete"]
+# The endpoint picker of a model with spec.serving.routing: inferencePool (picker.py): its
+# ServiceAccount (get by name, create), its RoleBinding and its ConfigMap (get by name, create, patch
+# back when the rendered form changes: Kube.get_picker_object, Kube.create, Kube.patch_picker_object).
+# Its Deployment and Service use the grants above.
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["get", "create"]
+# The picker's ConfigMap: its EndpointPickerConfig (scoring, or an even spread while pods lack metrics).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+# The picker's RoleBinding to the ClusterRole below, for its ServiceAccount in the model's namespace.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["rolebindings"]
+  verbs: ["get", "create", "patch"]
+# Binding a ClusterRole needs its permissions or `bind` on it: `bind` on the picker's ClusterRole
+# only (resourceNames), so the operator can grant the picker what that role holds and nothing else
+# (no escalate, no other role).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["clusterroles"]
+  verbs: ["bind"]
+  resourceNames: [{{ printf "%s-epp" (include "fewerbits.fullname" .) | quote }}]
 # Events on real transitions and scalings (Kube.post_event creates core/v1 Events, for reconcile
 # and the autoscaler). Create only: nothing here patches or aggregates Events.
 - apiGroups: [""]

@@ -30,8 +30,10 @@ bandwidth over bytes read per token). Only the ratio between pools matters.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
+
+from .algorithm import Decision, Tuning
 
 EPS = 1e-9
 
@@ -89,16 +91,17 @@ class Choice:
 def economics_from_plan(plan_variants: Sequence[Mapping], cost_weights: Mapping[str, float],
                         default_weight: float = 1.0) -> dict[str, PoolEconomics]:
     """``PoolEconomics`` per pool from the plan (``status.plan.variants``: ``pool``, ``gpuProduct``,
-    ``tensorParallelSize``, ``decodeTokensPerSecond``) and cost weights by GPU product (or pool
+    ``tensorParallelSize``, ``nodesPerReplica``, ``decodeTokensPerSecond``) and cost weights by GPU product (or pool
     name). A variant without a usable estimate is left out (it keeps its own decision)."""
     out: dict[str, PoolEconomics] = {}
     for v in plan_variants:
         pool, product = v.get("pool"), v.get("gpuProduct")
         tps, tp = v.get("decodeTokensPerSecond"), v.get("tensorParallelSize") or 1
+        nodes = v.get("nodesPerReplica") or 1
         if not pool or not isinstance(tps, (int, float)) or tps <= 0:
             continue
         weight = cost_weights.get(pool, cost_weights.get(product or "", default_weight))
-        out[pool] = PoolEconomics(float(tps), float(weight) * int(tp))
+        out[pool] = PoolEconomics(float(tps), float(weight) * int(tp) * int(nodes))
     return out
 
 
@@ -183,3 +186,24 @@ def state_of(variant: str, decision, lo: int, hi: int, complete: bool, max_scale
         wants = max(decision.kv_wants, decision.queue_wants or 0)
     limit = max(math.ceil(cur * max_scale_up_factor - EPS), cur + max_scale_up_add)
     return VariantState(variant, cur, decision.desired, wants, lo, hi, complete, limit)
+
+
+def rebalance(variants: Sequence[tuple[str, Decision, bool]], lo: int, hi: int,
+              economics: Mapping[str, PoolEconomics], tuning: Tuning = Tuning()) -> list[Decision]:
+    """The one entry point of the preference, called by the autoscaler loop (for a model with
+    ``status.autoscaling.placement: cheapestPool``) and by the bench: each variant's own
+    ``algorithm.Decision`` (with whether its data was complete, ``Observation.complete``) in, the
+    decisions to act on out, in the same order. A decision the preference changes gets its new
+    ``desired``, ``act``, ``direction`` and the preference's reason (its own kept after it); the
+    others are returned as they were (their history is the variant's own in every case)."""
+    states = [state_of(v, d, lo, hi, complete, tuning.max_scale_up_factor, tuning.max_scale_up_add)
+              for v, d, complete in variants]
+    out = []
+    for (_, d, _), choice in zip(variants, prefer_cheapest(states, economics)):
+        if not choice.reason:
+            out.append(d)
+            continue
+        direction = "up" if choice.desired > d.current else "down" if choice.desired < d.current else None
+        out.append(replace(d, desired=choice.desired, act=choice.desired != d.current, direction=direction,
+                           reason=f"{choice.reason}; {d.reason}"))
+    return out

@@ -22,14 +22,16 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any, Callable, Protocol
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 
 from ..render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
-from .algorithm import Decision, History, Observation, Tuning, decide
+from .algorithm import Decision, History, Observation, Tuning, bounds, decide
+from .capacity import economics_from_plan, rebalance
 from .metrics import MetricsSource, PodSample, PodTarget
 
 log = logging.getLogger("fewerbits.autoscaler")
@@ -141,6 +143,18 @@ def published_autoscaling(model: dict[str, Any]) -> EffectiveAutoscaling | None:
     return auto if auto.minReplicas <= auto.maxReplicas else None
 
 
+def keep_awake(d: Decision, held_at: float | None, now: float, delay: float) -> Decision:
+    """No scale-down to zero within ``scaleDownDelaySeconds`` of a request the activator held for
+    the model: a pod woken for it may start between two passes, and the idle recommendations from
+    before the wake would take it away again at the first (seen in the scale-from-zero test with a
+    6 s delay). Knative's activator feeds its queue to the autoscaler for the same reason."""
+    if held_at is None or d.desired > 0 or d.current == 0 or now - held_at >= delay:
+        return d
+    return replace(d, desired=d.current, act=False, direction=None,
+                   reason=f"hold {d.current}: the activator held a request for this model {now - held_at:.0f}s ago "
+                          f"(scaleDownDelaySeconds {delay:.0f}); {d.reason}")
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -208,7 +222,8 @@ class Autoscaler:
 
     def __init__(self, io: AutoscalerIO, source: MetricsSource, namespaces: list[str] | None = None,
                  tuning: Tuning = Tuning(), status_interval_seconds: float = 60.0,
-                 registry: CollectorRegistry | None = None):
+                 registry: CollectorRegistry | None = None,
+                 held: Callable[[str, str], float | None] | None = None):
         """``source``: ``DirectScrapeSource()`` (scrape each pod) or ``PrometheusSource(url)``.
         ``status_interval_seconds``: least time between status writes that only refresh the load
         figures (a change of desiredReplicas or lastScaleTime is written at once)."""
@@ -221,6 +236,9 @@ class Autoscaler:
         self.metrics = AutoscalerMetrics.for_registry(registry)
         self._history: dict[tuple[str, str, str], History] = {}
         self._status_written: dict[tuple[str, str], float] = {}
+        self._unreported: set[tuple[str, str, str]] = set()
+        self.held = held
+        """When the activator last held a request for a model (``Activator.last_held``), if it runs."""
 
     # -------------------------------------------------------------- entry points
 
@@ -238,6 +256,7 @@ class Autoscaler:
                 self.metrics.errors.inc()
                 log.warning("autoscaling %s/%s failed: %s: %s", ns, name, type(e).__name__, e)
                 seen |= {k for k in self._history if k[:2] == (ns, name)}  # keep its history
+        self._unreported &= seen
         for key in set(self._history) - seen:
             del self._history[key]
             self.metrics.forget(key)
@@ -259,6 +278,23 @@ class Autoscaler:
 
     # -------------------------------------------------------------- one model
 
+    def _warn_missing_metrics(self, model: dict[str, Any], key: tuple[str, str, str], ready: int,
+                              failures: int) -> None:
+        """A Warning Event ``MetricsUnavailable`` when a variant's ready pods start giving no vLLM
+        metrics (a wrong image, an old vLLM, a blocked port), once per episode; ``MetricsRestored``
+        when they all report again. The variant keeps its replicas (no scale-down on missing data)
+        and keeps being routed."""
+        if failures and key not in self._unreported:
+            self._unreported.add(key)
+            self.io.post_event(model, "Warning", "MetricsUnavailable",
+                               f"variant {key[2]}: {failures} of {ready} ready pod(s) expose no vLLM metrics "
+                               f"(vllm:kv_cache_usage_perc, vllm:num_requests_waiting) on /metrics; it is still "
+                               "served, but it is neither scaled down nor scored by the endpoint picker on its load")
+        elif not failures and ready and key in self._unreported:
+            self._unreported.discard(key)
+            self.io.post_event(model, "Normal", "MetricsRestored",
+                               f"variant {key[2]}: all {ready} ready pod(s) report vLLM metrics again")
+
     def _model(self, model: dict[str, Any], ns: str, name: str, now: float,
                seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
         auto = published_autoscaling(model)
@@ -273,6 +309,7 @@ class Autoscaler:
         if hasattr(self.io, "list_lws") and self.io.lws_available():
             # Multi-node variants: LeaderWorkerSets, whose replicas are groups (one leader each).
             workloads += [(lws, True) for lws in self.io.list_lws(ns, f"{LABEL_MODEL}={name}")]
+        observed = []
         for dep, multinode in workloads:
             dname = dep["metadata"]["name"]
             variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
@@ -296,9 +333,23 @@ class Autoscaler:
                     log.info("no metrics from %s/%s: %s", ns, t.name, getattr(r, "reason", "no result"))
             if failures:
                 self.metrics.scrape_failures.inc(failures)
-            d = decide(auto, cap, Observation(current, tuple(samples), failures, not_ready),
-                       self._history.get(key, History()), now, self.tuning)
+            self._warn_missing_metrics(model, key, len(targets), failures)
+            obs = Observation(current, tuple(samples), failures, not_ready)
+            d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
             self._history[key] = d.history
+            observed.append((dname, variant, key, multinode, current, d, obs.complete, failures))
+        if auto.placement == "cheapestPool" and len(observed) > 1:
+            # Routing follows capacity: the model's extra capacity goes to the cheapest pool per
+            # token (capacity.rebalance, the function the bench runs).
+            plan = ((model.get("status") or {}).get("plan") or {}).get("variants") or []
+            economics = economics_from_plan(plan, auto.poolCostWeights or {})
+            lo, hi = bounds(auto, cap)
+            placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete, _ in observed], lo, hi, economics,
+                               self.tuning)
+            observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
+        held_at = self.held(ns, name) if self.held is not None else None
+        for dname, variant, key, multinode, current, d, _complete, failures in observed:
+            d = keep_awake(d, held_at, now, float(auto.scaleDownDelaySeconds))
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
@@ -319,10 +370,12 @@ class Autoscaler:
                 "kvCacheUsage": round(d.avg_kv, 3) if d.avg_kv is not None else None,
                 "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
                 "lastScaleTime": last_scale,
+                "podsWithoutMetrics": failures or None,
             }
             if prev and any(prev.get(k) != v for k, v in fields.items()):
                 updates[variant] = fields
-                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale
+                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale \
+                    or prev.get("podsWithoutMetrics") != fields["podsWithoutMetrics"]
             outcomes.append(VariantOutcome(ns, name, variant, dname, d, scaled))
         if updates:
             last = self._status_written.get((ns, name))
