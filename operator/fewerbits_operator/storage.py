@@ -118,6 +118,27 @@ class ObjectStore:
         except ValueError as e:
             raise StorageError(f"s3://{bucket}/{obj_key}: not a quality result ({str(e).splitlines()[0]})") from None
 
+    def get_serving_result(self, storage: StorageSpec, key: str, config_hash: str, creds: S3Credentials):
+        """``<key>/serving/<configHash>.json`` (a serving canary's verdict, canary.py), or None when
+        absent. Raises StorageError when it cannot be read or parsed."""
+        from fewerbits_api.canary import ServingQualityResult, serving_result_key
+
+        bucket, prefix = artifact_prefix(storage.uri, key)
+        obj_key = serving_result_key(prefix, config_hash)
+        s3 = self._client(storage.endpoint, storage.region, creds)
+        try:
+            body = s3.get_object(Bucket=bucket, Key=obj_key)["Body"].read()
+        except (ClientError, BotoCoreError) as e:
+            failure = classify_s3_error(e)
+            if failure.kind is S3ErrorKind.NOT_FOUND:
+                return None
+            raise StorageError(_storage_message(failure.kind, failure.code, f"s3://{bucket}/{obj_key}",
+                                                storage.endpoint), failure.kind) from None
+        try:
+            return ServingQualityResult.model_validate_json(body)
+        except ValueError as e:
+            raise StorageError(f"s3://{bucket}/{obj_key}: not a serving verdict ({str(e).splitlines()[0]})") from None
+
     def get_manifest(self, storage: StorageSpec, key: str, creds: S3Credentials) -> Manifest | None:
         """The artifact's manifest, or None when it has not been published (no manifest, no artifact)."""
         # Keyed by the credentials too: a model that cannot read the bucket learns nothing from another's read.
