@@ -341,3 +341,27 @@ def test_cases_cover_every_canary_reason():
                 Reason.CANARY_FAILED, Reason.CANARY_NOT_READY, Reason.CANARY_ERROR}
     written = {v for k, v in vars(Reason).items() if k.startswith("CANARY_")}
     assert written == produced
+
+
+def test_quality_cli_shows_served_scores_beside_the_jobs(capsys):
+    import argparse
+
+    from fewerbits_operator import quality_cmd
+
+    w = canary_world()
+    o = run(w, result=result(w, False, "custom:exact_match served 0.1 vs base 0.9: 11.1% (min 95%), KV cache fp8"))
+
+    class Reader:
+        def get_model(self, ns, name):
+            return {"status": o.status.to_wire()}
+
+    args = argparse.Namespace(name=NAME, namespace=NS, output="table", context=None, kubeconfig=None)
+    assert quality_cmd.run(args, Reader()) == 0
+    out = capsys.readouterr().out
+    assert "Served (serving canary):" in out
+    row = next(line for line in out.splitlines() if "custom:exact_match" in line and "Failed" in line)
+    assert row.split()[2:4] == ["fp8", "Failed"] and "0.9" in row and "0.88" in row and "0.1" in row and "11.1%" in row
+    args.output = "json"
+    assert quality_cmd.run(args, Reader()) == 0
+    served = [r for r in json.loads(capsys.readouterr().out) if r["table"] == "served"]
+    assert served[0]["job"] == 0.88 and served[0]["kvCacheDtype"] == "fp8"
