@@ -494,6 +494,22 @@ class PodRun(threading.Thread):
             ports.add(c.vllm.port)
             for port in sorted(ports):
                 c.forwarders.append(Forwarder(self.ip, port, c.sim_port))
+        elif c.rule.kind == "transformers":
+            c.vllm = workloads.parse_vllm_args(command + args)
+            if not c.vllm.model:
+                raise ConfigError(f"container {c.name}: no model in the vLLM arguments (vllm serve MODEL or --model)")
+            # The served model name, in the process's working directory, links to the model folder.
+            served = self.dir / f"{c.name}-transformers"
+            link = served / c.vllm.served_model_names[0]
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path(self._rewrite(c.vllm.model, mounts)), target_is_directory=True)
+            # /v1/models scans the hub cache folder and answers 500 when it does not exist.
+            env.setdefault("HF_HOME", str(served / "hf"))
+            Path(env.get("HF_HUB_CACHE") or Path(env["HF_HOME"]) / "hub").mkdir(parents=True, exist_ok=True)
+            env["HF_HUB_OFFLINE"] = "1"
+            c.proc = procs.spawn(workloads.transformers_argv(c.vllm, self.ip), logf, env=env, cwd=served)
         else:
             # Mount paths are rewritten in what the container supplies, never in the local
             # interpreter path the rule adds: a volume mounted at /work or /tmp must not redirect
@@ -582,7 +598,7 @@ class PodRun(threading.Thread):
             return False
         probe = c.spec.get("readinessProbe") or {}
         try:
-            if c.rule and c.rule.kind == "vllm":
+            if c.rule and c.rule.kind in ("vllm", "transformers"):
                 return _http_ok(f"http://{self.ip}:{c.vllm.port}/health")
             if "httpGet" in probe:
                 h = probe["httpGet"]

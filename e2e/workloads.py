@@ -11,6 +11,10 @@ Kinds of rule:
   command — run the container's own command + args (`python`/`python3` mean this interpreter).
   vllm    — a vLLM OpenAI server: run llm-d-inference-sim with the served model name, port and
             max-num-seqs taken from the vLLM arguments.
+  transformers — a vLLM container answered by a REAL model on this CPU: `transformers serve` of the
+            directory vLLM would load (the fetched artifact on the pod's volume), under the served
+            model name, at the pod IP and vLLM's port. For tests that judge what a model says
+            (the serving canary); the simulator's text is random.
   noop    — a container that "runs" (init: succeeds at once; main: stays running) without a process.
 """
 
@@ -44,6 +48,9 @@ DEFAULT_RULES = (
     ImageRule("fewerbits-quantjob", "module", "fewerbits_quantjob"),
     ImageRule("fewerbits-runtime", "module", "fewerbits_runtime"),
     ImageRule("vllm/vllm-openai", "vllm"),
+    # A vLLM image for tests that need real text: `transformers serve` on the CPU (before the
+    # generic `fewerbits-test/` rule, which would run the container's command).
+    ImageRule("fewerbits-test/vllm-cpu", "transformers"),
     ImageRule("fewerbits-test/", "command"),
 )
 
@@ -98,6 +105,8 @@ class VLLMArgs:
     port: int
     max_num_seqs: int | None
     max_model_len: int | None
+    model: str | None = None
+    """The model directory (or name) vLLM loads: `vllm serve MODEL` or `--model MODEL`."""
 
 
 def parse_vllm_args(argv: list[str]) -> VLLMArgs:
@@ -136,7 +145,7 @@ def parse_vllm_args(argv: list[str]) -> VLLMArgs:
         i += 1
     if not served:
         served = [model or "model"]
-    return VLLMArgs(served, port, max_num_seqs, max_model_len)
+    return VLLMArgs(served, port, max_num_seqs, max_model_len, model)
 
 
 # llm-d-inference-sim v0.10.2 accepts `POST /admin/config {"fake-metrics": ...}` only when it was
@@ -158,3 +167,14 @@ def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int, metrics: str = "fak
     if metrics == "fake":
         argv += ["--fake-metrics", ZERO_FAKE_METRICS]
     return argv
+
+
+def transformers_argv(v: VLLMArgs, host: str) -> list[str]:
+    """`transformers serve` (this interpreter's) for a vLLM container: it loads the model named by
+    the first served model name, which the runner links to the model directory in its working
+    directory, so requests naming the served model name load exactly that directory. vLLM's
+    other arguments (dtype, KV-cache dtype, parallelism) have no CPU equivalent and are dropped."""
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "transformers"
+    return [str(exe), "serve", "--host", host, "--port", str(v.port), "--device", "cpu", v.served_model_names[0]]

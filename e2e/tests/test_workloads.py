@@ -45,3 +45,17 @@ def test_pod_runs_do_not_shadow_thread_internals():
 
     shadowed = {n for n in vars(PodRun) if n.startswith("_") and not n.startswith("__") and hasattr(threading.Thread, n)}
     assert not shadowed
+
+
+def test_the_cpu_vllm_image_runs_transformers_serve_on_the_directory_vllm_would_load():
+    rules = workloads.default_rules()
+    assert workloads.rule_for("fewerbits-test/vllm-cpu:1", rules).kind == "transformers"
+    assert workloads.rule_for("fewerbits-test/python:1", rules).kind == "command"
+    # What the operator renders: the launch wrapper, then `vllm serve <model dir>` and its arguments.
+    v = workloads.parse_vllm_args(["python3", "-m", "fewerbits_runtime", "launch", "--manifest", "/models/k/m.json",
+                                   "--", "vllm", "serve", "/models/k", "--host", "0.0.0.0", "--port", "8000",
+                                   "--served-model-name", "q", "--kv-cache-dtype", "fp8"])
+    assert (v.model, v.served_model_names, v.port) == ("/models/k", ["q"], 8000)
+    argv = workloads.transformers_argv(v, "10.244.0.7")
+    assert argv[0].endswith("/transformers") and argv[1:] == ["serve", "--host", "10.244.0.7", "--port", "8000",
+                                                             "--device", "cpu", "q"]

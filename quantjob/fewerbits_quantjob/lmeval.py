@@ -274,18 +274,28 @@ def score(model, tokenizer, prepared: Prepared, max_length: int,
           on_task: Callable[[str], None] | None = None) -> dict[str, Score]:
     """Every prepared task on ``model`` (already loaded), one task at a time so that each has its
     own time; the same seeds and settings on every call."""
-    import lm_eval
     from lm_eval.models.huggingface import HFLM
 
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=BATCH_SIZE, max_length=max_length)
+    return score_lm(lm, prepared, prepared.tasks, on_task)
+
+
+def score_lm(lm, prepared: Prepared, tasks: list[PreparedTask], on_task: Callable[[str], None] | None = None,
+             limits: dict[str, int] | None = None) -> dict[str, Score]:
+    """``tasks`` (of ``prepared``) on any lm-eval model object (``HFLM`` in the Job, an API model
+    in the serving canary), with the Job's settings and seeds; ``limits`` cuts a task's document
+    count (by result name)."""
+    import lm_eval
+
     manager = _task_manager(prepared.include_paths, prepared.include_defaults)
     out: dict[str, Score] = {}
-    for t in prepared.tasks:
+    for t in tasks:
         if on_task:
             on_task(t.name)
         t0 = time.monotonic()
+        limit = (limits or {}).get(t.name, t.limit)
         result = lm_eval.simple_evaluate(
-            model=lm, tasks=[t.config], num_fewshot=t.num_fewshot or None, limit=t.limit, task_manager=manager,
+            model=lm, tasks=[t.config], num_fewshot=t.num_fewshot or None, limit=limit, task_manager=manager,
             log_samples=False, bootstrap_iters=1, random_seed=BENCHMARK_SEED, numpy_random_seed=BENCHMARK_SEED,
             torch_random_seed=BENCHMARK_SEED, fewshot_random_seed=BENCHMARK_SEED)
         seconds = time.monotonic() - t0
