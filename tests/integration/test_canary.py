@@ -1,0 +1,223 @@
+"""The serving canary end to end on the real control plane, with a REAL server on this CPU.
+
+The model's `serving.image` is `fewerbits-test/vllm-cpu:transformers-serve`. The pod runner runs a
+`fewerbits-test/` image's own command (e2e/workloads.py), so the operator's serving pod runs as
+rendered: the fetch init container downloads and verifies the artifact, the runtime launcher checks
+it and execs `vllm serve <artifact> ...`. Here `vllm` is a stand-in found first on the container's
+PATH (given to that image only, through the harness's per-image environment): it serves the same
+artifact directory with `transformers serve` on the pod's IP and port, so the canary Job
+(`python -m fewerbits_quantjob canary`, real, lm-eval included) talks to a real model through the
+OpenAI-compatible API. What `transformers serve` lacks (prompt logprobs, vLLM's kernels and FP8 KV
+cache) is named in the verdict's skipped metrics; that branch is tested in
+tests/unit/test_canary_eval.py against vLLM's recorded answer shape.
+
+One model, three rollouts: (a) the sound artifact passes its canary and takes traffic (events
+canary → verdict → traffic); (b) the artifact damaged in place (every weight but the norms
+zeroed: the quality-evaluation tests' recipe) behind a new served configuration (the one-field
+fallback `quantization.kvCache: none`) fails, never takes traffic, and the sound pods keep
+serving; (c) an image whose server crashes on start is reported with the pod's reason, and the
+sound pods still serve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, Manifest, ManifestFile, artifact_prefix
+from tests.integration.test_quality import upload_fixtures
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+
+IMAGE = "fewerbits-test/vllm-cpu:transformers-serve"
+BROKEN_IMAGE = "fewerbits-test/vllm-cpu:crashes"
+BUCKET = "artifacts"
+
+SHIM = """#!{python}
+# Stand-in for `vllm serve` (tests/integration/test_canary.py): the same artifact directory served by
+# `transformers serve` on this CPU, on the pod's IP and the port vLLM was given.
+import os, sys, tempfile
+argv = sys.argv[1:]
+assert argv[:1] == ["serve"], argv
+model, port, names, i = argv[1], "8000", [], 2
+while i < len(argv):
+    if argv[i] == "--port":
+        port = argv[i + 1]; i += 2
+    elif argv[i] == "--served-model-name":
+        i += 1
+        while i < len(argv) and not argv[i].startswith("--"):
+            names.append(argv[i]); i += 1
+    else:
+        i += 1
+work = tempfile.mkdtemp(prefix="vllm-cpu-")
+for n in names:  # a request naming the model loads the directory linked under its name
+    os.symlink(model, os.path.join(work, n), target_is_directory=True)
+os.chdir(work)
+os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+exe = os.path.join(os.path.dirname(sys.executable), "transformers")
+os.execv(exe, [exe, "serve", "--host", os.environ["POD_IP"], "--port", port, "--device", "cpu"])
+"""
+
+CRASH = """#!/bin/sh
+echo "CUDA error: no kernel image is available for execution on the device" >&2
+exit 1
+"""
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+@pytest.fixture
+def vllm_cpu(cluster, tmp_path):
+    """`vllm` on the PATH of the two test images: the transformers-serve stand-in, and one that crashes."""
+    good, bad = tmp_path / "vllm-cpu", tmp_path / "vllm-crash"
+    good.mkdir()
+    bad.mkdir()
+    _executable(good / "vllm", SHIM.format(python=sys.executable))
+    _executable(bad / "vllm", CRASH)
+    cluster.set_container_env(IMAGE, {"PATH": f"{good}:{os.environ['PATH']}"})
+    cluster.set_container_env(BROKEN_IMAGE, {"PATH": f"{bad}:{os.environ['PATH']}"})
+    yield
+    cluster.set_container_env(IMAGE, None)
+    cluster.set_container_env(BROKEN_IMAGE, None)
+
+
+def damage_in_place(s3, storage_uri: str, key: str, work: Path) -> None:
+    """Every weight but the norms zeroed, in the artifact's own files, with a manifest that lists the
+    new digests and keeps the Job's quality figures: it fetches and verifies like the sound one."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bucket, prefix = artifact_prefix(storage_uri, key)
+    c = s3.client()
+    manifest = Manifest.parse(c.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read(), key)
+    files = []
+    for f in manifest.files:
+        body = c.get_object(Bucket=bucket, Key=f"{prefix}{FILES_DIR}/{f.path}")["Body"].read()
+        if f.path.endswith(".safetensors"):
+            local = work / "w.safetensors"
+            local.write_bytes(body)
+            weights = load_file(str(local))
+            save_file({k: (v if "norm" in k else torch.zeros_like(v)) for k, v in weights.items()}, str(local),
+                      metadata={"format": "pt"})
+            body = local.read_bytes()
+            c.put_object(Bucket=bucket, Key=f"{prefix}{FILES_DIR}/{f.path}", Body=body)
+        files.append(ManifestFile(path=f.path, sizeBytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
+    damaged = manifest.model_copy(update={"files": files, "totalBytes": sum(f.sizeBytes for f in files)})
+    c.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=json.dumps(damaged.to_wire()).encode())
+
+
+def _ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _served_by_service(core, namespace: str, name: str) -> list:
+    """The pods the model's Service selects. (Pod IPs here are loopback addresses, which the API
+    server keeps out of EndpointSlices, so the Service's selector is checked against pod labels.)"""
+    svc = core.read_namespaced_service(name, namespace)
+    selector = ",".join(f"{k}={v}" for k, v in svc.spec.selector.items())
+    return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def _reasons(models, namespace: str, name: str) -> dict:
+    """Reason → when it was first posted (Event times have whole seconds: one pass's events tie)."""
+    out: dict = {}
+    for e in models.events(namespace, name):
+        t = e.first_timestamp or e.event_time or e.metadata.creation_timestamp
+        out[e.reason] = min(out.get(e.reason, t), t)
+    return out
+
+
+def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool, namespace, models, model_spec,
+                                                             vllm_cpu, tmp_path):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", gpus_per_node=4)
+    core = client.CoreV1Api(cluster.api_client())
+    _, custom = upload_fixtures(cluster.s3, f"{namespace}-evals")
+    gate = {"maxPerplexityIncreasePercent": 50, "evalSamples": 4,
+            "customEval": {"dataset": custom, "metric": "rougeL", "minRecoveryPercent": 50, "limit": 6,
+                           "maxNewTokens": 8}}
+    spec = model_spec(quantization={"format": "fp8-dynamic", "qualityGate": gate},
+                      serving={"maxModelLen": 256, "image": IMAGE,
+                               "canary": {"enabled": True, "limits": {"maxRequests": 32, "concurrency": 2,
+                                                                      "requestTimeoutSeconds": 60}}})
+    t0 = time.monotonic()
+    models.apply(namespace, "c", spec)
+
+    # (a) The sound artifact: canary → verdict → traffic.
+    models.wait_condition(namespace, "c", "QualityGatePassed", timeout=900)
+    t_gate = time.monotonic()
+    canary_pod = models.wait("the canary pod ready", lambda: next(
+        (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
+         if _ready(p)), None), timeout=300, namespace=namespace, name="c")
+    assert "fewerbits.io/model" not in canary_pod.metadata.labels
+    assert canary_pod.metadata.uid not in {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    passed = models.wait_condition(namespace, "c", "ServingQualityPassed", timeout=600)
+    t_verdict = time.monotonic()
+    assert passed["reason"] == "CanaryPassed", passed
+    models.wait_condition(namespace, "c", "Ready", timeout=300)
+    t_ready = time.monotonic()
+    at = _reasons(models, namespace, "c")
+    steps = ("CanaryStarted", "CanaryEvaluating", "CanaryPassed", "DeploymentCreated")
+    assert all(s in at for s in steps), at
+    assert [at[s] for s in steps] == sorted(at[s] for s in steps), at  # canary → verdict → traffic
+    (real,) = models.deployments(namespace, "c")
+    assert real.metadata.creation_timestamp >= at["CanaryPassed"]  # the Deployment only after the verdict
+    status = models.get(namespace, "c")["status"]
+    (entry,) = status["serving"]
+    c1 = entry["canary"]
+    assert c1["phase"] == "Passed" and c1["kvCacheDtype"] == "fp8", c1
+    (metric,) = [m for m in c1["metrics"] if m["name"] == "custom:rougeL"]
+    assert metric["served"] > 0 and metric["base"] > 0 and metric["jobQuantized"] is not None and metric["passed"]
+    assert {s["name"] for s in c1["skipped"]} >= {"perplexity"}  # transformers serve offers no prompt logprobs
+    served = _served_by_service(core, namespace, "c")
+    assert served and all(p.metadata.labels["fewerbits.io/model"] == "c" and _ready(p) for p in served)
+    models.wait("the canary and its Job removed", lambda: not core.list_namespaced_pod(
+        namespace, label_selector="fewerbits.io/canary-of=c").items and not [
+        j for j in models.jobs(namespace) if j.metadata.name.startswith("fewerbits-canary-")],
+        timeout=120, namespace=namespace, name="c")
+    print(f"\ncanary timing: apply→QualityGatePassed {t_gate - t0:.1f}s, canary (pod + evaluation) "
+          f"{t_verdict - t_gate:.1f}s, verdict→Ready (the rollout itself) {t_ready - t_verdict:.1f}s, "
+          f"evaluation {c1['seconds']:.1f}s, {c1['requests']} requests")
+    sound_pods = {p.metadata.uid for p in served}
+    (deployment,) = models.deployments(namespace, "c")
+    generation = deployment.metadata.generation
+
+    # (b) A damaged artifact behind a new served configuration (the 16-bit KV-cache fallback): it fails.
+    key = status["artifacts"][0]["key"]
+    damage_in_place(cluster.s3, spec["storage"]["uri"], key, tmp_path)
+    models.patch_spec(namespace, "c", {"quantization": {"kvCache": "none"}})
+    models.wait("the damaged canary ready", lambda: next(
+        (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
+         if _ready(p)), None), timeout=300, namespace=namespace, name="c")
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}  # never an endpoint
+    failed = models.wait_condition(namespace, "c", "ServingQualityPassed", status="False", reason="CanaryFailed",
+                                   timeout=600)
+    assert "custom:rougeL" in failed["message"] and "KV cache auto" in failed["message"], failed
+    deployed = models.condition(namespace, "c", "Deployed")
+    assert deployed["status"] == "False" and deployed["reason"] == "Blocked", deployed
+    (after,) = models.deployments(namespace, "c")
+    assert after.metadata.generation == generation  # the sound Deployment was never touched
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    assert "CanaryFailed" in _reasons(models, namespace, "c")
+
+    # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
+    models.patch_spec(namespace, "c", {"serving": {"image": BROKEN_IMAGE}})
+    not_ready = models.wait_condition(namespace, "c", "ServingQualityPassed", status="False",
+                                      reason="CanaryNotReady", timeout=300)
+    assert "no kernel image is available" in not_ready["message"] or "exit 1" in not_ready["message"], not_ready
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    models.wait("the crashed canary removed", lambda: not core.list_namespaced_pod(
+        namespace, label_selector="fewerbits.io/canary-of=c").items, timeout=120, namespace=namespace, name="c")
