@@ -130,6 +130,18 @@ def _served_by_service(core, namespace: str, name: str) -> list:
     return core.list_namespaced_pod(namespace, label_selector=selector).items
 
 
+def _verdict(models, namespace: str, name: str, timeout: float) -> dict:
+    """ServingQualityPassed once the canary of the current generation has an outcome (passed,
+    failed, not ready, error)."""
+    def check():
+        obj = models.get(namespace, name)
+        c = next((c for c in (obj.get("status") or {}).get("conditions") or []
+                  if c["type"] == "ServingQualityPassed"), None)
+        return c if c and c.get("observedGeneration") == obj["metadata"]["generation"] and \
+            c["reason"] in ("CanaryPassed", "CanaryFailed", "CanaryNotReady", "CanaryError") else None
+    return models.wait("a canary verdict", check, timeout, namespace, name)
+
+
 def _reasons(models, namespace: str, name: str) -> dict:
     """Reason → when it was first posted (Event times have whole seconds: one pass's events tie)."""
     out: dict = {}
@@ -162,7 +174,7 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
          if _ready(p)), None), timeout=300, namespace=namespace, name="c")
     assert "fewerbits.io/model" not in canary_pod.metadata.labels
     assert canary_pod.metadata.uid not in {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
-    passed = models.wait_condition(namespace, "c", "ServingQualityPassed", timeout=600)
+    passed = _verdict(models, namespace, "c", timeout=600)
     t_verdict = time.monotonic()
     assert passed["reason"] == "CanaryPassed", passed
     models.wait_condition(namespace, "c", "Ready", timeout=300)
@@ -201,8 +213,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
         (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
          if _ready(p)), None), timeout=300, namespace=namespace, name="c")
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}  # never an endpoint
-    failed = models.wait_condition(namespace, "c", "ServingQualityPassed", status="False", reason="CanaryFailed",
-                                   timeout=600)
+    failed = _verdict(models, namespace, "c", timeout=600)
+    assert failed["reason"] == "CanaryFailed", failed
     assert "custom:rougeL" in failed["message"] and "KV cache auto" in failed["message"], failed
     deployed = models.condition(namespace, "c", "Deployed")
     assert deployed["status"] == "False" and deployed["reason"] == "Blocked", deployed
@@ -214,8 +226,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
 
     # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
     models.patch_spec(namespace, "c", {"serving": {"image": BROKEN_IMAGE}})
-    not_ready = models.wait_condition(namespace, "c", "ServingQualityPassed", status="False",
-                                      reason="CanaryNotReady", timeout=300)
+    not_ready = _verdict(models, namespace, "c", timeout=300)
+    assert not_ready["reason"] == "CanaryNotReady", not_ready
     assert "no kernel image is available" in not_ready["message"] or "exit 1" in not_ready["message"], not_ready
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
     assert models.condition(namespace, "c", "Ready")["status"] == "True"
