@@ -227,7 +227,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
     models.patch_spec(namespace, "c", {"serving": {"image": BROKEN_IMAGE}})
     not_ready = _verdict(models, namespace, "c", timeout=300)
-    assert not_ready["reason"] == "CanaryNotReady", not_ready
+    assert not_ready["reason"] == "CanaryNotReady", (not_ready, models.get(namespace, "c")["status"]["serving"],
+                                                     models.operator.log_tail(40))
     assert "no kernel image is available" in not_ready["message"] or "exit 1" in not_ready["message"], not_ready
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
     assert models.condition(namespace, "c", "Ready")["status"] == "True"
