@@ -121,6 +121,20 @@ def split_budget(parts: list[Part], budget: int) -> dict[str, int]:
     return taken
 
 
+def plan_task(name: str, kind: str, output_type: str, costs: list[int], logprobs: bool, how: str) -> Part | SkippedMetric:
+    """A benchmark or the custom set as a part of the evaluation, or skipped with the reason:
+    generation always; loglikelihood-style tasks only when the server offers logprobs (lm-eval
+    sends ``echo`` + ``logprobs``); rolling loglikelihood never (unbounded requests per document)."""
+    if output_type == GENERATE:
+        return Part(name, kind, costs, "lm-eval local-completions")
+    if output_type in LOGPROB_TYPES and logprobs:
+        return Part(name, kind, costs, "lm-eval local-completions (echo logprobs)")
+    if output_type in LOGPROB_TYPES:
+        return SkippedMetric(name=name, reason=f"{output_type} needs logprobs: {how}")
+    return SkippedMetric(name=name, reason=f"{output_type or 'this'} task type is not evaluated through the "
+                         "serving API (unbounded requests per document)")
+
+
 def window_nll(response: Mapping, window: list[int]) -> float:
     """Summed negative log-likelihood of ``window[1:]`` from a vLLM completion answered with
     ``prompt_logprobs``: ``choices[0].prompt_logprobs`` holds one entry per prompt token, ``null``
@@ -233,7 +247,8 @@ def probe(server: Server, token_ids: list[int]) -> tuple[bool, str]:
     ignores it offers none."""
     status, body = server.post({"prompt": token_ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0})
     if status >= 400:
-        return False, f"the server refused prompt_logprobs (HTTP {status}: {one_line(str(body.get('detail') or body.get('error') or body), 160)})"
+        detail = one_line(str(body.get("detail") or body.get("error") or body), 160)
+        return False, f"the server refused prompt_logprobs (HTTP {status}: {detail})"
     try:
         window_nll(body, token_ids)
     except CanaryError as e:
@@ -426,15 +441,8 @@ def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: 
     by_name = {t.name: t for t in prepared.tasks}
     for t in prepared.tasks:
         output_type, costs = _task_costs(prepared, t)
-        if output_type == GENERATE:
-            parts.append(Part(t.name, t.kind, costs, "lm-eval local-completions"))
-        elif output_type in LOGPROB_TYPES and logprobs:
-            parts.append(Part(t.name, t.kind, costs, "lm-eval local-completions (echo logprobs)"))
-        elif output_type in LOGPROB_TYPES:
-            out.skipped.append(SkippedMetric(name=t.name, reason=f"{output_type} needs logprobs: {how}"))
-        else:
-            out.skipped.append(SkippedMetric(name=t.name, reason=f"{output_type or 'this'} task type is not "
-                                             "evaluated through the serving API (unbounded requests per document)"))
+        planned = plan_task(t.name, t.kind, output_type, costs, logprobs, how)
+        (parts if isinstance(planned, Part) else out.skipped).append(planned)
 
     budget = contract.limits.maxRequests - server.requests
     docs = split_budget(parts, budget)

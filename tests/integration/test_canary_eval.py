@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -232,3 +231,40 @@ def test_unreachable_canary_is_an_error_naming_the_endpoint(s3, published, tmp_p
     bucket, prefix = artifact_prefix(contract.storage.uri, contract.key)
     listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}serving/{contract.configHash}")
     assert not listed.get("Contents"), listed
+
+
+def test_a_vllm_like_server_gets_the_jobs_windows_and_token_id_prompts(s3, published, tmp_path):
+    """The whole evaluation against the STAND-IN for vLLM of tests/unit/test_canary_eval.py (vLLM
+    needs a GPU): with prompt logprobs offered, perplexity is measured on exactly the Job's windows
+    (cut from the artifact's own tokenizer) and the custom set goes as token-id prompts encoded as
+    the Job's HF model encodes them (BOS first), greedy, seed 1234, stop at a newline."""
+    from transformers import AutoTokenizer
+
+    from fewerbits_quantjob import evaluate, textdata
+    from tests.unit.test_canary_eval import VLLMStandIn
+
+    stand_in = VLLMStandIn()
+    try:
+        contract = canary_contract(s3, published, published[2], stand_in.url, kv="fp8")
+        code, term, _ = run_in_process(s3, contract, tmp_path)
+    finally:
+        stand_in.close()
+    assert code == 0 and term.outcome in ("passed", "failed"), term
+    result = stored(s3, contract)
+    assert [m.name for m in result.metrics] == ["perplexity", "custom:rougeL"] and not result.skipped
+    ppl = result.metrics[0]
+    assert ppl.method == "prompt_logprobs" and ppl.samples == GATE["evalSamples"] and ppl.jobQuantized
+
+    model = build_test_model()
+    tok = AutoTokenizer.from_pretrained(model)
+    windows = evaluate.build_windows(tok, textdata.load_texts("general-en-heldout", {}).texts,
+                                     evaluate.window_length(64, type("C", (), {"max_position_embeddings": 512})), 4)
+    sent = [r for r in stand_in.requests[1:] if "prompt_logprobs" in r]
+    assert sorted(r["prompt"] for r in sent) == sorted(windows.tolist())
+    gen = [r for r in stand_in.requests if "prompt_logprobs" not in r]
+    records = [json.loads(line) for line in (FIXTURES / "custom-eval.jsonl").read_text().splitlines()[:6]]
+    assert sorted(r["prompt"][0] for r in gen) == sorted(tok(x["prompt"])["input_ids"] for x in records)
+    assert tok(records[0]["prompt"])["input_ids"][0] == tok.bos_token_id
+    for r in gen:
+        assert (r["temperature"], r["seed"], r["max_tokens"]) == (0, 1234, 8) and "\n" in r["stop"], r
+    assert result.requests == len(stand_in.requests) == 1 + 4 + 6

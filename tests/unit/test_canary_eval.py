@@ -65,8 +65,11 @@ def test_window_nll_reads_the_prompt_tokens_own_entry_of_the_recorded_vllm_answe
 class VLLMStandIn:
     """A STAND-IN for vLLM's /v1/completions (vLLM needs a GPU): answers token-id prompts that ask
     for prompt logprobs in the recorded shape, each prompt token at log-probability
-    -(1 + (token % 7) / 10), and records every request. ``mode``: "vllm", "text-only" (refuses
-    the field with 422, as `transformers serve` does) or "slow" (answers after 2 s)."""
+    -(1 + (token % 7) / 10); answers a generation request (one prompt or a batch of token-id
+    prompts) with `generated` for each; records every request. ``mode``: "vllm", "text-only"
+    (refuses the field with 422, as `transformers serve` does) or "slow" (answers after 2 s)."""
+
+    generated = " the"
 
     def __init__(self, mode: str = "vllm"):
         self.requests: list[dict] = []
@@ -83,6 +86,14 @@ class VLLMStandIn:
                     time.sleep(2)
                 if mode == "text-only":
                     return self.answer(422, {"detail": "Unexpected fields in the request: {'prompt_logprobs'}"})
+                if "prompt_logprobs" not in body:
+                    prompts = body["prompt"] if isinstance(body["prompt"], list) and body["prompt"] and \
+                        isinstance(body["prompt"][0], list) else [body["prompt"]]
+                    answer = json.loads(json.dumps(RECORDED["response"]))
+                    answer["choices"] = [{**answer["choices"][0], "index": i, "text": outer.generated,
+                                          "prompt_logprobs": None, "finish_reason": "stop"}
+                                         for i in range(len(prompts))]
+                    return self.answer(200, answer)
                 assert body["max_tokens"] == 1 and body["prompt_logprobs"] == 0 and body["temperature"] == 0
                 assert all(isinstance(t, int) for t in body["prompt"]), body
                 answer = json.loads(json.dumps(RECORDED["response"]))
@@ -240,3 +251,27 @@ def test_no_base_scores_for_the_gates_identity_fails_closed():
 
     with pytest.raises(CanaryError, match="no artifact at s3://bkt/a/"):
         canary.base_report(FakeS3({}), contract)
+
+
+# ------------------------------------------------------------------------------------- task parts
+def test_tasks_become_parts_with_their_request_costs_or_are_skipped_with_the_reason(tmp_path):
+    from fewerbits_api.quantizedmodel import QualityGateSpec
+    from fewerbits_quantjob import lmeval
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "lmeval"
+    gate = QualityGateSpec(benchmarks=[{"task": "fewerbits_cloze", "limit": 5, "metric": "acc"}],
+                           customEval={"dataset": "s3://bkt/c.jsonl", "metric": "contains", "limit": 3})
+    prepared = lmeval.prepare(gate, tmp_path, local_custom=(fixtures / "custom-eval.jsonl").read_bytes(),
+                              local_task_dirs=[fixtures])
+    cloze, custom = prepared.tasks
+    output_type, costs = canary._task_costs(prepared, cloze)
+    assert output_type == "multiple_choice" and len(costs) == 5 and all(c == 4 for c in costs)  # one per choice
+    assert canary._task_costs(prepared, custom) == ("generate_until", [1, 1, 1])
+
+    skipped = canary.plan_task(cloze.name, "benchmark", output_type, costs, False, "HTTP 422")
+    assert isinstance(skipped, SkippedMetric) and skipped.reason == "multiple_choice needs logprobs: HTTP 422"
+    part = canary.plan_task(cloze.name, "benchmark", output_type, costs, True, "prompt_logprobs")
+    assert isinstance(part, Part) and part.costs == costs and "echo logprobs" in part.method
+    assert canary.plan_task(custom.name, "custom", "generate_until", [1], False, "x").method == "lm-eval local-completions"
+    rolling = canary.plan_task("benchmark:wikitext/word_perplexity", "benchmark", "loglikelihood_rolling", [1], True, "")
+    assert isinstance(rolling, SkippedMetric) and "unbounded" in rolling.reason
