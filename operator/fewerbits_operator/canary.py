@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from fewerbits_api import conditions as C
 from fewerbits_api.canary import (
     CANARY_CONTRACT_ENV,
     CanaryContract,
@@ -74,7 +73,6 @@ WAITING_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageN
 
 LEFTOVERS = "*leftovers*"
 """Key of ``Observed.canaries`` listing canary Deployments no variant needs (never a pool name)."""
-FAILING_REASONS = (Reason.CANARY_FAILED, Reason.CANARY_NOT_READY, Reason.CANARY_ERROR)
 
 
 # ------------------------------------------------------------------ names and the configuration
