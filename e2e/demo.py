@@ -84,15 +84,18 @@ def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: lis
 def test_model_spec(s3_endpoint: str, source_uri: str, secret: str, storage_prefix: str,
                     **overrides: Any) -> dict[str, Any]:
     """A QuantizedModel spec for the tiny test model in the harness's MinIO: quick calibration, a
-    loose gate, short context, no autoscaling. ``overrides`` replace top-level parts; a dict is
-    merged one level deep (``quantization={"format": "fp8-dynamic"}`` keeps the calibration)."""
+    loose gate, short context, no autoscaling, and the serving canary off: these models are served
+    by the vLLM simulator, whose text is random, so a canary verdict on it would mean nothing
+    (tests/integration/test_canary.py serves the model for real to judge it; docs/canary.md).
+    ``overrides`` replace top-level parts; a dict is merged one level deep
+    (``quantization={"format": "fp8-dynamic"}`` keeps the calibration)."""
     spec: dict[str, Any] = {
         "source": {"uri": source_uri, "endpoint": s3_endpoint, "credentialsSecret": secret},
         "quantization": {"format": "auto", "calibration": {"samples": 16, "maxSeqLength": 64},
                          "qualityGate": {"maxPerplexityIncreasePercent": 50, "evalSamples": 8}},
         "storage": {"uri": f"s3://{ARTIFACT_BUCKET}/{storage_prefix}", "endpoint": s3_endpoint,
                     "credentialsSecret": secret},
-        "serving": {"maxModelLen": 256},
+        "serving": {"maxModelLen": 256, "canary": {"enabled": False}},
         "autoscaling": {"enabled": False},
     }
     return merge_spec(spec, **overrides)

@@ -15,9 +15,10 @@ ACCEPTED = "Accepted"
 PLANNED = "Planned"
 QUANTIZED = "Quantized"
 QUALITY_GATE_PASSED = "QualityGatePassed"
+SERVING_QUALITY_PASSED = "ServingQualityPassed"
 DEPLOYED = "Deployed"
 READY = "Ready"
-CONDITION_TYPES = (ACCEPTED, PLANNED, QUANTIZED, QUALITY_GATE_PASSED, DEPLOYED, READY)
+CONDITION_TYPES = (ACCEPTED, PLANNED, QUANTIZED, QUALITY_GATE_PASSED, SERVING_QUALITY_PASSED, DEPLOYED, READY)
 
 
 class Reason:
@@ -52,6 +53,15 @@ class Reason:
     GATE_PASSED = "GatePassed"
     GATE_FAILED = "GateFailed"
     AWAITING_ARTIFACT = "AwaitingArtifact"
+    # ServingQualityPassed (the serving canary, docs/canary.md)
+    CANARY_DISABLED = "CanaryDisabled"
+    CANARY_PENDING = "CanaryPending"
+    CANARY_EVALUATING = "CanaryEvaluating"
+    CANARY_PASSED = "CanaryPassed"
+    CANARY_FAILED = "CanaryFailed"
+    CANARY_NOT_READY = "CanaryNotReady"
+    CANARY_ERROR = "CanaryError"
+    """The evaluation Job gave no verdict (canary unreachable, storage unreadable): fail closed."""
     # Deployed / Ready
     DEPLOYMENTS_CREATED = "DeploymentsCreated"
     ROLLING_OUT = "RollingOut"
@@ -74,7 +84,8 @@ class Condition(ApiModel):
     """One aspect of the object's state (metav1.Condition)."""
 
     type: Annotated[str, Field(max_length=316)]
-    """Condition type: Accepted, Planned, Quantized, QualityGatePassed, Deployed or Ready."""
+    """Condition type: Accepted, Planned, Quantized, QualityGatePassed, ServingQualityPassed, Deployed or
+    Ready."""
     status: Literal["True", "False", "Unknown"]
     """True, False or Unknown."""
     reason: Annotated[str, Field(max_length=1024)]

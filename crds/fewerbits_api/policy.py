@@ -164,6 +164,9 @@ class PolicyRules(ApiModel):
     requireQualityGate: bool = False
     """Require `spec.quantization.qualityGate` to be set explicitly. Any matching policy requiring
     it requires it."""
+    requireServingCanary: bool = False
+    """Refuse `spec.serving.canary.enabled: false`: every new variant is judged through its serving
+    API before it takes traffic. Any matching policy requiring it requires it."""
     maxPerplexityIncreasePercent: Annotated[float, Field(gt=0, le=1000)] | None = None
     """Ceiling on `qualityGate.maxPerplexityIncreasePercent`; a model without a gate gets the
     default 3% lowered to it. With several policies: the lowest."""

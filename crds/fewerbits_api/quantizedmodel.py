@@ -205,6 +205,41 @@ class StorageSpec(ApiModel):
         return check_no_path_tricks(v, "uri")
 
 
+# The canary's contract types (fewerbits_api.canary) import QualityGateSpec and StorageSpec from
+# here, so that module is imported only now, after them. Imported first itself, it is still
+# partial here: its names are then a NameError, which pydantic takes as "resolve on first use".
+from . import canary as _canary_module  # noqa: E402
+
+
+class _CanaryNames:
+    def __getattr__(self, name: str) -> object:
+        try:
+            return getattr(_canary_module, name)
+        except AttributeError:
+            raise NameError(name) from None
+
+
+_canary = _CanaryNames()
+
+
+class CanarySpec(ApiModel):
+    """The serving canary (docs/canary.md): every new variant (a new pool, a new artifact, or a
+    new served configuration such as a KV-cache dtype or a vLLM image) first runs one pod the
+    model's Service does not select; a short Job evaluates it through its OpenAI-compatible API
+    with the same quality gate as the quantization Job, and only a passing variant takes traffic.
+    The artifact in use keeps serving meanwhile and after a failed verdict."""
+
+    enabled: bool = True
+    """Judge each new variant through its serving API before it takes traffic. Turn it off only
+    where the served output cannot be judged (a simulator that returns random text): then a
+    variant serves on the quantization Job's verdict alone, whose transformers run uses a 16-bit
+    KV cache and not the kernels vLLM serves with. A policy's `rules.requireServingCanary`
+    refuses `false`."""
+
+    limits: "_canary.CanaryLimits" = Field(default_factory=lambda: _canary.CanaryLimits())
+    """Bounds on the evaluation's requests (count, concurrency, per-request timeout)."""
+
+
 class ServingTarget(ApiModel):
     """One GPU pool to serve on, chosen by exactly one of family, product or node selector."""
 
@@ -295,6 +330,10 @@ class ServingSpec(ApiModel):
     `Node`: one verified copy per node, shared read-only by every pod of the artifact there, so a
     scale-up on a node that holds it fetches nothing. `Node` mounts a hostPath, which only the
     `privileged` Pod Security level admits (docs/cache.md)."""
+
+    canary: CanarySpec = Field(default_factory=CanarySpec)
+    """The serving canary: a new variant is judged through its own serving API (its kernels, its
+    KV-cache dtype) before it takes traffic. See docs/canary.md."""
 
     @model_validator(mode="after")
     def _stream_keeps_nothing_on_the_node(self) -> "ServingSpec":
@@ -600,6 +639,41 @@ class VariantServingStatus(ApiModel):
     """Ready pods of this variant that exposed no vLLM metrics at the autoscaler's last pass (a
     wrong image, an old vLLM): they are served but not scaled down, and with InferencePool routing
     the endpoint picker spreads requests evenly until they report (event `MetricsUnavailable`)."""
+    canary: CanaryStatus | None = None
+    """The serving canary of the variant's current served configuration (absent with
+    `serving.canary.enabled: false`, and for a variant serving since before it existed)."""
+
+
+class CanaryStatus(ApiModel):
+    """The serving canary of one variant's served configuration, and its verdict."""
+
+    configHash: str
+    """The served configuration judged (`fewerbits_api.canary.serving_config_hash`: artifact,
+    image, planned vLLM arguments with the KV-cache dtype, GPU product; not replicas)."""
+    artifactKey: str
+    """The artifact the canary serves."""
+    kvCacheDtype: str
+    """The KV-cache dtype the canary serves with."""
+    phase: Literal["Pending", "Evaluating", "Passed", "Failed", "Error"]
+    """`Pending`: the canary pod is starting. `Evaluating`: the evaluation Job runs. `Passed`: the
+    variant takes traffic. `Failed`: a metric missed its threshold; the variant is not rolled out.
+    `Error`: no verdict (the canary pod never became ready, or the evaluation could not run); the
+    variant is not rolled out (fail closed)."""
+    reason: str = ""
+    """Why, in one line: the failing metric with its figures and the KV-cache dtype, or the
+    pod's or the Job's error."""
+    since: str | None = None
+    """When the phase began (RFC 3339)."""
+    job: str | None = None
+    """The evaluation Job."""
+    metrics: list["_canary.ServingMetric"] = Field(default_factory=list)
+    """The served scores, each beside the base model's and the quantization Job's."""
+    skipped: list["_canary.SkippedMetric"] = Field(default_factory=list)
+    """Metrics of the gate the server could not be asked for, with the reason."""
+    requests: int = 0
+    """Requests the evaluation sent."""
+    seconds: float = 0.0
+    """Evaluation wall time."""
 
 
 class EffectiveAutoscaling(AutoscalingSpec):
@@ -650,7 +724,7 @@ class QuantizedModelStatus(ApiModel):
     observedGeneration: int | None = None
     """The generation of the spec this status describes."""
     conditions: list[Condition] = Field(default_factory=list)
-    """Accepted, Planned, Quantized, QualityGatePassed, Deployed, Ready."""
+    """Accepted, Planned, Quantized, QualityGatePassed, ServingQualityPassed, Deployed, Ready."""
     plan: PlanStatus | None = None
     """The planner's decision."""
     artifacts: list[ArtifactStatus] = Field(default_factory=list)

@@ -77,7 +77,7 @@ EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
 """Event reason: a policy change altered a value of the model's effective spec."""
 MAX_CHANGE_EVENTS = 8
 """EffectiveSpecChanged events per pass; one policy edit rarely changes more values."""
-LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.DEPLOYED, C.READY)
+LATER = (C.PLANNED, C.QUANTIZED, C.QUALITY_GATE_PASSED, C.SERVING_QUALITY_PASSED, C.DEPLOYED, C.READY)
 WARNING_REASONS = frozenset({
     Reason.INVALID_SPEC, Reason.POLICY_VIOLATION, Reason.MISSING_SECRET, Reason.NO_GPU_POOLS,
     Reason.NO_POOL_FITS, Reason.MODEL_CONFIG_UNAVAILABLE, Reason.JOB_FAILED, Reason.STORAGE_UNAVAILABLE,
@@ -86,6 +86,7 @@ WARNING_REASONS = frozenset({
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
     Reason.CALIBRATION_DATA_UNAVAILABLE,
     routing.REASON_UNAVAILABLE, routing.REASON_CONFLICT, Reason.METRICS_UNAVAILABLE,
+    Reason.CANARY_FAILED, Reason.CANARY_NOT_READY, Reason.CANARY_ERROR,
 })
 MAX_NAME = 40
 """A model's name prefixes Deployment names (`<name>-<pool>`): at most 40 characters."""
@@ -924,6 +925,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     up_to_date: dict[str, bool] = {}
     creates: list[Action] = []
     no_lws: list = []  # PlanVariants
+    from . import canary as canary_mod  # the serving canary (canary.py), below decide
+    canaries: dict[str, canary_mod.CanaryDecision] = {}
+    old_canary = {s.variant: s.canary for s in obs.old_status.serving}
     for pv in the_plan.variants:
         dname = deployment_name(owner.name, pv.pool)
         cur = existing.get(dname)
@@ -950,6 +954,26 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         render = render_lws if pv.nodesPerReplica > 1 else render_deployment
         desired = render(owner, spec, pv, dict(pool.node_selector), pool.cc_str, art.planned.key,
                          art.manifest.totalBytes if art.manifest else None, replicas, settings)
+        if spec.serving.canary.enabled:
+            # A new served configuration takes traffic only after its canary's verdict (canary.py).
+            chash = canary_mod.config_hash(spec, pv, art.planned.key, owner.name, settings)
+            desired["metadata"]["annotations"][canary_mod.ANNOTATION_SERVING_CONFIG] = chash
+            cd = canaries[pv.pool] = canary_mod.decide_canary(
+                owner=owner, spec=spec, variant=pv, desired=desired, current=cur, chash=chash,
+                artifact_key=art.planned.key, facts=obs.canaries.get(pv.pool), old=old_canary.get(pv.pool),
+                gate=acc.effective.gate(), now=obs.now, settings=settings, pod_failure=pod_failure,
+                job_failure_text=job_failure_text)
+            for kind, reason, message in cd.events:
+                st.note(kind, reason, message)
+            creates.extend(CreateJob(o) if o["kind"] == "Job" else CreateDeployment(o) for o in cd.creates)
+            actions.extend(canary_mod.DeleteJob(owner.namespace, n) if kind == "Job" else
+                           DeleteDeployment(owner.namespace, n) for kind, n in cd.deletes)
+            if not cd.may_serve:
+                # What serves keeps serving, untouched, until the verdict.
+                if cur is not None:
+                    current[dname] = cur
+                up_to_date[dname] = False
+                continue
         if cur is not None and cur.get("kind", "Deployment") != desired["kind"]:
             # The plan moved between one node and several: the old object goes, the new one comes.
             actions.append(DeleteDeployment(owner.namespace, dname, kind=cur.get("kind", "Deployment")))
@@ -961,7 +985,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
             st.note("Normal", "DeploymentCreated", f"Deployment {dname} serves {pv.format.value} on pool {pv.pool}")
         elif (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) != \
                 desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] or \
-                (not auto and (cur.get("spec") or {}).get("replicas") != replicas):
+                (not auto and (cur.get("spec") or {}).get("replicas") != replicas) or \
+                canary_mod.ANNOTATION_SERVING_CONFIG in desired["metadata"]["annotations"] and \
+                canary_mod.ANNOTATION_SERVING_CONFIG not in (cur["metadata"].get("annotations") or {}):
             desired["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
             creates.append(ReplaceDeployment(desired))
             current[dname] = {**desired, "status": cur.get("status") or {}}
@@ -973,6 +999,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
             up_to_date[dname] = True
     wanted = {deployment_name(owner.name, v.pool) for v in the_plan.variants}
     gone_names = {d for _, d in gone}
+    actions.extend(DeleteDeployment(owner.namespace, n) for n in obs.canaries.get(canary_mod.LEFTOVERS, ()))
     for dname in sorted(set(existing) - wanted - gone_names):
         pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
         # Deletes first: they free GPUs the new Deployments may need (execute keeps this order).
@@ -1006,8 +1033,12 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     for pv in the_plan.variants:
         dname = deployment_name(owner.name, pv.pool)
         d = current.get(dname)
+        cstatus = canaries[pv.pool].status if pv.pool in canaries else None
         if d is None:
             rolled_out = False
+            if cstatus is not None:  # a new variant under its canary: no Deployment yet
+                serving.append(VariantServingStatus(variant=pv.pool, deployment=dname, canary=cstatus,
+                                                    nodesPerReplica=pv.nodesPerReplica))
             continue
         ds = d.get("status") or {}
         replicas = int((d.get("spec") or {}).get("replicas") or 0)
@@ -1021,7 +1052,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         entry = VariantServingStatus(
             variant=pv.pool, deployment=dname, replicas=replicas, readyReplicas=ready,
             artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY),
-            nodesPerReplica=pv.nodesPerReplica)
+            nodesPerReplica=pv.nodesPerReplica, canary=cstatus)
         if prev is not None:
             entry = entry.model_copy(update={k: getattr(prev, k) for k in AUTOSCALER_FIELDS})
         serving.append(entry)
@@ -1031,12 +1062,16 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     status.replicas = f"{total_ready}/{total}" if serving else None
 
     if not the_plan.variants:
-        st.waiting((C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
+        st.waiting((C.SERVING_QUALITY_PASSED, C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
         return
+    blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
+    if blocked and not canaries and spec.serving.canary.enabled:
+        st.set(C.SERVING_QUALITY_PASSED, False, Reason.BLOCKED, "no artifact to serve yet (see QualityGatePassed)")
+    else:
+        st.set(C.SERVING_QUALITY_PASSED, *canary_mod.condition(canaries, spec.serving.canary.enabled))
     if conflict:
         st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
         return
-    blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
     if no_lws:
         st.set(C.DEPLOYED, False, Reason.LEADER_WORKER_SET_MISSING, "; ".join(
             f"{v.pool}: " + INSTALL_LWS.format(nodes=v.nodesPerReplica) for v in no_lws))
@@ -1045,6 +1080,13 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
         st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
                f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
                ("its artifact failed the quality gate" if gate_failed else "its artifact is not published yet"))
+    elif held := [pool for pool, cd in canaries.items() if not cd.may_serve]:
+        failed = [p for p in held if canaries[p].condition_reason != Reason.CANARY_PENDING
+                  and canaries[p].condition_reason != Reason.CANARY_EVALUATING]
+        st.set(C.DEPLOYED, False, Reason.BLOCKED if failed else Reason.ROLLING_OUT,
+               f"not rolled out on {', '.join(held)}: " + ("its canary gave no passing verdict" if failed else
+                                                          "waiting for its canary's verdict") +
+               " (see ServingQualityPassed); what served keeps serving")
     elif routing_problem:
         # Served through the Service meanwhile (Ready says so); what was asked of routing is refused.
         st.set(C.DEPLOYED, False, *routing_problem)

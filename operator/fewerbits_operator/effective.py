@@ -163,7 +163,7 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
     for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas", "maxQuantizationJobGPUs",
                  "maxQuantizationJobMemoryGiB"):
         lowest(name)
-    for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData"):
+    for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData", "requireServingCanary"):
         if requiring := [p.metadata.name for p in matching if getattr(p.spec.rules, name)]:
             rules[name], rule_sources[name] = True, requiring[0]
 
@@ -416,6 +416,9 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
     explicit_gate = ((raw_spec.get("quantization") or {}).get("qualityGate")) is not None
     if rules.requireQualityGate and not explicit_gate:
         broke("requireQualityGate", "spec.quantization.qualityGate must be set")
+    if rules.requireServingCanary and not spec.serving.canary.enabled:
+        broke("requireServingCanary", "spec.serving.canary.enabled must not be false: every new variant is "
+                                      "judged through its serving API before it takes traffic")
     gate = spec.quantization.qualityGate
     if rules.maxPerplexityIncreasePercent is not None and gate is not None \
             and gate.maxPerplexityIncreasePercent > rules.maxPerplexityIncreasePercent:

@@ -40,6 +40,7 @@ from .decide import (
     PatchService,
     ReplaceDeployment,
 )
+from .canary import DeleteJob
 from .kube import Kube
 from .nodecache import REFERENCES_CONFIGMAP, ApplyReferences, ReferencesAction
 from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
@@ -49,8 +50,8 @@ from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
 
-ORDER = (DeleteDeployment, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, CreateService, PatchService,
-         CreateInferencePool, PatchInferencePool, CreatePickerObject, UpdatePickerObject)
+ORDER = (DeleteDeployment, DeleteJob, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment,
+         CreateService, PatchService, CreateInferencePool, PatchInferencePool, CreatePickerObject, UpdatePickerObject)
 
 
 class StatusConflict(RuntimeError):
@@ -79,6 +80,8 @@ def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -
         kube.delete_lws(action.namespace, action.name)
     elif isinstance(action, DeleteDeployment):
         kube.delete_deployment(action.namespace, action.name)
+    elif isinstance(action, DeleteJob):
+        kube.delete_job(action.namespace, action.name)
     elif isinstance(action, CreateJob):
         if kube.create(_plain(action.job)) is not None:
             metrics.JOBS_CREATED.inc()

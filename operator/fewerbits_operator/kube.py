@@ -407,6 +407,16 @@ class Kube:
         return [self.api.sanitize_for_serialization(j) for ns in namespaces
                 for j in self.batch.list_namespaced_job(ns, label_selector=MANAGED_SELECTOR).items]
 
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and its pods (a serving canary's evaluation Job once its verdict is read)."""
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            self._wrote()
+        except ApiException as e:
+            if not _missing(e):
+                raise
+        self._noted("Job", namespace, name, GONE)
+
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
         return self.list_pods(namespace, f"job-name={job_name}")
 

@@ -25,6 +25,7 @@ from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .claims import Claim
+from .canary_observe import read_canaries
 from .datapins import DataPin, s3_calibration_uri
 from .datasetcheck import check as check_dataset
 from .datasetcheck import datasets_to_check
@@ -226,6 +227,9 @@ class Observer:
             if variant and ready < want:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
+        # The serving canary (canary.py): only for variants whose served configuration has no verdict yet.
+        facts["canaries"] = _freeze(read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
+                                                  facts.get("data_pin"), storage_creds, terminations))
         return Observed(**facts)
 
     def _picker_facts(self, ns: str, name: str) -> picker.PickerFacts:

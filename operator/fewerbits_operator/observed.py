@@ -148,3 +148,6 @@ class Observed:
         return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())
     routing: Any = None
     """``routing.RoutingFacts`` when the model asks for an InferencePool (read only then)."""
+    canaries: Mapping[str, Any] = field(default_factory=dict)
+    """By pool: ``canary.CanaryFacts`` of the variants whose served configuration has no verdict
+    yet (read only for those)."""

@@ -1,6 +1,8 @@
 """``fewerbits quality NAME -n NS``: the quality table of a QuantizedModel's artifacts, one row
 per metric (base, quantized, recovery, threshold, verdict, evaluation time), read from
-``status.artifacts[].quality`` as the operator judged it with the model's own gate."""
+``status.artifacts[].quality`` as the operator judged it with the model's own gate; then, per
+variant, the served configuration's scores from its serving canary (``status.serving[].canary``,
+docs/canary.md) beside the base model's and the Job's."""
 
 from __future__ import annotations
 
@@ -39,6 +41,47 @@ def rows(status: QuantizedModelStatus) -> list[dict[str, Any]]:
     return out
 
 
+def served_rows(status: QuantizedModelStatus) -> list[dict[str, Any]]:
+    """Per variant and metric: the base score, the Job's (transformers, 16-bit KV cache) and the
+    served one (the canary: vLLM's kernels, the variant's KV-cache dtype)."""
+    out = []
+    for s in status.serving:
+        c = s.canary
+        if c is None:
+            continue
+        for m in c.metrics:
+            out.append({"variant": s.variant, "configHash": c.configHash[:12], "kvCacheDtype": c.kvCacheDtype,
+                        "phase": c.phase, "metric": m.name, "base": m.base, "job": m.jobQuantized,
+                        "served": m.served, "recoveryPercent": m.recoveryPercent,
+                        "minRecoveryPercent": m.minRecoveryPercent, "passed": m.passed, "samples": m.samples})
+        if not c.metrics:
+            out.append({"variant": s.variant, "configHash": c.configHash[:12], "kvCacheDtype": c.kvCacheDtype,
+                        "phase": c.phase, "metric": "-", "note": c.reason})
+        for sk in c.skipped:
+            out.append({"variant": s.variant, "configHash": c.configHash[:12], "kvCacheDtype": c.kvCacheDtype,
+                        "phase": c.phase, "metric": sk.name, "note": f"skipped: {sk.reason}"})
+    return out
+
+
+def served_table(status: QuantizedModelStatus) -> str:
+    header = ("VARIANT", "CONFIG", "KV", "CANARY", "METRIC", "BASE", "JOB", "SERVED", "RECOVERY", "MIN", "PASSED", "N")
+    lines = [header]
+    for r in served_rows(status):
+        if "note" in r:
+            lines.append((r["variant"], r["configHash"], r["kvCacheDtype"], r["phase"], r["metric"], "-", "-", "-",
+                          "-", "-", "-", r["note"][:100]))
+            continue
+        job = f"{r['job']:.4g}" if r["job"] is not None else "-"
+        lines.append((r["variant"], r["configHash"], r["kvCacheDtype"], r["phase"], r["metric"], f"{r['base']:.4g}",
+                      job, f"{r['served']:.4g}", f"{r['recoveryPercent']:.1f}%", f"{r['minRecoveryPercent']:.1f}%",
+                      str(r["passed"]).lower(), str(r["samples"])))
+    if len(lines) == 1:
+        return ""
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
+    return "\nServed (serving canary):\n" + "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in lines) + "\n"
+
+
 def table(status: QuantizedModelStatus) -> str:
     header = ("FORMAT", "ARTIFACT", "METRIC", "BASE", "QUANTIZED", "RECOVERY", "MIN", "NOISE", "PASSED", "N", "SECONDS")
     lines = [header]
@@ -65,7 +108,7 @@ def run(args: argparse.Namespace, reader=None) -> int:
         return 1
     status = QuantizedModelStatus.model_validate(obj.get("status") or {})
     if args.output == "json":
-        print(json.dumps(rows(status), indent=2))
+        print(json.dumps([{"table": "job", **r} for r in rows(status)] + [{"table": "served", **r} for r in served_rows(status)], indent=2))
     else:
-        sys.stdout.write(table(status))
+        sys.stdout.write(table(status) + served_table(status))
     return 0

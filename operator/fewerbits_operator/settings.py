@@ -123,6 +123,19 @@ class OperatorSettings(BaseSettings):
     epp_cluster_role: str = "fewerbits-epp"
     """The ClusterRole (shipped by the chart) each picker's RoleBinding refers to: read pods and
     InferencePools. The operator may bind only this role."""
+    canary_ready_seconds: int = Field(default=1800, ge=10, le=86400)
+    """How long a serving canary's pod may take to become ready (docs/canary.md) before the canary is
+    reported `CanaryNotReady` and removed; a pod that crashes or cannot pull its image is reported at
+    once."""
+    canary_eval_deadline_seconds: int = Field(default=1800, ge=30, le=86400)
+    """The canary evaluation Job's `activeDeadlineSeconds`."""
+    canary_retry_seconds: int = Field(default=900, ge=10, le=604800)
+    """After a canary error (pod never ready, evaluation without a verdict) the canary is tried again
+    after this long, or at once on a spec change; the evaluation Job's TTL after it ends."""
+    canary_cpu_request: str = "1"
+    """CPU request of the canary evaluation Job (it sends requests; it runs no model)."""
+    canary_memory_request: str = "2Gi"
+    """Memory request of the canary evaluation Job (tokenizer, evaluation sets, lm-eval)."""
     storage_timeout_seconds: float = 20.0
     """Timeout for manifest look-ups in object storage and for reading a model's config.json
     from its source (one ObjectStore serves both)."""

@@ -102,8 +102,22 @@ class ObjectStore:
         from fewerbits_api.artifact import QualityReport
         from fewerbits_api.quality import quality_result_key
 
+        return self._get_result(storage, key, lambda prefix: quality_result_key(prefix, identity), creds,
+                                QualityReport, "a quality result")
+
+    def get_serving_result(self, storage: StorageSpec, key: str, config_hash: str, creds: S3Credentials):
+        """``<key>/serving/<configHash>.json`` (a serving canary's verdict, canary.py), or None when
+        absent. Raises StorageError when it cannot be read or parsed."""
+        from fewerbits_api.canary import ServingQualityResult, serving_result_key
+
+        return self._get_result(storage, key, lambda prefix: serving_result_key(prefix, config_hash), creds,
+                                ServingQualityResult, "a serving verdict")
+
+    def _get_result(self, storage: StorageSpec, key: str, object_key: Any, creds: S3Credentials, model: Any,
+                    what: str):
+        """A typed JSON result beside an artifact (``object_key(prefix)``), or None when absent."""
         bucket, prefix = artifact_prefix(storage.uri, key)
-        obj_key = quality_result_key(prefix, identity)
+        obj_key = object_key(prefix)
         s3 = self._client(storage.endpoint, storage.region, creds)
         try:
             body = s3.get_object(Bucket=bucket, Key=obj_key)["Body"].read()
@@ -114,9 +128,9 @@ class ObjectStore:
             raise StorageError(_storage_message(failure.kind, failure.code, f"s3://{bucket}/{obj_key}",
                                                 storage.endpoint), failure.kind) from None
         try:
-            return QualityReport.model_validate_json(body)
+            return model.model_validate_json(body)
         except ValueError as e:
-            raise StorageError(f"s3://{bucket}/{obj_key}: not a quality result ({str(e).splitlines()[0]})") from None
+            raise StorageError(f"s3://{bucket}/{obj_key}: not {what} ({str(e).splitlines()[0]})") from None
 
     def get_manifest(self, storage: StorageSpec, key: str, creds: S3Credentials) -> Manifest | None:
         """The artifact's manifest, or None when it has not been published (no manifest, no artifact)."""

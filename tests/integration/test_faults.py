@@ -113,7 +113,8 @@ def test_operator_killed_at_random_points_ends_with_one_job_per_key_and_whole_st
         # made them and their quality), serving, endpoint.
         assert status["observedGeneration"] == generation
         assert {c["type"]: (c["status"], c["observedGeneration"]) for c in status["conditions"]} == {
-            t: ("True", generation) for t in ("Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready")}
+            t: ("True", generation) for t in ("Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed",
+                                          "Deployed", "Ready")}
         assert {v["format"] for v in status["plan"]["variants"]} == {"fp8-dynamic", "w8a8-int8"}
         keys = {a["key"] for a in status["artifacts"]}
         assert len(keys) == 2

@@ -148,8 +148,15 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.ROUTING_UNAVAILABLE: ("Deployed", "Degraded"),
     Reason.INFERENCE_POOL_CONFLICT: ("Deployed", "Degraded"),
     Reason.METRICS_UNAVAILABLE: ("Deployed", None),  # True: served, with a warning
+    Reason.CANARY_DISABLED: ("ServingQualityPassed", None),
+    Reason.CANARY_PASSED: ("ServingQualityPassed", None),
+    Reason.CANARY_PENDING: ("ServingQualityPassed", "Progressing"),
+    Reason.CANARY_EVALUATING: ("ServingQualityPassed", "Progressing"),
+    Reason.CANARY_FAILED: ("ServingQualityPassed", "Degraded"),
+    Reason.CANARY_NOT_READY: ("ServingQualityPassed", "Degraded"),
+    Reason.CANARY_ERROR: ("ServingQualityPassed", "Degraded"),
 }
-ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready"]
+ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready"]
 
 
 def test_every_reason_is_classified():
@@ -208,6 +215,24 @@ def test_zero_replicas_without_autoscaling_is_not_suspended():
     obj = _model(conditions, serving=[{"variant": "a", "deployment": "d", "replicas": 0, "readyReplicas": 0}])
     obj["spec"]["autoscaling"] = {"enabled": False, "minReplicas": 0}
     assert health(obj)[0] == "Progressing"
+
+
+@pytest.mark.parametrize("reason", [Reason.CANARY_PENDING, Reason.CANARY_EVALUATING])
+def test_a_canary_being_judged_is_progressing_while_the_old_variant_serves(reason: str):
+    """Ready=True (the previous artifact serves) but a new variant's canary is judged: Progressing."""
+    conditions = [_cond(t, "True", "Ok") for t in ORDER if t != "ServingQualityPassed"]
+    conditions.append(_cond("ServingQualityPassed", "False", reason, "pool-a: Job evaluates the canary pod"))
+    obj = _model(conditions, serving=[{"variant": "a", "deployment": "d", "replicas": 1, "readyReplicas": 1}])
+    status, message = health(obj)
+    assert status == "Progressing" and reason in message
+
+
+def test_a_failed_canary_is_degraded_while_the_old_variant_serves():
+    conditions = [_cond(t, "True", "Ok") for t in ORDER if t != "ServingQualityPassed"]
+    conditions.append(_cond("ServingQualityPassed", "False", Reason.CANARY_FAILED,
+                            "pool-a: custom:exact_match served 0.1 vs base 0.9: 11.1% (min 95%), KV cache fp8"))
+    status, message = health(_model(conditions))
+    assert status == "Degraded" and "KV cache fp8" in message
 
 
 def test_argocd_cm_patch_is_generated_from_the_lua_file():

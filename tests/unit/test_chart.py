@@ -175,7 +175,7 @@ NAMESPACED_RULES = {
     ("fewerbits.io", "quantizedmodels/status"): {"patch"},
     ("fewerbits.io", "quantizedmodels/finalizers"): {"update"},
     ("", "secrets"): {"get"},
-    ("batch", "jobs"): {"get", "list", "watch", "create", "patch"},
+    ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
     ("apps", "deployments/scale"): {"get", "patch"},

@@ -39,6 +39,7 @@ class FakeKube:
                       "spec": {"source": {"uri": "s3://models/llama", "credentialsSecret": "s3"},
                                "quantization": {"format": "fp8-dynamic"},
                                "storage": {"uri": "s3://artifacts/p", "credentialsSecret": "s3"},
+                               "serving": {"canary": {"enabled": False}},
                                "autoscaling": {"enabled": False}}}
         self.secrets = {"s3": {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": SECRET_VALUE}}
         self.nodes = [node(pool_from_product("NVIDIA-H100-80GB-HBM3", 1))]
@@ -84,7 +85,9 @@ class FakeKube:
         return []
 
     def list_deployments(self, namespace, selector):
-        return [copy.deepcopy(d) for d in self.deployments.values()]
+        want = dict(term.split("=", 1) for term in selector.split(","))
+        return [copy.deepcopy(d) for d in self.deployments.values()
+                if want.items() <= (d["metadata"].get("labels") or {}).items()]
 
     def get_service(self, namespace, name):
         return copy.deepcopy(self.services.get(name))

@@ -7,10 +7,12 @@
 --   1. no status yet, or a status about an older generation      -> Progressing
 --   2. a condition that needs a person (bad spec, no GPU fits,
 --      Job failed, storage down, quality gate failed,
---      serving pods failing: corrupted artifact, wrong GPU)        -> Degraded
+--      serving pods failing: corrupted artifact, wrong GPU,
+--      a serving canary failed or never became ready)             -> Degraded
 --   3. autoscaling to zero and every variant at 0 replicas         -> Suspended
 --      waking from zero (replicas asked, none ready yet)           -> Progressing
---   4. Ready=True for the current generation                       -> Healthy
+--   4. a serving canary being judged (the old variant may serve)   -> Progressing
+--      Ready=True for the current generation                       -> Healthy
 --   5. anything else (Job running, rolling out, ...)               -> Progressing
 
 -- Conditions that are Degraded when False, with the reasons that mean "a person must act" ("*": all).
@@ -23,11 +25,12 @@ local DEGRADED = {
                                     JobExceedsPolicy = true, DatasetUnreadable = true,
                                     CalibrationDataUnavailable = true } },
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
+  { type = "ServingQualityPassed", reasons = { CanaryFailed = true, CanaryNotReady = true, CanaryError = true } },
   { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true,
                                    RoutingUnavailable = true, InferencePoolConflict = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
 }
-local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "Deployed", "Ready" }
+local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready" }
 
 local function find(conditions, type)
   if conditions == nil then
@@ -117,7 +120,16 @@ if autoscaling ~= nil and autoscaling.enabled ~= false and autoscaling.minReplic
   end
 end
 
--- 4. Serving, for the spec as it is now.
+-- 4. A new variant's canary is being judged (docs/canary.md): not healthy yet, whatever serves meanwhile.
+local canary = find(status.conditions, "ServingQualityPassed")
+if canary ~= nil and canary.status == "False" and current(canary)
+    and (canary.reason == "CanaryPending" or canary.reason == "CanaryEvaluating") then
+  hs.status = "Progressing"
+  hs.message = describe(canary)
+  return hs
+end
+
+-- Serving, for the spec as it is now.
 local ready = find(status.conditions, "Ready")
 if ready ~= nil and ready.status == "True" and current(ready) then
   hs.status = "Healthy"

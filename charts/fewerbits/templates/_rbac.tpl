@@ -37,10 +37,11 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 # Quantization Jobs: list and watch those labelled app.kubernetes.io/managed-by=fewerbits (the
 # watched cache behind Kube.get_job; their events enqueue the owning models, runner.py), get one
 # while the cache is behind (Kube.get_job), create one per artifact key (Kube.create), patch to add
-# a second owner that shares the artifact (Kube.add_owner).
+# a second owner that shares the artifact (Kube.add_owner), delete a serving canary's evaluation Job
+# once its verdict is read (Kube.delete_job, canary.py).
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods, list only: a Job pod's termination message carries the Job's result (Kube.job_pods); the
 # autoscaler lists each variant's ready pods to read vLLM's /metrics (Kube.list_pods).
 - apiGroups: [""]

@@ -1,0 +1,434 @@
+"""The serving canary (docs/canary.md), decide side: pure, typed inputs in, actions and status out.
+
+A new variant (a new pool, or a new served configuration on a pool: artifact, image, vLLM
+arguments with the KV-cache dtype, GPU product) takes traffic only after a verdict on what it
+really serves. Per variant and served configuration (``serving_config_hash``):
+
+1. one canary pod: a Deployment ``<deployment>-canary`` of one replica with the variant's pod
+   template, whose pods carry ``fewerbits.io/canary-of`` instead of ``fewerbits.io/model``.
+   Everything that sends traffic selects ``fewerbits.io/model`` (the model's Service, the
+   InferencePool, the activator, the autoscaler, the PodMonitor), so no request reaches it; the
+   Deployment itself is not listed as a variant either (observe lists ``fewerbits.io/model``).
+   What served before keeps serving, untouched;
+2. once that pod is Ready, a Job (``python -m fewerbits_quantjob canary``) evaluates it through its
+   OpenAI-compatible API with the model's quality gate and writes ``<key>/serving/<hash>.json``;
+3. the stored verdict decides: passed, the real Deployment is created or replaced (events
+   CanaryStarted → CanaryEvaluating → CanaryPassed → DeploymentCreated/RollingOut); failed, it is
+   not, and the condition names the metric and the KV-cache dtype. The canary and its Job go.
+
+A stored verdict never changes, so it is read once per operator process and reused after a restart
+or a scale-up (no second canary). No verdict (the pod never became ready, the Job could not reach
+it) is an error that fails closed; it is tried again after ``canary_retry_seconds`` or at once on
+a spec change (a new configuration hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Mapping
+
+from fewerbits_api.canary import (
+    CANARY_CONTRACT_ENV,
+    CanaryContract,
+    CanaryTermination,
+    ServingQualityResult,
+    serving_config_hash,
+)
+from fewerbits_api.conditions import Reason
+from fewerbits_api.names import TERMINATION_LOG_DEFAULT
+from fewerbits_api.quantizedmodel import CanaryStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
+
+from .observed import ContainerTermination, JobFacts, JobState
+from .planner.vllm_args import plan_args
+from .render import (
+    ANNOTATION_SPEC_HASH,
+    CONTAINER_SECURITY,
+    DOMAIN,
+    LABEL_COMPONENT,
+    LABEL_MODEL,
+    LABEL_VARIANT,
+    MANAGED_BY,
+    POD_SECURITY,
+    VLLM_PORT,
+    Owner,
+    _fresh,
+    storage_credential_env,
+)
+from .settings import OperatorSettings
+
+LABEL_CANARY = f"{DOMAIN}/canary-of"
+"""On a canary Deployment and its pods, instead of ``fewerbits.io/model``: the model judged."""
+ANNOTATION_SERVING_CONFIG = f"{DOMAIN}/serving-config"
+"""On a variant's Deployment: the served configuration hash it was rolled out with (after a
+passed verdict)."""
+COMPONENT = "canary"
+EVAL_COMPONENT = "canary-eval"
+JOB_PREFIX = "fewerbits-canary-"
+WAITING_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CrashLoopBackOff",
+                              "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+                              "ErrImageNeverPull"})
+"""A canary container waiting for one of these will not become ready by itself."""
+
+LEFTOVERS = "*leftovers*"
+"""Key of ``Observed.canaries`` listing canary Deployments no variant needs (never a pool name)."""
+
+
+# ------------------------------------------------------------------ names and the configuration
+
+
+def canary_deployment_name(deployment: str) -> str:
+    return f"{deployment}-canary"
+
+
+def canary_job_name(model: str, pool: str, config_hash: str) -> str:
+    """``fewerbits-canary-<24 hex>``: one Job per model, pool and served configuration."""
+    return JOB_PREFIX + hashlib.sha256(f"{model}/{pool}/{config_hash}".encode()).hexdigest()[:24]
+
+
+def served_model_name(spec: QuantizedModelSpec, model: str) -> str:
+    return spec.serving.servedModelName or model
+
+
+def serving_config(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
+                   settings: OperatorSettings) -> dict[str, Any]:
+    """What decides the served model's output: the artifact, the image, the vLLM arguments the
+    plan sets (KV-cache dtype included) and the model's extra arguments, the GPU product. Not the
+    replicas, the load format or the pod's resources."""
+    return {
+        "artifact": artifact_key,
+        "image": spec.serving.image or settings.vllm_image,
+        "args": [*plan_args(variant, served_model_name(spec, model)), *spec.serving.extraArgs],
+        "gpuProduct": variant.gpuProduct,
+    }
+
+
+def config_hash(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
+                settings: OperatorSettings) -> str:
+    return serving_config_hash(serving_config(spec, variant, artifact_key, model, settings))
+
+
+def canary_wanted(spec: QuantizedModelSpec, variant: PlanVariant, current: Mapping[str, Any] | None,
+                  chash: str, desired_spec_hash: str | None = None) -> bool:
+    """Whether the variant's served configuration still needs a verdict before it serves: the
+    canary is on, the variant runs on one node per replica, and what serves (if anything) does not
+    serve this configuration yet. A Deployment rolled out before the canary existed carries no
+    hash; it is judged only when its spec changes."""
+    if not spec.serving.canary.enabled or variant.nodesPerReplica > 1:
+        return False
+    if current is None:
+        return True
+    annotations = current.get("metadata", {}).get("annotations") or {}
+    if ANNOTATION_SERVING_CONFIG not in annotations and desired_spec_hash is not None \
+            and annotations.get(ANNOTATION_SPEC_HASH) == desired_spec_hash:
+        return False  # serving this very pod spec since before the canary existed
+    return annotations.get(ANNOTATION_SERVING_CONFIG) != chash
+
+
+# ------------------------------------------------------------------ facts (observe reads them)
+
+
+@dataclass(frozen=True)
+class CanaryFacts:
+    """What observe read of one variant's canary for its current served configuration."""
+
+    config_hash: str
+    result: ServingQualityResult | None = None
+    """The stored verdict (``<key>/serving/<hash>.json``)."""
+    result_error: str | None = None
+    """Storage could not be read now."""
+    deployment: Mapping[str, Any] | None = None
+    """The canary Deployment, when it exists."""
+    pod_ip: str | None = None
+    pod_ready: bool = False
+    terminations: tuple[ContainerTermination, ...] = ()
+    """The canary pods' failed containers."""
+    waiting: tuple[str, ...] = ()
+    """``pod container: reason: message`` of containers waiting on something that will not pass."""
+    unschedulable: str | None = None
+    """The scheduler's message while the canary pod cannot be placed."""
+    job: JobFacts | None = None
+    job_message: str | None = None
+    """The evaluation Job's termination message (a ``CanaryTermination``), when it ended."""
+
+
+# ------------------------------------------------------------------ renderers
+
+
+def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
+    """The variant's Deployment as one unexposed replica: same pod template, ``fewerbits.io/model``
+    swapped for ``fewerbits.io/canary-of`` and the component ``canary``."""
+    d = _fresh(dict(desired))
+    labels = {**{k: v for k, v in d["metadata"]["labels"].items() if k != LABEL_MODEL},
+              LABEL_CANARY: model, LABEL_COMPONENT: COMPONENT}
+    d["metadata"]["name"] = canary_deployment_name(d["metadata"]["name"])
+    d["metadata"]["labels"] = labels
+    d["metadata"]["annotations"] = {**d["metadata"].get("annotations", {}), ANNOTATION_SERVING_CONFIG: chash}
+    d["metadata"].pop("resourceVersion", None)
+    d["spec"]["replicas"] = 1
+    d["spec"]["selector"] = {"matchLabels": {LABEL_CANARY: model, LABEL_VARIANT: pool}}
+    d["spec"]["template"]["metadata"]["labels"] = dict(labels)
+    d["spec"]["strategy"] = {"type": "Recreate"}
+    return d
+
+
+def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, chash: str,
+                      pod_ip: str, gate: QualityGateSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """The evaluation Job against the canary pod: the quantization Job's image and pod security,
+    no GPU, no retries (a failure is a fail-closed error), a bounded deadline; its TTL after it
+    ends is the back-off before an error is tried again."""
+    assert spec.storage is not None
+    contract = CanaryContract(
+        key=artifact_key, configHash=chash, variant=variant.pool, kvCacheDtype=variant.kvCacheDtype,
+        endpoint=f"http://{pod_ip}:{VLLM_PORT}", servedModelName=served_model_name(spec, owner.name),
+        storage=spec.storage, qualityGate=gate, evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
+        limits=spec.serving.canary.limits)
+    labels = {**MANAGED_BY, LABEL_COMPONENT: EVAL_COMPONENT, LABEL_CANARY: owner.name, LABEL_VARIANT: variant.pool}
+    name = canary_job_name(owner.name, variant.pool, chash)
+    return _fresh({
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name, "namespace": owner.namespace, "labels": labels,
+            "annotations": {ANNOTATION_SERVING_CONFIG: chash},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": settings.canary_eval_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.canary_retry_seconds,
+            "template": {"metadata": {"labels": dict(labels)}, "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "enableServiceLinks": False,
+                "securityContext": dict(POD_SECURITY),
+                "containers": [{
+                    "name": "canary",
+                    "image": settings.quantjob_image,
+                    "args": ["canary"],
+                    "env": [
+                        {"name": CANARY_CONTRACT_ENV, "value": contract.to_json()},
+                        {"name": "HOME", "value": "/work"},
+                        {"name": "HF_HOME", "value": "/work/hf"},
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        *storage_credential_env(spec.storage),
+                    ],
+                    "resources": {"requests": {"cpu": settings.canary_cpu_request,
+                                               "memory": settings.canary_memory_request}},
+                    "securityContext": dict(CONTAINER_SECURITY),
+                    "volumeMounts": [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}],
+                    "terminationMessagePath": TERMINATION_LOG_DEFAULT,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
+                }],
+                "volumes": [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+            }},
+        },
+    })
+
+
+# ------------------------------------------------------------------ the decision
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete a canary's evaluation Job once its verdict is read (its pods go with it)."""
+
+    namespace: str
+    name: str
+
+
+@dataclass
+class CanaryDecision:
+    """What one variant's canary decided this pass."""
+
+    may_serve: bool
+    """The variant may be rolled out with this configuration (passed, or no canary is wanted)."""
+    status: CanaryStatus | None = None
+    creates: list[Any] = field(default_factory=list)
+    deletes: list[Any] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(type, reason, message)."""
+    condition_reason: str = Reason.CANARY_PASSED
+
+
+def _seconds_between(earlier: str | None, later: str) -> float | None:
+    if not earlier:
+        return None
+    try:
+        a = datetime.fromisoformat(earlier.replace("Z", "+00:00"))
+        b = datetime.fromisoformat(later.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (b - a).total_seconds()
+
+
+def pod_problem(f: CanaryFacts, pod_failure: Any) -> str | None:
+    """Why the canary pod will not become ready by itself, or None."""
+    if why := pod_failure(f.terminations):
+        return why
+    if f.waiting:
+        return f.waiting[0]
+    return None
+
+
+def result_text(r: ServingQualityResult) -> str:
+    if r.reason:
+        return r.reason
+    worst = min(r.metrics, key=lambda m: m.recoveryPercent - m.minRecoveryPercent, default=None)
+    if worst is None:
+        return f"no metric measured (KV cache {r.kvCacheDtype})"
+    return (f"{worst.name} served {worst.served:.4g} vs base {worst.base:.4g}: {worst.recoveryPercent:.1f}% "
+            f"(min {worst.minRecoveryPercent:g}%), KV cache {r.kvCacheDtype}")
+
+
+def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, desired: Mapping[str, Any],
+                  current: Mapping[str, Any] | None, chash: str, artifact_key: str, facts: CanaryFacts | None,
+                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings,
+                  pod_failure: Any, job_failure_text: Any) -> CanaryDecision:
+    """One variant's canary step. ``desired`` is the variant's Deployment as it would be rolled
+    out; ``current`` what serves now. ``pod_failure``/``job_failure_text``: decide's readers of
+    container terminations (passed in: this module sits below decide)."""
+    kept = old if old is not None and old.configHash == chash else None
+    if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
+        return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
+    cname = canary_deployment_name(desired["metadata"]["name"])
+    f = facts or CanaryFacts(chash, result_error="the canary was not read")
+    base = dict(configHash=chash, artifactKey=artifact_key, kvCacheDtype=variant.kvCacheDtype)
+    out = CanaryDecision(False)
+
+    def status(phase: str, reason: str, **more: Any) -> CanaryStatus:
+        since = kept.since if kept is not None and kept.phase == phase else now
+        return CanaryStatus(**base, phase=phase, reason=reason[:1024], since=since, **more)
+
+    def event(kind: str, reason: str, message: str) -> None:
+        if kept is None or kept.phase != out.status.phase:  # type: ignore[union-attr]
+            out.events.append((kind, reason, f"variant {variant.pool}: {message}"))
+
+    def remove_canary() -> None:
+        if f.deployment is not None:
+            out.deletes.append(("Deployment", cname))
+
+    job_name = canary_job_name(owner.name, variant.pool, chash)
+    if f.result is not None:
+        r = f.result
+        remove_canary()
+        if f.job is not None:
+            out.deletes.append(("Job", job_name))
+        text = result_text(r)
+        extra = dict(job=job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
+                     seconds=r.seconds)
+        if r.passed:
+            out.may_serve = True
+            out.status = status("Passed", text, **extra)
+            out.condition_reason = Reason.CANARY_PASSED
+            event("Normal", "CanaryPassed", f"served configuration {chash[:12]} passed ({text}); taking traffic")
+        else:
+            out.status = status("Failed", text, **extra)
+            out.condition_reason = Reason.CANARY_FAILED
+            event("Warning", "CanaryFailed", f"served configuration {chash[:12]} failed: {text}; not rolled out")
+        return out
+    if f.result_error is not None:
+        out.status = kept or status("Pending", f"the verdict cannot be read now: {f.result_error}")
+        out.condition_reason = Reason.CANARY_PENDING if out.status.phase == "Pending" else \
+            {"Evaluating": Reason.CANARY_EVALUATING, "Error": Reason.CANARY_ERROR}.get(out.status.phase, Reason.CANARY_PENDING)
+        return out
+    if f.job is not None:
+        if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
+            why = _job_error(f, job_failure_text)
+            remove_canary()
+            out.status = status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
+                                          f"again when Job {job_name} expires ({settings.canary_retry_seconds} s)",
+                                job=job_name)
+            out.condition_reason = Reason.CANARY_ERROR
+            event("Warning", "CanaryError", out.status.reason)
+            return out
+        out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip or 'pod'})",
+                            job=job_name)
+        out.condition_reason = Reason.CANARY_EVALUATING
+        return out
+    if kept is not None and kept.phase == "Error":
+        waited = _seconds_between(kept.since, now)
+        if waited is not None and waited < settings.canary_retry_seconds:
+            remove_canary()
+            out.status = kept
+            out.condition_reason = Reason.CANARY_NOT_READY if kept.job is None else Reason.CANARY_ERROR
+            return out
+    if f.deployment is not None and \
+            (f.deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SERVING_CONFIG) != chash:
+        # A canary of an earlier configuration: it goes; the next pass starts this one's.
+        remove_canary()
+        out.status = status("Pending", "replacing the canary of an earlier configuration")
+        out.condition_reason = Reason.CANARY_PENDING
+        return out
+    if f.deployment is None:
+        out.creates.append(render_canary_deployment(desired, owner.name, variant.pool, chash))
+        out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)")
+        out.condition_reason = Reason.CANARY_PENDING
+        event("Normal", "CanaryStarted", f"canary {cname} started for served configuration {chash[:12]} "
+                                         f"(artifact {artifact_key[:12]}, KV cache {variant.kvCacheDtype}); the "
+                                         "variant takes traffic only after its verdict")
+        return out
+    age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), now)
+    problem = pod_problem(f, pod_failure)
+    if problem is None and not f.pod_ready and age is not None and age > settings.canary_ready_seconds:
+        problem = (f"not ready after {int(age)} s (canary_ready_seconds {settings.canary_ready_seconds})" +
+                   (f": {f.unschedulable}" if f.unschedulable else ""))
+    if problem is not None and not f.pod_ready:
+        remove_canary()
+        out.status = status("Error", f"the canary pod never became ready: {problem}; what served keeps serving, "
+                                     f"tried again in {settings.canary_retry_seconds} s or on a spec change")
+        out.condition_reason = Reason.CANARY_NOT_READY
+        event("Warning", "CanaryNotReady", out.status.reason)
+        return out
+    if not f.pod_ready or not f.pod_ip:
+        out.status = status("Pending", f"waiting for canary pod of {cname} to be ready" +
+                            (f" ({f.unschedulable})" if f.unschedulable else ""))
+        out.condition_reason = Reason.CANARY_PENDING
+        return out
+    out.creates.append(render_canary_job(owner, spec, variant, artifact_key, chash, f.pod_ip, gate, settings))
+    out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip})", job=job_name)
+    out.condition_reason = Reason.CANARY_EVALUATING
+    event("Normal", "CanaryEvaluating", f"canary pod ready; Job {job_name} evaluates it through its serving API "
+                                        f"(at most {spec.serving.canary.limits.maxRequests} requests, "
+                                        f"{spec.serving.canary.limits.concurrency} at once)")
+    return out
+
+
+def _job_error(f: CanaryFacts, job_failure_text: Any) -> str:
+    if f.job_message:
+        try:
+            t = CanaryTermination.model_validate_json(f.job_message)
+            return f"{t.outcome}: {t.reason}" if t.reason else t.outcome
+        except ValueError:
+            pass
+    assert f.job is not None
+    if f.job.state is JobState.SUCCEEDED:
+        return "the Job ended without writing its result"
+    return job_failure_text(f.job)
+
+
+# ------------------------------------------------------------------ the condition
+
+
+PRIORITY = (Reason.CANARY_FAILED, Reason.CANARY_NOT_READY, Reason.CANARY_ERROR, Reason.CANARY_EVALUATING,
+            Reason.CANARY_PENDING)
+
+
+def condition(decisions: Mapping[str, CanaryDecision], enabled: bool) -> tuple[bool, str, str]:
+    """ServingQualityPassed over the variants: (status, reason, message), the worst variant's
+    reason first, each variant with its figures."""
+    if not enabled:
+        return True, Reason.CANARY_DISABLED, ("spec.serving.canary.enabled is false: variants serve on the "
+                                              "quantization Job's verdict alone (16-bit KV cache, transformers "
+                                              "kernels), not on what vLLM serves")
+    judged = {pool: d for pool, d in decisions.items() if d.status is not None}
+    for reason in PRIORITY:
+        bad = [f"{pool}: {d.status.reason}" for pool, d in judged.items()  # type: ignore[union-attr]
+               if d.condition_reason == reason and not d.may_serve]
+        if bad:
+            return False, reason, "; ".join(bad)
+    if not judged:
+        return True, Reason.CANARY_PASSED, "every variant serves a configuration judged before (or before the canary existed)"
+    return True, Reason.CANARY_PASSED, "; ".join(f"{pool}: {d.status.reason}" for pool, d in judged.items()  # type: ignore[union-attr]
+                                                 if d.status is not None)

@@ -1,0 +1,181 @@
+"""The serving canary end to end on the real control plane, with a REAL server on this CPU.
+
+The model's `serving.image` is `fewerbits-test/vllm-cpu:transformers-serve`: the pod runner answers
+that vLLM container with `transformers serve` of the directory vLLM would load (the artifact the
+pod's own fetch init container downloaded and verified), under the served model name, at the pod's
+IP and vLLM's port (e2e/workloads.py, rule `transformers`). So the canary Job
+(`python -m fewerbits_quantjob canary`, real, lm-eval included) talks to a real model through the
+OpenAI-compatible API. What `transformers serve` lacks (prompt logprobs, vLLM's kernels and FP8 KV
+cache) is named in the verdict's skipped metrics; that branch is tested in
+tests/unit/test_canary_eval.py against vLLM's recorded answer shape.
+
+One model, three rollouts: (a) the sound artifact passes its canary and takes traffic (events
+canary → verdict → traffic); (b) the artifact damaged in place (every weight but the norms
+zeroed: the quality-evaluation tests' recipe) behind a new served configuration (the one-field
+fallback `quantization.kvCache: none`) fails, never takes traffic, and the sound pods keep
+serving; (c) an image whose server cannot start is reported with the pod's reason, and the sound
+pods still serve.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, Manifest, ManifestFile, artifact_prefix
+from tests.integration.test_quality import upload_fixtures
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+
+IMAGE = "fewerbits-test/vllm-cpu:transformers-serve"
+BROKEN_IMAGE = "fewerbits-test/no-vllm:1"
+"""Run as its own command (e2e/workloads.py): the runtime launcher checks the artifact and finds no
+`vllm` to exec, as an image without the server (or with a broken one) would fail on start."""
+BUCKET = "artifacts"
+
+def damage_in_place(s3, storage_uri: str, key: str, work: Path) -> None:
+    """Every weight but the norms zeroed, in the artifact's own files, with a manifest that lists the
+    new digests and keeps the Job's quality figures: it fetches and verifies like the sound one."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bucket, prefix = artifact_prefix(storage_uri, key)
+    c = s3.client()
+    manifest = Manifest.parse(c.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read(), key)
+    files = []
+    for f in manifest.files:
+        body = c.get_object(Bucket=bucket, Key=f"{prefix}{FILES_DIR}/{f.path}")["Body"].read()
+        if f.path.endswith(".safetensors"):
+            local = work / "w.safetensors"
+            local.write_bytes(body)
+            weights = load_file(str(local))
+            save_file({k: (v if "norm" in k else torch.zeros_like(v)) for k, v in weights.items()}, str(local),
+                      metadata={"format": "pt"})
+            body = local.read_bytes()
+            c.put_object(Bucket=bucket, Key=f"{prefix}{FILES_DIR}/{f.path}", Body=body)
+        files.append(ManifestFile(path=f.path, sizeBytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
+    damaged = manifest.model_copy(update={"files": files, "totalBytes": sum(f.sizeBytes for f in files)})
+    c.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=json.dumps(damaged.to_wire()).encode())
+
+
+def _ready(pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def _served_by_service(core, namespace: str, name: str) -> list:
+    """The pods the model's Service selects. (Pod IPs here are loopback addresses, which the API
+    server keeps out of EndpointSlices, so the Service's selector is checked against pod labels.)"""
+    svc = core.read_namespaced_service(name, namespace)
+    selector = ",".join(f"{k}={v}" for k, v in svc.spec.selector.items())
+    return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def _verdict(models, namespace: str, name: str, timeout: float) -> dict:
+    """ServingQualityPassed once the canary of the current generation has an outcome (passed,
+    failed, not ready, error)."""
+    def check():
+        obj = models.get(namespace, name)
+        c = next((c for c in (obj.get("status") or {}).get("conditions") or []
+                  if c["type"] == "ServingQualityPassed"), None)
+        return c if c and c.get("observedGeneration") == obj["metadata"]["generation"] and \
+            c["reason"] in ("CanaryPassed", "CanaryFailed", "CanaryNotReady", "CanaryError") else None
+    return models.wait("a canary verdict", check, timeout, namespace, name)
+
+
+def _reasons(models, namespace: str, name: str) -> dict:
+    """Reason → when it was first posted (Event times have whole seconds: one pass's events tie)."""
+    out: dict = {}
+    for e in models.events(namespace, name):
+        t = e.first_timestamp or e.event_time or e.metadata.creation_timestamp
+        out[e.reason] = min(out.get(e.reason, t), t)
+    return out
+
+
+def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool, namespace, models, model_spec,
+                                                             tmp_path):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", gpus_per_node=4)
+    core = client.CoreV1Api(cluster.api_client())
+    _, custom = upload_fixtures(cluster.s3, f"{namespace}-evals")
+    gate = {"maxPerplexityIncreasePercent": 50, "evalSamples": 4,
+            "customEval": {"dataset": custom, "metric": "rougeL", "minRecoveryPercent": 50, "limit": 6,
+                           "maxNewTokens": 8}}
+    spec = model_spec(quantization={"format": "fp8-dynamic", "qualityGate": gate},
+                      serving={"maxModelLen": 256, "image": IMAGE,
+                               "canary": {"enabled": True, "limits": {"maxRequests": 32, "concurrency": 2,
+                                                                      "requestTimeoutSeconds": 60}}})
+    t0 = time.monotonic()
+    models.apply(namespace, "c", spec)
+
+    # (a) The sound artifact: canary → verdict → traffic.
+    models.wait_condition(namespace, "c", "QualityGatePassed", timeout=900)
+    t_gate = time.monotonic()
+    canary_pod = models.wait("the canary pod ready", lambda: next(
+        (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
+         if _ready(p)), None), timeout=300, namespace=namespace, name="c")
+    assert "fewerbits.io/model" not in canary_pod.metadata.labels
+    assert canary_pod.metadata.uid not in {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    passed = _verdict(models, namespace, "c", timeout=600)
+    t_verdict = time.monotonic()
+    assert passed["reason"] == "CanaryPassed", passed
+    models.wait_condition(namespace, "c", "Ready", timeout=300)
+    t_ready = time.monotonic()
+    at = _reasons(models, namespace, "c")
+    steps = ("CanaryStarted", "CanaryEvaluating", "CanaryPassed", "DeploymentCreated")
+    assert all(s in at for s in steps), at
+    assert [at[s] for s in steps] == sorted(at[s] for s in steps), at  # canary → verdict → traffic
+    (real,) = models.deployments(namespace, "c")
+    assert real.metadata.creation_timestamp >= at["CanaryPassed"]  # the Deployment only after the verdict
+    status = models.get(namespace, "c")["status"]
+    (entry,) = status["serving"]
+    c1 = entry["canary"]
+    assert c1["phase"] == "Passed" and c1["kvCacheDtype"] == "fp8", c1
+    (metric,) = [m for m in c1["metrics"] if m["name"] == "custom:rougeL"]
+    assert metric["served"] > 0 and metric["base"] > 0 and metric["jobQuantized"] is not None and metric["passed"]
+    assert {s["name"] for s in c1["skipped"]} >= {"perplexity"}  # transformers serve offers no prompt logprobs
+    served = _served_by_service(core, namespace, "c")
+    assert served and all(p.metadata.labels["fewerbits.io/model"] == "c" and _ready(p) for p in served)
+    models.wait("the canary and its Job removed", lambda: not core.list_namespaced_pod(
+        namespace, label_selector="fewerbits.io/canary-of=c").items and not [
+        j for j in models.jobs(namespace) if j.metadata.name.startswith("fewerbits-canary-")],
+        timeout=120, namespace=namespace, name="c")
+    print(f"\ncanary timing: apply→QualityGatePassed {t_gate - t0:.1f}s, canary (pod + evaluation) "
+          f"{t_verdict - t_gate:.1f}s, verdict→Ready (the rollout itself) {t_ready - t_verdict:.1f}s, "
+          f"evaluation {c1['seconds']:.1f}s, {c1['requests']} requests")
+    sound_pods = {p.metadata.uid for p in served}
+    (deployment,) = models.deployments(namespace, "c")
+    generation = deployment.metadata.generation
+
+    # (b) A damaged artifact behind a new served configuration (the 16-bit KV-cache fallback): it fails.
+    key = status["artifacts"][0]["key"]
+    damage_in_place(cluster.s3, spec["storage"]["uri"], key, tmp_path)
+    models.patch_spec(namespace, "c", {"quantization": {"kvCache": "none"}})
+    models.wait("the damaged canary ready", lambda: next(
+        (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
+         if _ready(p)), None), timeout=300, namespace=namespace, name="c")
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}  # never an endpoint
+    failed = _verdict(models, namespace, "c", timeout=600)
+    assert failed["reason"] == "CanaryFailed", failed
+    assert "custom:rougeL" in failed["message"] and "KV cache auto" in failed["message"], failed
+    deployed = models.condition(namespace, "c", "Deployed")
+    assert deployed["status"] == "False" and deployed["reason"] == "Blocked", deployed
+    (after,) = models.deployments(namespace, "c")
+    assert after.metadata.generation == generation  # the sound Deployment was never touched
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    assert "CanaryFailed" in _reasons(models, namespace, "c")
+
+    # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
+    models.patch_spec(namespace, "c", {"serving": {"image": BROKEN_IMAGE}})
+    not_ready = _verdict(models, namespace, "c", timeout=300)
+    assert not_ready["reason"] == "CanaryNotReady", not_ready
+    assert "cannot start 'vllm'" in not_ready["message"], not_ready
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    models.wait("the crashed canary removed", lambda: not core.list_namespaced_pod(
+        namespace, label_selector="fewerbits.io/canary-of=c").items, timeout=120, namespace=namespace, name="c")
