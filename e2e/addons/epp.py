@@ -124,12 +124,19 @@ class Picker:
         self._procs.clear()
 
 
+PICKER_RELEASE = "fewerbits-e2e"
+PICKER_ROLE = f"{PICKER_RELEASE}-epp"
+"""The pickers' ClusterRole as the chart names it for release `fewerbits-e2e`. Not the chart's default
+release name: a chart install test on the same cluster creates its own `fewerbits-epp` under Helm's
+ownership, and Helm refuses to adopt an object it did not create. The operator harness sets
+FEWERBITS_EPP_CLUSTER_ROLE to this name."""
+
+
 def install_picker_role(cluster) -> None:
     """The ClusterRole the chart ships for the operator's pickers (templates/epp-rbac.yaml), rendered
-    by Helm for a release named `fewerbits`: `fewerbits-epp`, the operator's default
-    FEWERBITS_EPP_CLUSTER_ROLE. The operator under test binds it per model."""
+    by Helm for release ``PICKER_RELEASE``. The operator under test binds it per model."""
     chart = versions.E2E_DIR.parent / "charts" / "fewerbits"
-    text = cluster.helm("template", "fewerbits", str(chart), "--show-only", "templates/epp-rbac.yaml",
+    text = cluster.helm("template", PICKER_RELEASE, str(chart), "--show-only", "templates/epp-rbac.yaml",
                         "--kube-version", versions.VERSIONS["KUBERNETES_VERSION"]).stdout
     cluster.apply(text)
 

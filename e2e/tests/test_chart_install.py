@@ -45,7 +45,7 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("fewerbits.io", "quantizedmodels", "status"): {"patch"},
     ("fewerbits.io", "quantizedmodels", "finalizers"): {"update"},
     ("", "secrets", ""): {"get"},
-    ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch"},
+    ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch", "delete"},  # delete: the canary's evaluation Job
     ("", "pods", ""): {"list"},
     ("apps", "deployments", ""): {"list", "watch", "create", "update", "delete"},
     ("apps", "deployments", "scale"): {"get", "patch"},

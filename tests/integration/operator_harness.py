@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from kubernetes import client
 
+from e2e.addons.epp import PICKER_ROLE
+
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
 
@@ -52,6 +54,7 @@ class OperatorProcess:
             # Read again after a resync period, as before the ETag was remembered: the calibration
             # tests check each read against the object (the reuse is counted in unit tests).
             "FEWERBITS_CALIBRATION_ETAG_SECONDS": "3",
+            "FEWERBITS_EPP_CLUSTER_ROLE": PICKER_ROLE,
             "FEWERBITS_RETENTION_SWEEP_SECONDS": "1",
             "FEWERBITS_AUTOSCALER_PERIOD_SECONDS": "2",
             "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "2",

@@ -4,7 +4,7 @@ Gateway API Inference Extension's endpoint picker (EPP, built from its Go module
 InferencePool the operator keeps, and requests sent through a gateway that speaks Envoy's ext_proc
 protocol to it (e2e/gateway; no Envoy binary can be fetched here). The picker is the one the
 operator deploys for the model (picker.py: Deployment, Service, ConfigMap, ServiceAccount bound to
-the chart's `fewerbits-epp` ClusterRole), run by the pod runner from its image rule with its own
+the chart's pickers' ClusterRole, `fewerbits-e2e-epp` here), run by the pod runner from its image rule with its own
 ServiceAccount's token, so the chart's role is what it reads the pool and pods with.
 
 One model, in order: without the InferencePool CRD the option is refused on the model while the
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
+from e2e.addons.epp import PICKER_ROLE
 from e2e.demo import ARTIFACT_BUCKET
 
 from e2e.tests.test_harness import wait_for
@@ -137,7 +138,7 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     apps, rbac = client.AppsV1Api(api), client.RbacAuthorizationV1Api(api)
     binding = wait_until("the picker's RoleBinding", lambda: _get(rbac.read_namespaced_role_binding, "routed-epp",
                                                                  namespace), timeout=60)
-    assert binding.role_ref.name == "fewerbits-epp" and binding.role_ref.kind == "ClusterRole"
+    assert binding.role_ref.name == PICKER_ROLE and binding.role_ref.kind == "ClusterRole"
     assert [(s.kind, s.name) for s in binding.subjects] == [("ServiceAccount", "routed-epp")]
     assert pool["spec"]["endpointPickerRef"]["name"] == core.read_namespaced_service("routed-epp", namespace).metadata.name
     picker_ip = wait_until("the picker's pod ready", lambda: picker_pod_ip(core, namespace, "routed"), timeout=120)
