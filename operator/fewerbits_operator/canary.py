@@ -167,9 +167,10 @@ class CanaryFacts:
 # ------------------------------------------------------------------ renderers
 
 
-def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
-    """The variant's Deployment as one unexposed replica: same pod template, ``fewerbits.io/model``
-    swapped for ``fewerbits.io/canary-of`` and the component ``canary``."""
+def _canary_object(desired: Mapping[str, Any], model: str, chash: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A copy of the variant's object named ``<name>-canary``, one replica, with its labels (returned
+    too, for its pod templates): ``fewerbits.io/model`` swapped for ``fewerbits.io/canary-of`` and
+    the component ``canary``."""
     d = _fresh(dict(desired))
     labels = {**{k: v for k, v in d["metadata"]["labels"].items() if k != LABEL_MODEL},
               LABEL_CANARY: model, LABEL_COMPONENT: COMPONENT}
@@ -178,6 +179,13 @@ def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, 
     d["metadata"]["annotations"] = {**d["metadata"].get("annotations", {}), ANNOTATION_SERVING_CONFIG: chash}
     d["metadata"].pop("resourceVersion", None)
     d["spec"]["replicas"] = 1
+    return d, labels
+
+
+def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
+    """The variant's Deployment as one unexposed replica: same pod template, ``fewerbits.io/model``
+    swapped for ``fewerbits.io/canary-of`` and the component ``canary``."""
+    d, labels = _canary_object(desired, model, chash)
     d["spec"]["selector"] = {"matchLabels": {LABEL_CANARY: model, LABEL_VARIANT: pool}}
     d["spec"]["template"]["metadata"]["labels"] = dict(labels)
     d["spec"]["strategy"] = {"type": "Recreate"}
@@ -189,14 +197,7 @@ def render_canary_lws(desired: Mapping[str, Any], model: str, pool: str, chash: 
     worker templates, ``fewerbits.io/model`` swapped for ``fewerbits.io/canary-of`` and the
     component ``canary`` on the object and on both templates (the pods' labels come only from the
     templates plus LeaderWorkerSet's own), so nothing that selects serving pods sees them."""
-    d = _fresh(dict(desired))
-    labels = {**{k: v for k, v in d["metadata"]["labels"].items() if k != LABEL_MODEL},
-              LABEL_CANARY: model, LABEL_COMPONENT: COMPONENT}
-    d["metadata"]["name"] = canary_deployment_name(d["metadata"]["name"])
-    d["metadata"]["labels"] = labels
-    d["metadata"]["annotations"] = {**d["metadata"].get("annotations", {}), ANNOTATION_SERVING_CONFIG: chash}
-    d["metadata"].pop("resourceVersion", None)
-    d["spec"]["replicas"] = 1
+    d, labels = _canary_object(desired, model, chash)
     lwt = d["spec"]["leaderWorkerTemplate"]
     for role in ("leaderTemplate", "workerTemplate"):
         lwt[role].setdefault("metadata", {})["labels"] = dict(labels)
