@@ -12,6 +12,11 @@ really serves. Per variant and served configuration (``serving_config_hash``):
    What served before keeps serving, untouched;
 2. once that pod is Ready, a Job (``python -m fewerbits_quantjob canary``) evaluates it through its
    OpenAI-compatible API with the model's quality gate and writes ``<key>/serving/<hash>.json``;
+   a multi-node variant (a LeaderWorkerSet, lws.py) gets one group instead: a LeaderWorkerSet
+   ``<name>-canary`` of one replica whose leader and worker pods carry ``fewerbits.io/canary-of``
+   (LeaderWorkerSet adds only its own ``leaderworkerset.sigs.k8s.io/*`` labels to pods, never the
+   object's); the Job evaluates the leader (worker index 0, the pod that serves the API) once
+   every pod of the group is Ready;
 3. the stored verdict decides: passed, the real Deployment is created or replaced (events
    CanaryStarted → CanaryEvaluating → CanaryPassed → DeploymentCreated/RollingOut); failed, it is
    not, and the condition names the metric and the KV-cache dtype. The canary and its Job go.
@@ -73,6 +78,10 @@ WAITING_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageN
 
 LEFTOVERS = "*leftovers*"
 """Key of ``Observed.canaries`` listing canary Deployments no variant needs (never a pool name)."""
+LEFTOVER_LWS = "*leftover-lws*"
+"""Key of ``Observed.canaries`` listing canary LeaderWorkerSets no variant needs (never a pool name)."""
+LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+"""Set by LeaderWorkerSet on each pod of a group: ``0`` on the leader."""
 
 
 # ------------------------------------------------------------------ names and the configuration
@@ -112,10 +121,10 @@ def config_hash(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: st
 def canary_wanted(spec: QuantizedModelSpec, variant: PlanVariant, current: Mapping[str, Any] | None,
                   chash: str, desired_spec_hash: str | None = None) -> bool:
     """Whether the variant's served configuration still needs a verdict before it serves: the
-    canary is on, the variant runs on one node per replica, and what serves (if anything) does not
-    serve this configuration yet. A Deployment rolled out before the canary existed carries no
-    hash; it is judged only when its spec changes."""
-    if not spec.serving.canary.enabled or variant.nodesPerReplica > 1:
+    canary is on and what serves (if anything: a Deployment, or a multi-node variant's
+    LeaderWorkerSet) does not serve this configuration yet. One rolled out before the canary
+    existed carries no hash; it is judged only when its spec changes."""
+    if not spec.serving.canary.enabled:
         return False
     if current is None:
         return True
@@ -139,9 +148,11 @@ class CanaryFacts:
     result_error: str | None = None
     """Storage could not be read now."""
     deployment: Mapping[str, Any] | None = None
-    """The canary Deployment, when it exists."""
+    """The canary Deployment (or LeaderWorkerSet, ``kind`` set), when it exists."""
     pod_ip: str | None = None
+    """The canary pod's IP: a LeaderWorkerSet group's leader's."""
     pod_ready: bool = False
+    """The canary pod is Ready: for a LeaderWorkerSet, every pod of its group (leader included)."""
     terminations: tuple[ContainerTermination, ...] = ()
     """The canary pods' failed containers."""
     waiting: tuple[str, ...] = ()
@@ -156,9 +167,10 @@ class CanaryFacts:
 # ------------------------------------------------------------------ renderers
 
 
-def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
-    """The variant's Deployment as one unexposed replica: same pod template, ``fewerbits.io/model``
-    swapped for ``fewerbits.io/canary-of`` and the component ``canary``."""
+def _canary_object(desired: Mapping[str, Any], model: str, chash: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A copy of the variant's object named ``<name>-canary``, one replica, with its labels (returned
+    too, for its pod templates): ``fewerbits.io/model`` swapped for ``fewerbits.io/canary-of`` and
+    the component ``canary``."""
     d = _fresh(dict(desired))
     labels = {**{k: v for k, v in d["metadata"]["labels"].items() if k != LABEL_MODEL},
               LABEL_CANARY: model, LABEL_COMPONENT: COMPONENT}
@@ -167,10 +179,35 @@ def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, 
     d["metadata"]["annotations"] = {**d["metadata"].get("annotations", {}), ANNOTATION_SERVING_CONFIG: chash}
     d["metadata"].pop("resourceVersion", None)
     d["spec"]["replicas"] = 1
+    return d, labels
+
+
+def render_canary_deployment(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
+    """The variant's Deployment as one unexposed replica: same pod template, ``fewerbits.io/model``
+    swapped for ``fewerbits.io/canary-of`` and the component ``canary``."""
+    d, labels = _canary_object(desired, model, chash)
     d["spec"]["selector"] = {"matchLabels": {LABEL_CANARY: model, LABEL_VARIANT: pool}}
     d["spec"]["template"]["metadata"]["labels"] = dict(labels)
     d["spec"]["strategy"] = {"type": "Recreate"}
     return d
+
+
+def render_canary_lws(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
+    """A multi-node variant's LeaderWorkerSet (lws.py) as one unexposed group: the same leader and
+    worker templates, ``fewerbits.io/model`` swapped for ``fewerbits.io/canary-of`` and the
+    component ``canary`` on the object and on both templates (the pods' labels come only from the
+    templates plus LeaderWorkerSet's own), so nothing that selects serving pods sees them."""
+    d, labels = _canary_object(desired, model, chash)
+    lwt = d["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        lwt[role].setdefault("metadata", {})["labels"] = dict(labels)
+    return d
+
+
+def render_canary(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
+    """The canary of the variant's desired object: a Deployment's, or a LeaderWorkerSet's."""
+    render = render_canary_lws if desired.get("kind") == "LeaderWorkerSet" else render_canary_deployment
+    return render(desired, model, pool, chash)
 
 
 def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, chash: str,
@@ -307,7 +344,7 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
 
     def remove_canary() -> None:
         if f.deployment is not None:
-            out.deletes.append(("Deployment", cname))
+            out.deletes.append((f.deployment.get("kind") or "Deployment", cname))
 
     job_name = canary_job_name(owner.name, variant.pool, chash)
     if f.result is not None:
@@ -362,8 +399,11 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
         out.condition_reason = Reason.CANARY_PENDING
         return out
     if f.deployment is None:
-        out.creates.append(render_canary_deployment(desired, owner.name, variant.pool, chash))
-        out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)")
+        out.creates.append(render_canary(desired, owner.name, variant.pool, chash))
+        out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)"
+                            if desired["kind"] != "LeaderWorkerSet" else
+                            f"canary LeaderWorkerSet {cname} starting (1 group of {variant.nodesPerReplica} pods, "
+                            "no traffic)")
         out.condition_reason = Reason.CANARY_PENDING
         event("Normal", "CanaryStarted", f"canary {cname} started for served configuration {chash[:12]} "
                                          f"(artifact {artifact_key[:12]}, KV cache {variant.kvCacheDtype}); the "
@@ -382,7 +422,8 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
         event("Warning", "CanaryNotReady", out.status.reason)
         return out
     if not f.pod_ready or not f.pod_ip:
-        out.status = status("Pending", f"waiting for canary pod of {cname} to be ready" +
+        out.status = status("Pending", f"waiting for canary pod{'s' if variant.nodesPerReplica > 1 else ''} "
+                                       f"of {cname} to be ready" +
                             (f" ({f.unschedulable})" if f.unschedulable else ""))
         out.condition_reason = Reason.CANARY_PENDING
         return out

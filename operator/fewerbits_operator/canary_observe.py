@@ -2,8 +2,10 @@
 
 Per planned variant whose served configuration still needs a verdict (``canary.canary_wanted``)
 and whose artifact is published: the stored verdict (one GET until it exists, then remembered for
-the life of the process: a stored verdict never changes), the canary Deployment (watched cache),
-its pods (one LIST, only while a canary Deployment exists) and the evaluation Job (watched cache).
+the life of the process: a stored verdict never changes), the canary Deployment (watched cache;
+a multi-node variant's canary LeaderWorkerSet from the LeaderWorkerSet cache where that API is
+served), its pods (one LIST, only while a canary exists; a group's leader is the pod evaluated)
+and the evaluation Job (watched cache).
 At rest (every variant serving its configuration) nothing is read.
 """
 
@@ -17,7 +19,9 @@ from fewerbits_api.canary import ServingQualityResult
 from .artifacts import artifact_format, planned_artifacts
 from .canary import (
     LABEL_CANARY,
+    LEFTOVER_LWS,
     LEFTOVERS,
+    LWS_WORKER_INDEX,
     WAITING_FAILURES,
     CanaryFacts,
     canary_deployment_name,
@@ -71,15 +75,44 @@ def _pod_facts(pods: list[dict[str, Any]], terminations: Any) -> dict[str, Any]:
     return out
 
 
+def _ready(pod: Mapping[str, Any]) -> bool:
+    st = pod.get("status") or {}
+    return not pod["metadata"].get("deletionTimestamp") and bool(st.get("podIP")) and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
+def _group_facts(pods: list[dict[str, Any]], terminations: Any, size: int) -> dict[str, Any]:
+    """A canary LeaderWorkerSet group's pods: the leader's IP (worker index 0: the pod that serves
+    the OpenAI API), ready only when all ``size`` pods of the group are Ready (the leader answers
+    only once its workers joined, and a worker lost takes the group down)."""
+    out = _pod_facts(pods, terminations)
+    out.pop("pod_ip", None)
+    out.pop("pod_ready", None)
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    leader = next((p for p in sorted(live, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
+                   if (p["metadata"].get("labels") or {}).get(LWS_WORKER_INDEX) == "0"), None)
+    if leader is not None and (leader.get("status") or {}).get("podIP"):
+        out["pod_ip"] = leader["status"]["podIP"]
+        out["pod_ready"] = len(live) >= size and all(_ready(p) for p in live)
+    return out
+
+
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
                   deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
                   terminations: Any) -> dict[str, CanaryFacts]:
     """By pool, for the variants that still need a verdict for their served configuration; under
     ``LEFTOVERS``, the names of the model's canary Deployments no variant needs (a canary whose
-    variant was planned away, or turned off mid-evaluation), so they are removed."""
+    variant was planned away, or turned off mid-evaluation), so they are removed; under
+    ``LEFTOVER_LWS``, the same of its canary LeaderWorkerSets."""
     canaries = {d["metadata"]["name"]: d for d in observer.kube.list_deployments(ns, f"{LABEL_CANARY}={name}")}
+    canary_lws: dict[str, Any] = {}
+    lws_served = hasattr(observer.kube, "lws_available") and observer.kube.lws_available()
+    if lws_served:
+        # Multi-node variants' canaries (from the LeaderWorkerSet cache; discovery is remembered 10 s).
+        canary_lws = {d["metadata"]["name"]: {**d, "kind": "LeaderWorkerSet"}
+                      for d in observer.kube.list_lws(ns, f"{LABEL_CANARY}={name}")}
     out: dict[str, Any] = {}
-    needed: set[str] = set()
+    needed: set[tuple[bool, str]] = set()  # (a LeaderWorkerSet, name)
     out[LEFTOVERS] = needed  # filled below; replaced by the leftovers at the end
     keys = {p.format: p.key for p in planned_artifacts(spec, the_plan, data_pin)} \
         if spec.serving.canary.enabled else {}
@@ -92,17 +125,28 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         chash = config_hash(spec, pv, key, name, observer.settings)
         if not canary_wanted(spec, pv, deployments.get(dname), chash):
             continue
-        needed.add(canary_deployment_name(dname))
+        lws = pv.nodesPerReplica > 1
+        if lws and not lws_served:
+            continue  # refused by decide (no LeaderWorkerSet API): nothing to judge
+        needed.add((lws, canary_deployment_name(dname)))
         read: dict[str, Any] = {}
         try:
             read["result"] = _verdict(observer.store, spec.storage, key, chash, creds)
         except StorageError as e:
             read["result_error"] = str(e)
-        cdep = canaries.get(canary_deployment_name(dname))
+        cname = canary_deployment_name(dname)
+        # The canary of the variant's kind; else one of the other kind left by an older plan (of
+        # another configuration: decide replaces it).
+        cdep = (canary_lws if lws else canaries).get(cname) or (canaries if lws else canary_lws).get(cname)
         if cdep is not None:
             read["deployment"] = cdep
             pods = observer.kube.list_pods(ns, f"{LABEL_CANARY}={name},{LABEL_VARIANT}={pv.pool}")
-            read.update(_pod_facts(pods, terminations))
+            if cdep.get("kind") == "LeaderWorkerSet":
+                size = int(((cdep.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
+                read.update(_group_facts(pods, terminations, size))
+            else:
+                read.update(_pod_facts(pods, terminations))
+            needed.add((cdep.get("kind") == "LeaderWorkerSet", cname))
         job = observer.kube.get_job(ns, canary_job_name(name, pv.pool, chash))
         if job is not None:
             jf = observer._job(ns, job)
@@ -111,5 +155,6 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
             if msgs:
                 read["job_message"] = msgs[0]
         out[pv.pool] = CanaryFacts(chash, **read)
-    out[LEFTOVERS] = tuple(sorted(set(canaries) - needed))
+    out[LEFTOVERS] = tuple(sorted(n for n in canaries if (False, n) not in needed))
+    out[LEFTOVER_LWS] = tuple(sorted(n for n in canary_lws if (True, n) not in needed))
     return out

@@ -967,7 +967,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
                 st.note(kind, reason, message)
             creates.extend(CreateJob(o) if o["kind"] == "Job" else CreateDeployment(o) for o in cd.creates)
             actions.extend(canary_mod.DeleteJob(owner.namespace, n) if kind == "Job" else
-                           DeleteDeployment(owner.namespace, n) for kind, n in cd.deletes)
+                           DeleteDeployment(owner.namespace, n, kind=kind) for kind, n in cd.deletes)
             if not cd.may_serve:
                 # What serves keeps serving, untouched, until the verdict.
                 if cur is not None:
@@ -1000,6 +1000,8 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     wanted = {deployment_name(owner.name, v.pool) for v in the_plan.variants}
     gone_names = {d for _, d in gone}
     actions.extend(DeleteDeployment(owner.namespace, n) for n in obs.canaries.get(canary_mod.LEFTOVERS, ()))
+    actions.extend(DeleteDeployment(owner.namespace, n, kind="LeaderWorkerSet")
+                   for n in obs.canaries.get(canary_mod.LEFTOVER_LWS, ()))
     for dname in sorted(set(existing) - wanted - gone_names):
         pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
         # Deletes first: they free GPUs the new Deployments may need (execute keeps this order).
