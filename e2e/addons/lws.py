@@ -178,3 +178,61 @@ def ensure(cluster) -> LWS:
 
 def crd_path() -> Path:
     return versions.bin_dir("lws") / "crd"
+
+
+HOLD_FINALIZER = "fewerbits.io/e2e-hold-terminating"
+
+
+def fail_worker(core, namespace: str, worker: str, timeout: float = 60.0) -> None:
+    """Delete a worker pod of a ``RecreateGroupOnPodRestart`` group and return once LWS has started
+    recreating the group (its leader is terminating or replaced).
+
+    LWS v0.7.0 recreates a group only when its pod reconciler *reads* the worker with a
+    deletionTimestamp (or a restarted container). A kubelet keeps a deleted pod Terminating while
+    its containers stop, so the reconciler sees it. Here nothing does: a grace-0 delete (or kwok's
+    pod-delete stage) removes the pod one etcd write after marking it, the worker StatefulSet
+    recreates a pod with the same name at once, and the reconciler, keyed by name only, then reads
+    the replacement and skips the group for good (upstream kubernetes-sigs/lws#998, fixed after
+    v0.7.0). Under CPU load that race is lost often enough to fail a test run in three. A finalizer
+    stands in for the kubelet's terminating window; it is removed as soon as LWS has reacted (the
+    leader's foreground deletion waits for this pod, so it must not be held longer).
+    """
+    from kubernetes import client
+
+    leader_name = worker.rsplit("-", 1)[0]  # <lws>-<group>-<index> -> <lws>-<group>
+    leader_uid = core.read_namespaced_pod(leader_name, namespace).metadata.uid
+    core.patch_namespaced_pod(worker, namespace, [
+        {"op": "add", "path": "/metadata/finalizers", "value": [HOLD_FINALIZER]}])
+    try:
+        core.delete_namespaced_pod(worker, namespace, grace_period_seconds=0)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                leader = core.read_namespaced_pod(leader_name, namespace)
+                if leader.metadata.uid != leader_uid or leader.metadata.deletion_timestamp:
+                    return
+            except client.exceptions.ApiException as e:
+                if e.status != 404:
+                    raise
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"LWS did not delete leader {leader_name} within {timeout}s "
+                                     f"of worker {worker} terminating")
+            time.sleep(0.1)
+    finally:
+        _release(core, namespace, worker)
+
+
+def _release(core, namespace: str, name: str) -> None:
+    from kubernetes import client
+
+    try:
+        finalizers = core.read_namespaced_pod(name, namespace).metadata.finalizers or []
+        if HOLD_FINALIZER in finalizers:
+            i = finalizers.index(HOLD_FINALIZER)
+            core.patch_namespaced_pod(name, namespace, [
+                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": HOLD_FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{i}"}])
+    except client.exceptions.ApiException as e:
+        if e.status != 404:
+            raise

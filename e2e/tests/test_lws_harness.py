@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
+from e2e.addons.lws import fail_worker
 from e2e.tests.test_harness import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -54,9 +55,10 @@ def test_lws_groups_ready_scale_and_recreate(cluster, lws, gpu_pool, namespace):
     assert custom.get_namespaced_custom_object_scale(GROUP, VERSION, namespace, PLURAL, "h")["spec"]["replicas"] == 3
     wait_for("3 groups ready", ready(3))
 
-    # A deleted worker takes its group down and back up (leader recreated too).
+    # A deleted worker takes its group down and back up (leader recreated too). fail_worker keeps the
+    # worker Terminating until LWS has reacted, as a kubelet would (see its docstring for the race).
     leader_uid = core.read_namespaced_pod("h-0", namespace).metadata.uid
-    core.delete_namespaced_pod("h-0-1", namespace, grace_period_seconds=0)
+    fail_worker(core, namespace, "h-0-1")
 
     def recreated():
         try:
@@ -65,6 +67,4 @@ def test_lws_groups_ready_scale_and_recreate(cluster, lws, gpu_pool, namespace):
             return False
         return leader.metadata.uid != leader_uid and ready(3)()
 
-    # The group's old pods terminate (the leader with its grace period) before LWS recreates them:
-    # 60 s was passed once and missed once with two test workers sharing the two cores.
-    wait_for("group 0 recreated and ready", recreated, timeout=180.0)
+    wait_for("group 0 recreated and ready", recreated)

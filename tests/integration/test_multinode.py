@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client
 
 from e2e import demo
+from e2e.addons.lws import fail_worker
 from tests.integration.operator_harness import Models, OperatorProcess
 from tests.integration.test_autoscaling import set_load
 
@@ -133,7 +134,7 @@ def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluste
     worker = next(p for p in pods("server-worker"))
     leader_name = worker.metadata.name.rsplit("-", 1)[0]  # <lws>-<group>-<index> -> <lws>-<group>
     leader_uid = core.read_namespaced_pod(leader_name, namespace).metadata.uid
-    core.delete_namespaced_pod(worker.metadata.name, namespace, grace_period_seconds=0)
+    fail_worker(core, namespace, worker.metadata.name)  # Terminating until LWS reacts, as with a kubelet
 
     def recovered():
         try:
