@@ -99,7 +99,7 @@ def _reasons(models, namespace: str, name: str) -> dict:
 
 def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool, namespace, models, model_spec,
                                                              tmp_path):
-    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", gpus_per_node=4)
+    (node,) = gpu_pool("h100", "NVIDIA-H100-80GB-HBM3", gpus_per_node=4)
     core = client.CoreV1Api(cluster.api_client())
     _, custom = upload_fixtures(cluster.s3, f"{namespace}-evals")
     gate = {"maxPerplexityIncreasePercent": 50, "evalSamples": 4,
@@ -107,6 +107,9 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
                            "maxNewTokens": 8}}
     spec = model_spec(quantization={"format": "fp8-dynamic", "qualityGate": gate},
                       serving={"maxModelLen": 256, "image": IMAGE,
+                               # This test's node only: a pool another test left on the shared cluster
+                               # would be a second variant.
+                               "targets": [{"nodeSelector": {"kubernetes.io/hostname": node}}],
                                "canary": {"enabled": True, "limits": {"maxRequests": 32, "concurrency": 2,
                                                                       "requestTimeoutSeconds": 60}}})
     t0 = time.monotonic()
@@ -129,7 +132,9 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     steps = ("CanaryStarted", "CanaryEvaluating", "CanaryPassed", "DeploymentCreated")
     assert all(s in at for s in steps), at
     assert [at[s] for s in steps] == sorted(at[s] for s in steps), at  # canary → verdict → traffic
-    (real,) = models.deployments(namespace, "c")
+    deployments = models.deployments(namespace, "c")
+    assert len(deployments) == 1, [(d.metadata.name, d.metadata.labels) for d in deployments]
+    (real,) = deployments
     assert real.metadata.creation_timestamp >= at["CanaryPassed"]  # the Deployment only after the verdict
     status = models.get(namespace, "c")["status"]
     (entry,) = status["serving"]

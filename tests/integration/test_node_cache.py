@@ -253,7 +253,7 @@ def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_l
     return d
 
 
-def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret):
+def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret, gpu_pool):
     """Two replicas on one node: one fetches, the other finds the verified copy (CacheHit, no file
     GET); the restricted Pod Security level refuses the hostPath, as docs/cache.md says."""
     from kubernetes import client
@@ -264,7 +264,7 @@ def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret)
         s3c.create_bucket(Bucket="nc-artifacts")
     files = _files(b"on-cluster")
     m = publish_bytes(s3c, "s3://nc-artifacts/artifacts", files, name=f"nc-cluster-{namespace}")
-    (node,) = cluster.add_gpu_pool(f"nc{namespace[-6:]}", "h100", nodes=1)
+    (node,) = gpu_pool(f"nc{namespace[-6:]}", "h100", nodes=1)  # removed afterwards: later tests plan on the pools there are
     d = _node_cache_deployment(cluster, namespace, m.key, m.totalBytes, node, replicas=2)
     core = client.CoreV1Api(cluster.api_client())
 
@@ -301,7 +301,7 @@ def test_pods_on_one_node_share_one_verified_copy(cluster, namespace, s3_secret)
     client.AppsV1Api(cluster.api_client()).delete_namespaced_deployment(d["metadata"]["name"], namespace)
 
 
-def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(cluster, crds_installed):
+def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(cluster, crds_installed, gpu_pool):
     """The whole feed on the real control plane: QuantizedModels' status keys -> the operator's
     sync (Operator.references_sync, one pass of its loop: observe, decide, execute) -> the ConfigMap -> mounted into
     the fetch init container -> its eviction: the referenced artifact stays though it is the least
@@ -358,7 +358,7 @@ def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(c
 
         # A node whose cache holds both keys (the referenced one least recently used) and room for
         # one more artifact only: the fetch must evict one, and it is the unreferenced one.
-        (node,) = cluster.add_gpu_pool(f"ncr{ns[-6:]}", "h100", nodes=1)
+        (node,) = gpu_pool(f"ncr{ns[-6:]}", "h100", nodes=1)
         root = cluster.state_dir / "pods" / "nodes" / node / "var/lib/fewerbits/cache"
         now = time.time()
         _entry(root, referenced, now - 60, size=256 * KiB)
