@@ -356,7 +356,7 @@ def jobs_table(status: PlanStatus, unsized: list[str]) -> str:
                  f"{j.evaluationOffloadGiB:.1f} GiB" if j.evaluationOffloadGiB else "-"]
                 for j in status.quantizationJobs]
         out += _table(headers, rows, right={2, 3, 4, 5, 7, 8})
-    out += [f"  cannot quantize {u}" for u in unsized]
+    out += [f"  no Job for {u}" for u in unsized]
     if any(j.format is QuantFormat.NONE for j in status.quantizationJobs):
         out.append("none (copy): nothing is quantized; the Job downloads the source and uploads it unchanged to "
                    "spec.storage, which serving reads (a policy's rules.maxSourceCopyGiB caps it).")

@@ -383,4 +383,4 @@ def test_a_policy_caps_the_copy_and_the_refusal_names_the_figures(tmp_path, caps
                       "spec: {rules: {maxSourceCopyGiB: 100}}\n")
     assert main(["plan", "--model-config", str(CONFIGS / "deepseek-v3.json"), "--gpu", "NVIDIA-H200:8",
                  "--policy", str(policy)]) == 0
-    assert "cannot quantize none: the source is already fp8-block" in capsys.readouterr().out
+    assert "no Job for none: the source is already fp8-block" in capsys.readouterr().out
