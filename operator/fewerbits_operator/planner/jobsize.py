@@ -103,14 +103,16 @@ LAYER_WEIGHT_COPIES = 1.5
 """One decoder layer's 16-bit weights onloaded, plus the quantized copy and scales of its largest
 module: fp8-dynamic peaked at 0.61 GiB for a 0.41 GiB layer (hidden 4096)."""
 AWQ_CACHED_OUTPUTS = 3.0
-"""AWQ keeps, for every calibration sample, hidden-wide bf16 tensors of the smoothed layer's outputs
-(16-bit, quantized, their difference) on the GPU while it searches scales: 24.2 GiB at 8B width and
-48.8 at 70B width for 512 × 2048 tokens are 2.9-3.0 × samples × length × hidden × 2 bytes."""
+"""AWQ keeps hidden-wide bf16 tensors for every calibration token on the GPU while it searches
+scales: 24.2 GiB at 8B width and 48.8 at 70B width for 512 × 2048 tokens are 2.9-3.0 × samples ×
+length × hidden × 2 bytes (fitted; read as the smoothed module's 16-bit outputs, its outputs with
+quantized weights, and their difference)."""
 GPTQ_SOLVE_HESSIAN_COPIES = 2.0
-"""GPTQ's solve of the largest Linear copies its Hessian twice (the damped Hessian and its inverse
-Cholesky factor), beside every Linear's Hessian of the layer (in-features² × 4 bytes each)."""
+"""Beside every Linear's Hessian of the layer (in-features² × 4 bytes each), GPTQ's peak holds two
+more of the largest Linear's (read as the damped Hessian and its inverse Cholesky factor)..."""
 GPTQ_SOLVE_WEIGHT_COPIES = 2.0
-"""...and holds the largest Linear's weight in fp32 twice (the working copy and the quantized one)."""
+"""...and that Linear's weight in fp32 twice. With these the model is within 1% of GPTQ's and
+INT8's peaks at both widths (the split between the terms is not measured, only their sum)."""
 CALIBRATION_RATES: dict[QuantFormat, tuple[float, float]] = {
     # Seconds of one decoder layer's calibration = tokens × (a × 2 × the layer's active Linear
     # parameters + b × hidden) / (the GPU's bf16 FLOP/s). Fitted exactly to the H200's per-layer
