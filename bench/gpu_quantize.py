@@ -90,7 +90,9 @@ def reload_ok(path: Path, device: str) -> tuple[bool, str]:
         return False, f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def run_format(src: Path, fmt, device: str, workdir: Path, samples: int, seq_len: int) -> dict:
+def run_format(src: Path, fmt, device: str, workdir: Path, samples: int, seq_len: int,
+               texts: list[str] | None = None) -> dict:
+    """``texts``: the calibration samples (default: the first ``samples`` built-in paragraphs)."""
     import torch
     from fewerbits_quantjob import quantize as qj
     from fewerbits_quantjob import recipes
@@ -104,7 +106,10 @@ def run_format(src: Path, fmt, device: str, workdir: Path, samples: int, seq_len
     try:
         model, tokenizer = qj.load_for_quantization(src, trust_remote_code=False)
         specs = recipes.build_recipe_spec(fmt, ["lm_head"])
-        texts = paragraphs(training_text())[:samples] if recipes.needs_calibration_data(fmt) else None
+        if not recipes.needs_calibration_data(fmt):
+            texts = None
+        elif texts is None:
+            texts = paragraphs(training_text())[:samples]
         qj.run_oneshot(model, tokenizer, fmt, specs, texts, seq_len)
         qj.save_checkpoint(model, tokenizer, src, out)
         qj.release(model)

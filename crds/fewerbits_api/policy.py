@@ -184,6 +184,13 @@ class PolicyRules(ApiModel):
     """Most host memory (GiB) one quantization Job may request. A model whose Job needs more is
     refused (`Quantized=False JobExceedsPolicy`) with the figures. With several policies: the
     lowest."""
+    maxSourceCopyGiB: Annotated[int, Field(ge=0, le=1_048_576)] | None = None
+    """Largest source (GiB) fewerbits copies unchanged into `spec.storage` to serve it as it is: an
+    already-quantized checkpoint (FP8, int4), or any source with format `none`. Such a source needs
+    no quantization, but its `none` Job still downloads it and uploads it unchanged (`status.plan.quantizationJobs` shows the disk and the
+    time: DeepSeek-V3's FP8 checkpoint is about 630 GiB). A larger source is refused
+    (`Quantized=False JobExceedsPolicy`) with the figures; 0 never copies. With several policies:
+    the lowest."""
     allowTrustRemoteCode: bool = False
     """Allow `spec.source.trustRemoteCode`. With several policies: allowed only when one sets
     `true` and none sets `false` explicitly (a policy that leaves it unset has no say)."""

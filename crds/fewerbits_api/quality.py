@@ -28,8 +28,9 @@ from .base import ApiModel
 from .datasets import BUILTIN_DATASET_SHA256
 from .validation import PATH_TRICKS_CEL, S3_BUCKET, SAFE_PATH, check_no_path_tricks
 
-__all__ = ["BENCHMARK_SEED", "CUSTOM_EVAL_METRICS", "BenchmarkSpec", "CustomEvalSpec", "MetricResult",
-           "QUALITY_DIR", "eval_identity", "quality_result_key", "recovery_percent"]
+__all__ = ["BENCHMARK_SEED", "BENCHMARKS_UNIQUE_CEL", "CUSTOM_EVAL_METRICS", "BenchmarkSpec", "CustomEvalSpec",
+           "MetricResult", "QUALITY_DIR", "duplicate_benchmarks", "eval_identity", "eval_overlaps_calibration",
+           "quality_result_key", "recovery_percent"]
 
 QUALITY_DIR = "quality"
 """``<key>/quality/<identity>.json``: a quality result measured after the artifact was published."""
@@ -87,6 +88,56 @@ class BenchmarkSpec(ApiModel):
     @classmethod
     def _no_path_tricks(cls, v: str | None) -> str | None:
         return check_no_path_tricks(v, "taskSource") if v is not None else v
+
+
+# The gate keeps one threshold per `benchmark:<task>/<metric>` (quality_gate.py, the Job's gate.py): a
+# second entry for the same task and metric would silently replace the first (the stricter one the
+# user wrote may be the one dropped). The API server refuses it (CEL on the list; a missing metric is
+# lm-eval's default `acc`, as the model's default says), the models refuse it too.
+BENCHMARKS_UNIQUE_CEL = {"x-kubernetes-validations": [{
+    "rule": "self.all(b, self.exists_one(c, c.task == b.task && "
+            "(has(c.metric) ? c.metric : 'acc') == (has(b.metric) ? b.metric : 'acc')))",
+    "message": "each task and metric may be listed once: the gate keeps one minRecoveryPercent per task and "
+               "metric; remove the duplicate entry (keep the threshold you mean)",
+}]}
+
+
+def duplicate_benchmarks(benchmarks: list[BenchmarkSpec], where: str = "benchmarks") -> str | None:
+    """Why a list names one task and metric twice (with the thresholds), or None."""
+    seen: dict[tuple[str, str], int] = {}
+    for i, b in enumerate(benchmarks):
+        j = seen.setdefault((b.task, b.metric), i)
+        if j != i:
+            first = benchmarks[j]
+            return (f"{where}[{j}] and {where}[{i}] both check task {b.task!r} metric {b.metric!r} "
+                    f"(minRecoveryPercent {first.minRecoveryPercent:g} and {b.minRecoveryPercent:g}): the gate keeps "
+                    "one threshold per task and metric; remove the duplicate entry (keep the threshold you mean)")
+    return None
+
+
+def _dataset_identity(uri: str, default_split: str) -> tuple[str, ...]:
+    """What names a dataset's rows without reading them: the built-in name, the S3 object, or a Hub
+    repository, revision, configuration and split (the split each reader takes when none is named:
+    ``train`` for calibration, ``test`` for evaluation; the readers' fallbacks to another split
+    when that one is missing are not seen here)."""
+    if not uri.startswith("hf://datasets/"):
+        return (uri,)
+    rest, _, fragment = uri[len("hf://datasets/"):].partition("#")
+    repo, _, revision = rest.partition("@")
+    config, _, split = fragment.partition("/")
+    return ("hf", repo, revision, config, split or default_split)
+
+
+def eval_overlaps_calibration(calibration_dataset: str, eval_dataset: str) -> str | None:
+    """Why the evaluation set is the calibration set (perplexity on the data the quantizer was fitted
+    to flatters the quantized model), or None. By identity: the same built-in set or S3 object, or
+    the same split of the same Hub dataset; content shared under different names is not seen."""
+    if _dataset_identity(calibration_dataset, "train") != _dataset_identity(eval_dataset, "test"):
+        return None
+    return (f"qualityGate.evalDataset {eval_dataset!r} is the calibration data (calibration.dataset "
+            f"{calibration_dataset!r}): perplexity measured on the data the quantizer was fitted to flatters the "
+            "quantized model; use held-out text (the built-in general-en-heldout, another S3 object, or another "
+            "split of the Hub set)")
 
 
 class CustomEvalSpec(ApiModel):

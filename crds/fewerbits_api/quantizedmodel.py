@@ -16,8 +16,15 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
-from .formats import KVCacheSetting, QuantFormat
-from .quality import BenchmarkSpec, CustomEvalSpec, MetricResult
+from .formats import FORMAT_FACTS, KVCacheSetting, QuantFormat
+from .quality import (
+    BENCHMARKS_UNIQUE_CEL,
+    BenchmarkSpec,
+    CustomEvalSpec,
+    MetricResult,
+    duplicate_benchmarks,
+    eval_overlaps_calibration,
+)
 from .validation import (
     DATASET_URI,
     DNS1123_LABEL,
@@ -124,9 +131,11 @@ class QualityGateSpec(ApiModel):
     """Number of evaluation windows (of up to 512 tokens: 64 windows score about 32k tokens of
     the built-in set)."""
 
-    benchmarks: Annotated[list[BenchmarkSpec], Field(max_length=16)] = Field(default_factory=list)
+    benchmarks: Annotated[list[BenchmarkSpec], Field(max_length=16, json_schema_extra=BENCHMARKS_UNIQUE_CEL)] = Field(
+        default_factory=list)
     """lm-evaluation-harness tasks run on the base and the quantized model with the same settings
-    and seeds; each must keep `minRecoveryPercent` of the base score. See docs/quality.md."""
+    and seeds; each must keep `minRecoveryPercent` of the base score. Each task and metric once
+    (the gate keeps one threshold per pair). See docs/quality.md."""
 
     customEval: CustomEvalSpec | None = None
     """Your own prompts and references (S3 JSON Lines), greedy generation scored by a metric,
@@ -137,10 +146,37 @@ class QualityGateSpec(ApiModel):
     def _dataset_has_no_path_tricks(cls, v: str) -> str:
         return check_no_path_tricks(v, "evalDataset")
 
+    @field_validator("benchmarks")
+    @classmethod
+    def _each_task_and_metric_once(cls, v: list[BenchmarkSpec]) -> list[BenchmarkSpec]:
+        why = duplicate_benchmarks(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
+
+
+_DATA_FREE = ", ".join(f"'{f.value}'" for f in QuantFormat
+                       if f is not QuantFormat.AUTO and not FORMAT_FACTS[f].needs_calibration_data)
+_EVAL = "(has(self.qualityGate.evalDataset) ? self.qualityGate.evalDataset : 'general-en-heldout')"
+_CALIB = "(has(self.calibration) && has(self.calibration.dataset) ? self.calibration.dataset : 'general-en')"
+
 
 class QuantizationSpec(ApiModel):
     """How to quantize: the format (or `auto`), the KV cache, what to leave alone, calibration
     and the quality gate."""
+
+    # The API server refuses what it can see by name (eval_overlaps_calibration's exact-equality
+    # part: the same built-in set, S3 object, or named split of a Hub set); the model refuses the
+    # Hub default-split case too. Data-free formats read no calibration data: nothing to overlap.
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [{
+            "rule": (f"!has(self.qualityGate) || (has(self.format) && self.format in [{_DATA_FREE}]) || "
+                     f"{_EVAL} != {_CALIB} || ({_EVAL}.startsWith('hf://') && !{_EVAL}.matches('#[^/]+/.+$'))"),
+            "message": "qualityGate.evalDataset is the calibration data (calibration.dataset): perplexity measured on "
+                       "the data the quantizer was fitted to flatters the quantized model; use held-out text",
+            "fieldPath": ".qualityGate.evalDataset",
+        }]
+    }}
 
     format: QuantFormat = QuantFormat.AUTO
     """The quantization format. `auto` lets the planner choose per GPU pool from the GPU's
@@ -180,6 +216,16 @@ class QuantizationSpec(ApiModel):
     Unset: upgrading fewerbits (and so llm-compressor) never re-quantizes an existing artifact;
     `status.artifacts[].tools` shows the versions that made it. A policy default sets it for
     every model the policy governs."""
+
+    @model_validator(mode="after")
+    def _eval_is_not_the_calibration_data(self) -> QuantizationSpec:
+        if self.qualityGate is None or not (self.format is QuantFormat.AUTO
+                                            or FORMAT_FACTS[self.format].needs_calibration_data):
+            return self
+        why = eval_overlaps_calibration(self.calibration.dataset, self.qualityGate.evalDataset)
+        if why is not None:
+            raise ValueError(why)
+        return self
 
 
 class StorageSpec(ApiModel):
@@ -448,8 +494,9 @@ class PlanVariant(ApiModel):
     fields above, never from this list."""
     servedAsIs: bool = False
     """True when the source checkpoint already is `format` (its config.json carries a
-    `quantization_config`): no quantization Job runs; the artifact is the source itself, pinned by
-    `spec.source.revision`."""
+    `quantization_config`): nothing is quantized; the artifact is the source itself, pinned by
+    `spec.source.revision`, copied unchanged into `spec.storage` by a `none` Job (its disk and time
+    in `quantizationJobs`; a policy's `rules.maxSourceCopyGiB` caps the copy)."""
     nodesPerReplica: Annotated[int, Field(ge=1, le=64)] = 1
     """Nodes one replica spans. 1: a Deployment, `tensorParallelSize` GPUs on one node. Above 1:
     the model fits no single node of the pool, so each replica is a LeaderWorkerSet group of this
@@ -476,8 +523,10 @@ class QuantizationJobSize(ApiModel):
     """GPUs the Job requests (`nvidia.com/gpu`): the fewest GPUs of its pool that hold the bf16
     model for the evaluation, capped by the pool's GPUs per node and the policy; 0 runs on CPU."""
     gpuMemoryGiB: float
-    """GPU memory one GPU needs for calibration: llm-compressor onloads one decoder layer at a
-    time, with its activations (and GPTQ's Hessians)."""
+    """GPU memory one GPU needs for calibration (the peak torch allocates; the pool must also hold
+    the CUDA context): llm-compressor onloads one decoder layer at a time, with one sample's
+    activations, GPTQ's Hessians and solve, and AWQ's cache of every calibration sample's layer
+    outputs (it grows with samples × maxSeqLength × hidden size). See docs/jobs.md."""
     memoryGiB: int
     """Host memory (request and limit): the whole model as llm-compressor loads it, calibration
     activations, and headroom."""

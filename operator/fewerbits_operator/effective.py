@@ -161,7 +161,7 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
             rule_sources[field_name] = next(n for v, n in set_by if v == value)
 
     for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas", "maxQuantizationJobGPUs",
-                 "maxQuantizationJobMemoryGiB"):
+                 "maxQuantizationJobMemoryGiB", "maxSourceCopyGiB"):
         lowest(name)
     for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData", "requireServingCanary"):
         if requiring := [p.metadata.name for p in matching if getattr(p.spec.rules, name)]:

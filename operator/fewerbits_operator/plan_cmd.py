@@ -3,7 +3,8 @@
     fewerbits plan --model-config config.json --gpu NVIDIA-H100-80GB-HBM3:8 --gpu NVIDIA-L4:1
     fewerbits plan --model-config config.json --nodes nodes.yaml --policy policy.yaml -o json
 
-Pools come from ``--gpu PRODUCT:COUNT`` (facts from the GPU catalog) and/or ``--nodes`` (Node
+Pools come from ``--gpu PRODUCT:COUNT`` (facts from the GPU catalog; ``PRODUCT:COUNT:MEMORY_GIB:CC``
+for a product the catalog lacks) and/or ``--nodes`` (Node
 objects as ``kubectl get nodes -o yaml`` prints them); with neither, every catalog GPU at 1 and
 8 per node. Exit status: 0 when some pool serves the model, 1 when every pool is rejected, 2 for
 bad input (a missing or malformed file, an unknown format or product, a malformed ``--gpu``).
@@ -49,18 +50,42 @@ class InputError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
-def _gpu_arg(value: str) -> tuple[str, int, int]:
-    """``PRODUCT:GPUS`` or ``PRODUCT:GPUSxNODES`` (a pool of NODES nodes, 1 when left out)."""
-    product, sep, count = value.rpartition(":")
-    if not sep:
-        product, count = value, "1"
+GPU_ARG_SYNTAX = ("PRODUCT:GPUS or PRODUCT:GPUSxNODES, then :MEMORY_GIB:CC for a product the catalog lacks, e.g. "
+                  "NVIDIA-H100-80GB-HBM3:8, NVIDIA-H100-80GB-HBM3:8x4 or NVIDIA-RTX-PRO-6000:4:96:12.0 (96 GiB per "
+                  "GPU, compute capability 12.0)")
+
+
+def _cc_arg(text: str) -> tuple[int, int] | None:
+    major, dot, minor = text.partition(".")
+    if not major.isdigit() or (dot and not minor.isdigit()):
+        return None
+    return int(major), int(minor or 0)
+
+
+def _gpu_arg(value: str) -> tuple[str, int, int, float | None, tuple[int, int] | None]:
+    """``PRODUCT:GPUS[xNODES]`` (a pool of NODES nodes, 1 when left out), optionally followed by
+    ``:MEMORY_GIB:CC`` for a product the catalog does not know (GFD product labels hold no ``:``)."""
+    parts = value.split(":")
+    memory = cc = None
+    if len(parts) == 4:
+        product, count, mem_text, cc_text = parts
+        try:
+            memory = float(mem_text)
+        except ValueError:
+            memory = None
+        cc = _cc_arg(cc_text)
+        if memory is None or not memory > 0 or cc is None:
+            raise argparse.ArgumentTypeError(
+                f"{value!r}: MEMORY_GIB must be a number above 0 (GiB per GPU) and CC a compute capability "
+                f"MAJOR.MINOR such as 9.0; expected {GPU_ARG_SYNTAX}")
+    elif len(parts) in (1, 2):
+        product, count = (parts[0], "1") if len(parts) == 1 else parts
+    else:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected {GPU_ARG_SYNTAX}")
     count, x, nodes = count.lower().partition("x")
     if not product or not count.isdigit() or int(count) < 1 or (x and (not nodes.isdigit() or int(nodes) < 1)):
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected PRODUCT:GPUS or PRODUCT:GPUSxNODES with GPUS, NODES ≥ 1, "
-            "e.g. NVIDIA-H100-80GB-HBM3:8 or NVIDIA-H100-80GB-HBM3:8x4"
-        )
-    return product, int(count), int(nodes) if x else 1
+        raise argparse.ArgumentTypeError(f"{value!r}: GPUS and NODES must be at least 1; expected {GPU_ARG_SYNTAX}")
+    return product, int(count), int(nodes) if x else 1, memory, cc
 
 
 def _positive_int(value: str) -> int:
@@ -91,10 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model-config", required=True, type=Path, metavar="PATH",
                    help="the model's Hugging Face config.json (or a directory holding it)")
-    p.add_argument("--gpu", action="append", type=_gpu_arg, default=[], metavar="PRODUCT:GPUS[xNODES]",
+    p.add_argument("--gpu", action="append", type=_gpu_arg, default=[], metavar="PRODUCT:GPUS[xNODES][:MEMORY_GIB:CC]",
                    help="a pool by its nvidia.com/gpu.product value, GPUs per node and nodes (default 1; "
-                        "a model no single node holds is planned across nodes), e.g. NVIDIA-H100-80GB-HBM3:8x4 "
-                        "(repeatable)")
+                        "a model no single node holds is planned across nodes), e.g. NVIDIA-H100-80GB-HBM3:8x4; "
+                        "a product the catalog lacks also needs its memory per GPU in GiB and compute capability, "
+                        "e.g. NVIDIA-RTX-PRO-6000:4:96:12.0 (repeatable)")
     p.add_argument("--nodes", type=Path, metavar="NODES.yaml",
                    help="Node objects as `kubectl get nodes -o yaml` prints them")
     p.add_argument("--policy", type=Path, metavar="POLICY.yaml",
@@ -196,9 +222,9 @@ def build_request(args: argparse.Namespace, policy) -> PlanRequest:
 
 def build_pools(args: argparse.Namespace) -> tuple[list[GPUPool], str | None]:
     pools: list[GPUPool] = []
-    for product, count, nodes in args.gpu:
+    for product, count, nodes, memory, cc in args.gpu:
         try:
-            pools.append(pool_from_product(product, count, nodes))
+            pools.append(pool_from_product(product, count, nodes, memory_gib=memory, cc=cc))
         except ValueError as e:
             raise InputError(f"--gpu: {e}") from None
     if args.nodes is not None:
@@ -325,14 +351,18 @@ def jobs_table(status: PlanStatus, unsized: list[str]) -> str:
     out = ["", "Quantization Jobs (one per artifact; requests and limits of the Job):"]
     if status.quantizationJobs:
         headers = ["FORMAT", "POOL", "GPUS", "GPU MEM", "MEMORY", "DISK", "VOLUME", "EST. TIME", "EVAL OFFLOAD"]
-        rows = [[j.format.value, j.pool or "-", str(j.gpus), f"{j.gpuMemoryGiB:.1f} GiB", f"{j.memoryGiB} GiB",
+        rows = [[j.format.value + (" (copy)" if j.format is QuantFormat.NONE else ""), j.pool or "-", str(j.gpus), f"{j.gpuMemoryGiB:.1f} GiB", f"{j.memoryGiB} GiB",
                  f"{j.ephemeralStorageGiB} GiB", j.volume, f"{j.estimatedMinutes} min",
                  f"{j.evaluationOffloadGiB:.1f} GiB" if j.evaluationOffloadGiB else "-"]
                 for j in status.quantizationJobs]
         out += _table(headers, rows, right={2, 3, 4, 5, 7, 8})
-    out += [f"  cannot quantize {u}" for u in unsized]
-    out.append("GPU MEM: one GPU's need during calibration (one layer at a time); memory and disk are the Job's "
-               "requests and limits (docs/jobs.md).")
+    out += [f"  no Job for {u}" for u in unsized]
+    if any(j.format is QuantFormat.NONE for j in status.quantizationJobs):
+        out.append("none (copy): nothing is quantized; the Job downloads the source and uploads it unchanged to "
+                   "spec.storage, which serving reads (a policy's rules.maxSourceCopyGiB caps it).")
+    out.append("GPU MEM: one GPU's peak during calibration (one layer at a time, plus AWQ's cache of every sample; "
+               "the pool must also hold 1.5 GiB of CUDA context); memory and disk are the Job's requests and limits "
+               "(docs/jobs.md).")
     return "\n".join(out) + "\n"
 
 

@@ -142,6 +142,15 @@ QM_ADMISSION = [
                   _with("autoscaling", targetKVCacheUsage=1.5)),
     _qm_admission("qm-range-negative-gate", ("spec.quantization.qualityGate.maxPerplexityIncreasePercent",),
                   lambda c: c.spec(quantization={"qualityGate": {"maxPerplexityIncreasePercent": -3}})),
+    # quality-gate inputs that would silently mean something else (issue 31 item 9)
+    _qm_admission("qm-gate-task-twice", ("spec.quantization.qualityGate.benchmarks",
+                                         "each task and metric may be listed once"),
+                  lambda c: c.spec(quantization={"qualityGate": {"benchmarks": [
+                      {"task": "arc_easy", "minRecoveryPercent": 99}, {"task": "arc_easy", "minRecoveryPercent": 90}]}})),
+    _qm_admission("qm-gate-eval-is-calibration", ("spec.quantization.qualityGate.evalDataset",
+                                                  "is the calibration data"),
+                  lambda c: c.spec(quantization={"format": "w4a16-gptq",
+                                                 "qualityGate": {"evalDataset": "general-en"}})),
     # unknown formats and enums
     _qm_admission("qm-unknown-format", ("spec.quantization.format",), _with("quantization", format="int3")),
     _qm_admission("qm-unknown-kvcache", ("spec.quantization.kvCache",), _with("quantization", kvCache="int4")),

@@ -4,6 +4,7 @@ render_job) and shown by `fewerbits plan`; typed Job failures (jobfailure)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,16 @@ from fewerbits_operator.observe import evictions, job_limits
 from fewerbits_operator.observed import ContainerTermination, JobFacts, JobState
 from fewerbits_operator.planner import PlanRequest, load_model_shape, plan, pool_from_product
 from fewerbits_operator.planner.jobsize import (
+    DOWNLOAD_GBPS,
+    START_MINUTES,
+    UPLOAD_GBPS,
     JobInputs,
     cap_violations,
     deadline_seconds,
     inputs_from,
     size_job,
     size_plan_jobs,
+    source_bytes,
 )
 from fewerbits_operator.render import Owner, render_job
 from fewerbits_operator.settings import OperatorSettings
@@ -170,7 +175,7 @@ def test_a_layer_no_gpu_holds_is_refused_with_the_figures():
     assert "needs" in why and "GiB on one GPU" in why and "largest GPU has 15.0 GiB" in why
 
 
-def test_served_as_is_needs_no_gpu():
+def test_served_as_is_needs_no_gpu_and_copies_the_source_once():
     shape = load_model_shape(CONFIGS / "deepseek-v3.json")
     h200 = pool_from_product("NVIDIA-H200", 8)
     the_plan = plan(shape, [h200], PlanRequest())
@@ -178,7 +183,13 @@ def test_served_as_is_needs_no_gpu():
     assert not problems
     (job,) = jobs
     assert job.format is QuantFormat.NONE and job.gpus == 0 and job.memoryGiB == 2
-    assert job.ephemeralStorageGiB > 1200  # two copies of the fp8 source's ~630 GiB
+    # The `none` Job uploads the files it downloaded (quantjob job.py: out = fetched.path): one copy of
+    # the fp8 source's ~630 GiB plus headroom on disk, and its time is the download plus the upload.
+    src_gib = source_bytes(shape) / 2**30
+    assert 620 < src_gib < 640
+    assert src_gib * 1.1 < job.ephemeralStorageGiB < src_gib * 1.1 + 10
+    transfer = src_gib * 2**30 / 1e9 / DOWNLOAD_GBPS / 60 + src_gib * 2**30 / 1e9 / UPLOAD_GBPS / 60
+    assert job.estimatedMinutes == math.ceil(START_MINUTES + transfer)
 
 
 def test_memory_cap_violation_names_the_figures_and_the_policy():
@@ -332,3 +343,44 @@ def test_an_unreadable_dataset_is_named_with_its_field():
     assert why.startswith("spec.quantization.qualityGate.evalDataset: s3://bkt/c.jsonl does not exist")
     assert "http://127.0.0.1:9000" in why
     assert "access denied" in check(Store("AccessDenied"), storage, S3Credentials(), EVAL_FIELD, "s3://bkt/c.jsonl")
+
+
+# ------------------------------------------------------------------ already-quantized sources: the copy
+
+
+def test_the_plan_shows_the_copy_job_of_a_source_served_as_it_is(capsys):
+    deepseek = str(CONFIGS / "deepseek-v3.json")
+    assert main(["plan", "--model-config", deepseek, "--gpu", "NVIDIA-H200:8"]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if line.startswith("none (copy)"))
+    assert " 0 " in row and "ephemeral" in row
+    assert "downloads the source and uploads it unchanged" in table
+    assert "copy Job (format none) publishes the source unchanged" in table
+
+
+def test_a_policy_caps_the_copy_and_the_refusal_names_the_figures(tmp_path, capsys):
+    from fewerbits_operator.effective import combine_policies
+
+    policies = [QuantizationPolicy.model_validate({"metadata": {"name": n}, "spec": {"rules": {"maxSourceCopyGiB": v}}})
+                for n, v in (("team", 1000), ("platform", 100))]
+    combined = combine_policies(policies)
+    rules = combined.rules
+    assert rules.maxSourceCopyGiB == 100 and combined.rule_sources["maxSourceCopyGiB"] == "platform"  # the lowest
+    shape = load_model_shape(CONFIGS / "deepseek-v3.json")
+    h200 = pool_from_product("NVIDIA-H200", 8)
+    the_plan = plan(shape, [h200], PlanRequest())
+    jobs, problems = size_plan_jobs(shape, the_plan, [h200], inputs_from(None, None, rules))
+    assert jobs == []
+    (why,) = problems
+    assert why.startswith("none: the source is already fp8-block: served as it is, its `none` Job copies ")
+    assert "rules.maxSourceCopyGiB allows 100 GiB" in why and " min)" in why
+    # A cap above the source's size lets the copy run.
+    jobs, problems = size_plan_jobs(shape, the_plan, [h200], JobInputs(max_copy_gib=1000))
+    assert not problems and jobs[0].format is QuantFormat.NONE
+    # The CLI says the same under --policy.
+    policy = tmp_path / "p.yaml"
+    policy.write_text("apiVersion: fewerbits.io/v1alpha1\nkind: QuantizationPolicy\nmetadata: {name: p}\n"
+                      "spec: {rules: {maxSourceCopyGiB: 100}}\n")
+    assert main(["plan", "--model-config", str(CONFIGS / "deepseek-v3.json"), "--gpu", "NVIDIA-H200:8",
+                 "--policy", str(policy)]) == 0
+    assert "no Job for none: the source is already fp8-block" in capsys.readouterr().out

@@ -129,6 +129,17 @@ def test_without_pools_plans_for_the_catalog(capsys):
     assert "b200-x8" in out and "t4-x1" in out
 
 
+def test_a_grace_hopper_and_a_product_given_by_its_facts_plan(capsys):
+    code, out, _ = run(capsys, "--model-config", LLAMA8, "--gpu", "NVIDIA-GH200-480GB:1",
+                       "--gpu", "NVIDIA-RTX-PRO-6000:2:96:12.0", "-o", "json")
+    assert code == 0
+    variants = {v["gpuProduct"]: v for v in json.loads(out)["variants"]}
+    assert variants["NVIDIA-GH200-480GB"]["family"] == "hopper"
+    custom = variants["NVIDIA-RTX-PRO-6000"]
+    assert custom["family"] == "blackwell" and custom["pool"] == "rtx-pro-6000-x2"
+    assert any("not in the catalog" in w for w in custom["warnings"])
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -136,6 +147,10 @@ def test_without_pools_plans_for_the_catalog(capsys):
         (["--model-config", LLAMA8, "--gpu", "NVIDIA-X999:1"], "unknown GPU product 'NVIDIA-X999'"),
         (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:many"], "expected PRODUCT:GPUS"),
         (["--model-config", LLAMA8, "--gpu", "NVIDIA-L4:0"], "expected PRODUCT:GPUS"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-RTX-PRO-6000:4:96"], "then :MEMORY_GIB:CC for a product the catalog lacks"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-RTX-PRO-6000:4:lots:12.0"], "MEMORY_GIB must be a number above 0"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-RTX-PRO-6000:4:96:twelve"], "CC a compute capability MAJOR.MINOR"),
+        (["--model-config", LLAMA8, "--gpu", "NVIDIA-RTX-PRO-6000:4:0:12.0"], "MEMORY_GIB must be a number above 0"),
         (["--model-config", LLAMA8, "--format", "int3"], "invalid choice: 'int3'"),
         (["--model-config", LLAMA8, "--max-model-len", "0"], "must be at least 1"),
         (["--model-config", LLAMA8, "--nodes", "/nonexistent/nodes.yaml"], "no such file"),

@@ -54,6 +54,9 @@ def node(name, product=None, count=8, *, family=None, major=None, minor=None, me
         ("NVIDIA-L40S", "l40s", "ada-lovelace", (8, 9)),
         ("NVIDIA-H200", "h200", "hopper", (9, 0)),
         ("NVIDIA-B200", "b200", "blackwell", (10, 0)),
+        ("NVIDIA-GH200-480GB", "gh200", "hopper", (9, 0)),
+        ("NVIDIA-GH200-144G-HBM3e", "gh200-144gb", "hopper", (9, 0)),
+        ("NVIDIA-GB200", "gb200", "blackwell", (10, 0)),
         ("Tesla-T4", "t4", "turing", (7, 5)),
         ("NVIDIA-A10G", "a10g", "ampere", (8, 6)),
     ],
@@ -184,3 +187,29 @@ def test_pool_from_product_fills_facts_and_rejects_unknown_products():
         pool_from_product("NVIDIA-X999", 1)
     with pytest.raises(ValueError, match="at least 1"):
         pool_from_product("NVIDIA-L4", 0)
+
+
+def test_grace_superchips_are_not_taken_for_their_h200_or_b200_neighbours():
+    # "GH200" and "GB200" are tokens of their own: not the H200's 141 GB nor the B200's 180 GB.
+    gh200, gb200 = lookup_product("NVIDIA-GH200-480GB"), lookup_product("NVIDIA-GB200")
+    assert gh200.memory_mib < lookup_product("NVIDIA-H200").memory_mib
+    assert 90_000 < gh200.memory_mib < 100_000 and gh200.bandwidth_gbps == 4000  # 96 GB HBM3, 4 TB/s
+    assert lookup_product("NVIDIA-GH200-480GB", memory_mib=146_000).key == "gh200-144gb"  # by its GFD memory
+    assert gb200.key == "gb200" and gb200.bf16_tflops > lookup_product("NVIDIA-B200").bf16_tflops
+    pool = pool_from_product("NVIDIA-GH200-480GB", 1)
+    assert (pool.family, pool.cc, pool.bandwidth_estimated, pool.notes) == ("hopper", (9, 0), False, ())
+
+
+def test_a_product_the_catalog_lacks_plans_from_the_memory_and_capability_given():
+    p = pool_from_product("NVIDIA-RTX-PRO-6000", 4, memory_gib=96, cc=(12, 0))
+    assert (p.memory_mib, p.cc, p.family, p.gpus_per_node) == (98304, (12, 0), "blackwell", 4)
+    assert p.bandwidth_estimated and p.bf16_tflops is None
+    assert "not in the catalog" in p.notes[0] and "estimated" in p.notes[0]
+    assert p.common_labels["nvidia.com/gpu.compute.major"] == "12"
+    # A known product given other facts takes them (a different memory variant), keeping its bandwidth.
+    h100 = pool_from_product("NVIDIA-H100-80GB-HBM3", 8, memory_gib=94, cc=(9, 0))
+    assert h100.memory_mib == 96256 and h100.bandwidth_gbps == 3350 and not h100.bandwidth_estimated
+    with pytest.raises(ValueError, match="both the GPU memory in GiB and the compute capability"):
+        pool_from_product("NVIDIA-RTX-PRO-6000", 4, memory_gib=96)
+    with pytest.raises(ValueError, match="memory in GiB and compute capability too, e.g. NVIDIA-X999:2:96:12.0"):
+        pool_from_product("NVIDIA-X999", 2)

@@ -19,7 +19,7 @@ from fewerbits_operator.planner import (
     pool_from_product,
     unmatched_targets,
 )
-from fewerbits_operator.planner.rules import GIB, runtime_reserve_bytes
+from fewerbits_operator.planner.rules import FAMILY_FORMATS, GIB, runtime_reserve_bytes
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 F = QuantFormat
@@ -119,6 +119,9 @@ def test_hopper_never_steps_down_to_w4afp8_whose_artifacts_vllm_cannot_load():
     assert "tried fp8-dynamic)" in r.reason
     r = rejected("llama-3.2-1b", h100x1, format=F.W4AFP8)
     assert "do not load in vLLM 0.33" in r.reason and "pack-quantized" in r.reason
+    assert r.reason.startswith("spec.quantization.format w4afp8 cannot be served") and "CPU build" in r.reason
+    # Not among any family's defaults either (the docs' recommendations say the same).
+    assert all(F.W4AFP8 not in chain for chain in FAMILY_FORMATS.values())
 
 
 def test_format_preferred_over_fewer_gpus():

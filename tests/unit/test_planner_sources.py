@@ -129,7 +129,9 @@ def test_deepseek_v3_is_read_as_fp8_block_and_served_as_is_where_it_runs():
         v = one(s, gpu)
         assert isinstance(v, PlanVariant), v
         assert v.servedAsIs and v.format is F.FP8_BLOCK and v.tensorParallelSize == 8
-        assert any("already quantized" in w and "no quantization Job" in w for w in v.warnings)
+        # No quantization, but the truth about the copy (issue 31 item 5): a `none` Job copies the source.
+        assert any("already quantized" in w and "with no quantization" in w and "copy Job (format none)" in w
+                   for w in v.warnings)
 
 
 def test_deepseek_v3_refused_where_its_format_does_not_run_with_what_to_do():

@@ -62,6 +62,20 @@ CATALOG: tuple[GPUSpec, ...] = (
     GPUSpec("h200", "NVIDIA-H200", "hopper", (9, 0), 143771, 4800, 989, 1979),
     GPUSpec("h200-nvl", "NVIDIA-H200-NVL", "hopper", (9, 0), 143771, 4800, 835, 1671),
     GPUSpec("b200", "NVIDIA-B200", "blackwell", (10, 0), 183359, 8000, 2250, 4500),
+    # Grace Hopper / Grace Blackwell superchips, per GPU, from NVIDIA's published specifications
+    # (memory in MiB is the published GB converted, so a little below what nvidia-smi/GFD report;
+    # pools read from nodes take GFD's own memory label):
+    # - GH200 (https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/, data sheet
+    #   "NVIDIA GH200 Grace Hopper Superchip"): H100 GPU, compute capability 9.0, 96 GB HBM3 at
+    #   4 TB/s or 144 GB HBM3e at 4.9 TB/s; dense BF16 989 TFLOPS, FP8 1,979 (the H100 SXM's).
+    #   GFD reports the 96 GB part as ``NVIDIA-GH200-480GB`` (480 GB is the Grace CPU's LPDDR5X).
+    # - GB200 (https://www.nvidia.com/en-us/data-center/gb200-nvl72/, GB200 NVL72 specifications:
+    #   13.4 TB HBM3e and 576 TB/s over 72 GPUs, 360 PFLOPS FP16/BF16 and 720 PFLOPS FP8 with
+    #   sparsity): per GPU 186 GB at 8 TB/s, dense BF16 2,500 TFLOPS, FP8 5,000; compute capability
+    #   10.0 (CUDA's list of GPU compute capabilities: GB200 and B200 are 10.0).
+    GPUSpec("gh200", "NVIDIA-GH200-480GB", "hopper", (9, 0), 91553, 4000, 989, 1979),
+    GPUSpec("gh200-144gb", "NVIDIA-GH200-144G-HBM3e", "hopper", (9, 0), 137329, 4900, 989, 1979),
+    GPUSpec("gb200", "NVIDIA-GB200", "blackwell", (10, 0), 177383, 8000, 2500, 5000),
 )
 CATALOG_BY_KEY: dict[str, GPUSpec] = {g.key: g for g in CATALOG}
 
@@ -113,6 +127,11 @@ def lookup_product(product: str, memory_mib: int | None = None) -> GPUSpec | Non
         # A MIG slice is not the whole GPU: its memory and bandwidth differ; plan from labels.
         return None
     tokens = set(name.split("-"))
+    if "GB200" in tokens:
+        return CATALOG_BY_KEY["gb200"]
+    if "GH200" in tokens:
+        big = bool(tokens & {"144G", "144GB", "HBM3E"}) or (memory_mib is not None and memory_mib > 120_000)
+        return CATALOG_BY_KEY["gh200-144gb" if big else "gh200"]
     if "B200" in tokens:
         return CATALOG_BY_KEY["b200"]
     if "H200" in tokens:
@@ -202,36 +221,61 @@ def _quantity(value: Any) -> int | None:
         return None
 
 
-def pool_from_product(product: str, gpus_per_node: int, node_count: int = 1) -> GPUPool:
-    """A pool for a known catalog product (the CLI's ``--gpu PRODUCT:COUNT``).
+def pool_from_product(product: str, gpus_per_node: int, node_count: int = 1, *,
+                      memory_gib: float | None = None, cc: CC | None = None) -> GPUPool:
+    """A pool for a product (the CLI's ``--gpu PRODUCT:COUNT[:MEMORY_GIB:CC]``).
 
-    Raises ValueError for a product the catalog does not know (labels would be needed)."""
-    spec = lookup_product(product)
-    if spec is None:
-        known = ", ".join(g.product for g in CATALOG)
-        raise ValueError(f"unknown GPU product {product!r}: known products are {known}")
+    A catalog product takes its facts from the catalog; ``memory_gib`` and ``cc`` given together
+    describe a product the catalog lacks (or override a known one's memory and compute
+    capability): its family comes from the compute capability and its bandwidth is the family's
+    estimate, noted on the pool as for a node whose product is unknown. Raises ValueError for an
+    unknown product without them."""
+    if (memory_gib is None) != (cc is None):
+        raise ValueError("give both the GPU memory in GiB and the compute capability, e.g. NAME:4:96:12.0")
     if gpus_per_node < 1:
         raise ValueError(f"GPU count must be at least 1, got {gpus_per_node}")
+    spec = lookup_product(product)
+    notes: tuple[str, ...] = ()
+    if memory_gib is not None and cc is not None:
+        if memory_gib <= 0:
+            raise ValueError(f"GPU memory must be above 0 GiB, got {memory_gib:g}")
+        family = spec.family if spec is not None and spec.cc == cc else family_from_cc(cc)
+        if spec is not None and spec.family == family:
+            bandwidth, estimated, tflops = spec.bandwidth_gbps, False, spec.bf16_tflops
+        else:
+            bandwidth, estimated, tflops = FAMILY_BANDWIDTH_ESTIMATE_GBPS.get(family, 300), True, None
+            notes = (f"GPU product {product} is not in the catalog: memory bandwidth estimated as "
+                     f"{bandwidth:g} GB/s from its family ({family}), so the decode estimate is rough",)
+        memory_mib = int(round(memory_gib * 1024))
+    elif spec is None:
+        known = ", ".join(g.product for g in CATALOG)
+        raise ValueError(f"unknown GPU product {product!r}: known products are {known}; for another product give its "
+                         f"memory in GiB and compute capability too, e.g. {product}:{gpus_per_node}:96:12.0")
+    else:
+        family, cc, memory_mib = spec.family, spec.cc, spec.memory_mib
+        bandwidth, estimated, tflops = spec.bandwidth_gbps, False, spec.bf16_tflops
     labels = {
         LABEL_PRODUCT: product,
-        LABEL_FAMILY: spec.family,
-        LABEL_CC_MAJOR: str(spec.cc[0]),
-        LABEL_CC_MINOR: str(spec.cc[1]),
-        LABEL_MEMORY: str(spec.memory_mib),
+        LABEL_FAMILY: family,
+        LABEL_CC_MAJOR: str(cc[0]),
+        LABEL_CC_MINOR: str(cc[1]),
+        LABEL_MEMORY: str(memory_mib),
         LABEL_COUNT: str(gpus_per_node),
     }
     return GPUPool(
         name=pool_name(product, gpus_per_node),
         product=product,
-        family=spec.family,
-        cc=spec.cc,
-        memory_mib=spec.memory_mib,
+        family=family,
+        cc=cc,
+        memory_mib=memory_mib,
         gpus_per_node=gpus_per_node,
         node_count=node_count,
-        bandwidth_gbps=spec.bandwidth_gbps,
-        bf16_tflops=spec.bf16_tflops,
+        bandwidth_gbps=bandwidth,
+        bandwidth_estimated=estimated,
+        bf16_tflops=tflops,
         node_selector={LABEL_PRODUCT: product, LABEL_COUNT: str(gpus_per_node)},
         common_labels=labels,
+        notes=notes,
     )
 
 

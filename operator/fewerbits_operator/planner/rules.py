@@ -61,7 +61,7 @@ GROUP_SIZE: dict[QuantFormat, int] = {
 }
 
 # Default choice per family: blackwell → nvfp4 (alt fp8-dynamic); hopper →
-# fp8-dynamic (alt w4afp8 / w4a16-awq when memory is tight); ada-lovelace → fp8-dynamic (alt
+# fp8-dynamic (alt w4a16-awq when memory is tight; not w4afp8: see FORMAT_BLOCKERS); ada-lovelace → fp8-dynamic (alt
 # w4a16-awq); ampere → w4a16-awq (w8a8-int8 for heavy batching); turing → w8a8-int8 (alt
 # w4a16-gptq). Each list is also the step-down order: the first format that fits wins. Formats
 # missing from a list are appended (so a policy's allowedFormats can always be honoured), then
@@ -69,7 +69,7 @@ GROUP_SIZE: dict[QuantFormat, int] = {
 # (16 bits) comes last.
 FAMILY_FORMATS: dict[str, tuple[QuantFormat, ...]] = {
     "blackwell": (QuantFormat.NVFP4, QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ),
-    "hopper": (QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4AFP8, QuantFormat.W4A16_GPTQ),
+    "hopper": (QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ),
     "ada-lovelace": (QuantFormat.FP8_DYNAMIC, QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ),
     "ampere": (QuantFormat.W4A16_AWQ, QuantFormat.W4A16_GPTQ, QuantFormat.W8A8_INT8),
     "turing": (QuantFormat.W8A8_INT8, QuantFormat.W4A16_GPTQ, QuantFormat.W4A16_AWQ),
@@ -521,12 +521,14 @@ def kv_cache_dtype(setting: KVCacheSetting, cc: CC) -> tuple[str, str | None]:
 
 FORMAT_BLOCKERS: dict[QuantFormat, str] = {
     QuantFormat.W4AFP8: (
-        "w4afp8 artifacts do not load in vLLM 0.33: llm-compressor 0.14 saves them int-quantized (int4 values "
-        "in int8 'weight' tensors) while vLLM's W4A8-FP8 scheme loads only pack-quantized 'weight_packed' "
-        "(found by scripts/vllm-check.sh); use w4a16-awq or fp8-dynamic"),
+        "spec.quantization.format w4afp8 cannot be served: w4afp8 artifacts do not load in vLLM 0.33: llm-compressor "
+        "0.14 saves them int-quantized (int4 values in int8 'weight' tensors) while vLLM's W4A8-FP8 scheme loads only "
+        "pack-quantized 'weight_packed', so its loader refuses them on every architecture (scripts/vllm-check.sh), "
+        "and vLLM's CPU build has no W4A8-FP8 scheme at all; use w4a16-awq or fp8-dynamic (or format auto)"),
 }
-"""Formats the planner never picks, and refuses when asked for, because the Job's artifact would
-not load in the vLLM the pools run (found by loading the Job's artifacts with vLLM's own loader)."""
+"""Formats the planner never picks, and refuses on every pool when asked for, because the Job's
+artifact would not load in the vLLM the pools run (found by loading the Job's artifacts with vLLM's
+own loader). Each is also left out of ``FAMILY_FORMATS`` and the docs' recommendations."""
 
 
 def _auto_chain(pool: GPUPool, request: PlanRequest) -> tuple[list[QuantFormat], list[str]]:
@@ -705,7 +707,8 @@ def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: s
     fewerbits quantizes from 16-bit weights only: quantizing an FP8 or int4 checkpoint again
     would need a dequantization step that compounds both errors, so the source's own format is
     the only one a pool can get. Where the pool runs that format (and it fits) the variant is
-    marked ``servedAsIs``: no quantization Job, the artifact is the source pinned by its revision.
+    marked ``servedAsIs``: no quantization; the artifact is the source pinned by its revision, which a
+    `none` Job copies unchanged into the storage (sized and shown in the plan's quantizationJobs).
     Elsewhere the pool is refused with what to do (a 16-bit source, or another pool). Format
     ``none`` ("fewerbits does not quantize") on such a source means the same as ``auto``: serve it
     as it is; there are no 16-bit weights to serve instead.
@@ -738,7 +741,9 @@ def _plan_as_is(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: s
                            kv_dtype, target_len, request, warnings)
     if fit.tp is None:
         return RejectedPool(pool=pool.name, reason=f"{already}, i.e. {fmt.value}, served as it is: {fit.reason}")
-    warnings.append(f"{already}: served as {fmt.value} as it is, no quantization Job")
+    warnings.append(f"{already}: served as {fmt.value} as it is, with no quantization; a copy Job (format none) "
+                    "publishes the source unchanged to spec.storage first (its disk and time in quantizationJobs; "
+                    "a policy's rules.maxSourceCopyGiB caps it)")
     variant = _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
     return variant.model_copy(update={"servedAsIs": True})
 
