@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from fewerbits_api.formats import QuantFormat
@@ -69,16 +70,51 @@ def load_for_quantization(source: Path, trust_remote_code: bool):
     return model, tokenizer
 
 
-def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.ModifierSpec], texts: list[str] | None,
-                max_seq_length: int | None, progress: Progress | None = None):
-    """Quantize ``model`` in place. ``texts``: calibration samples, or None for data-free formats."""
+@dataclass(frozen=True)
+class CalibrationSamples:
+    """The calibration samples as llm-compressor gets them, and what they amount to."""
+
+    texts: list[str]
+    input_ids: list[list[int]]
+    """Each sample tokenized and cut at the sequence length: what oneshot calibrates on."""
+    chat_template: bool
+
+    @property
+    def count(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(i) for i in self.input_ids)
+
+
+def calibration_samples(loaded, tokenizer, max_seq_length: int) -> CalibrationSamples:
+    """Chat rows rendered with the model's chat template when it has one (as llm-compressor's own
+    examples prepare ultrachat), plain text otherwise. Tokenized here, as those examples do: a
+    rendered template already holds the BOS, so no special tokens are added to it (oneshot's own
+    tokenizer call would add a second)."""
+    chat = loaded.conversations is not None and bool(getattr(tokenizer, "chat_template", None))
+    texts = ([tokenizer.apply_chat_template(c, tokenize=False) for c in loaded.conversations] if chat
+             else list(loaded.texts))
+    ids = tokenizer(texts, add_special_tokens=not chat, truncation=True, max_length=max_seq_length)["input_ids"]
+    return CalibrationSamples(texts=texts, input_ids=[list(i) for i in ids], chat_template=chat)
+
+
+def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.ModifierSpec],
+                texts: list[str] | CalibrationSamples | None, max_seq_length: int | None,
+                progress: Progress | None = None):
+    """Quantize ``model`` in place. ``texts``: calibration samples (text, or ``calibration_samples``
+    already tokenized), or None for data-free formats."""
     from llmcompressor import oneshot
 
     kwargs: dict[str, object] = {}
     if texts is not None:
         from datasets import Dataset
 
-        kwargs.update(dataset=Dataset.from_dict({"text": list(texts)}), num_calibration_samples=len(texts),
+        data = (Dataset.from_dict({"input_ids": texts.input_ids,
+                                   "attention_mask": [[1] * len(i) for i in texts.input_ids]})
+                if isinstance(texts, CalibrationSamples) else Dataset.from_dict({"text": list(texts)}))
+        kwargs.update(dataset=data, num_calibration_samples=len(data),
                       max_seq_length=max_seq_length,
                       # The key promises the same bytes for the same inputs: no random sample order.
                       shuffle_calibration_samples=False)
