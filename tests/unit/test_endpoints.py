@@ -336,3 +336,18 @@ def test_urllib_and_boto3_connect_to_the_pin_keeping_the_host_header(pins, monke
         assert dns.asked == 1
     finally:
         server.shutdown()
+
+
+def test_the_operator_refuses_before_connecting_naming_the_field(pins):
+    from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+    from fewerbits_operator.storage import ModelConfigError, ObjectStore, S3Credentials, StorageError
+
+    endpoints, dns, _ = pins
+    dns.table["minio.storage.svc"] = ["10.96.3.4"]
+    storage = StorageSpec(uri="s3://bkt/q", endpoint="http://minio.storage.svc:9000")
+    with pytest.raises(StorageError, match=r"^spec.storage.endpoint: http://minio.storage.svc:9000 is refused: "
+                                           r"minio.storage.svc resolves to 10.96.3.4, a private address"):
+        ObjectStore(timeout=1, allow_private=False).get_manifest(storage, "0" * 64, S3Credentials())
+    source = SourceSpec(uri="s3://models/llama", endpoint="http://10.0.0.5:9000")
+    with pytest.raises(ModelConfigError, match=r"^spec.source.endpoint: http://10.0.0.5:9000 is refused"):
+        ObjectStore(timeout=1, allow_private=False).model_config(source, None, "https://huggingface.co")
