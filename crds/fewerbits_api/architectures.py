@@ -78,7 +78,13 @@ ARCHITECTURES: dict[str, tuple[KeepRule, ...]] = {
 """model_type (top level of config.json) -> the layers it keeps 16-bit."""
 
 
+_VL_RELOAD = (
+    "the quantization Job cannot evaluate a quantized {name} artifact: transformers 5.17 does not map the "
+    "compressed checkpoint's tensor names back to its own modules when it reloads it (the artifact itself "
+    "loads in vLLM's loader, found by scripts/vllm-check.sh); serve it with format none")
 QUANTIZE_BLOCKERS: dict[tuple[str, str | None], str] = {
+    ("qwen2_5_vl", None): _VL_RELOAD.format(name="Qwen2.5-VL"),
+    ("qwen2_vl", None): _VL_RELOAD.format(name="Qwen2-VL"),
     ("deepseek_v3", "w4a16-awq"): (
         "llm-compressor 0.14's AWQ cannot quantize DeepSeek-V3 (its mappings match the post-attention norm of a "
         "dense and a MoE layer at once: \"AWQ needs to match a single smoothlayer for each mapping\"; found by "

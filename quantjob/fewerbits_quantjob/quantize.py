@@ -168,6 +168,11 @@ PUBLISHED_LAYOUT: dict[str, tuple[tuple[str, str], ...]] = {
     "gemma3": (("vision_tower.", "vision_tower.vision_model."),
                ("model.vision_tower.", "model.vision_tower.vision_model.")),
 }
+PUBLISHED_IGNORE: dict[str, tuple[str, ...]] = {
+    # The tower under every spelling (transformers' module names when the Job's evaluation
+    # reloads the checkpoint are model.vision_tower.*, vLLM's vision_tower.vision_model.*).
+    "gemma3": (r"re:.*vision_tower\..*",),
+}
 """model_type -> tensor-name prefix renames that give a saved checkpoint the published layout."""
 
 
@@ -184,8 +189,8 @@ def renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
 def publish_layout(out: Path) -> list[str]:
     """Give the saved checkpoint in ``out`` the published tensor names of its architecture
     (``PUBLISHED_LAYOUT``): every safetensors file, the index's weight map, and the names in
-    ``quantization_config.ignore`` (which vLLM matches against its own module names). Returns
-    the files rewritten."""
+    ``quantization_config.ignore`` (which vLLM matches against its own module names: the
+    published names are added beside transformers'). Returns the files rewritten."""
     import json
 
     config_path = out / "config.json"
@@ -213,7 +218,12 @@ def publish_layout(out: Path) -> list[str]:
         index.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     qc = config.get("quantization_config") or {}
     if isinstance(qc.get("ignore"), list):
-        qc["ignore"] = [i if i.startswith("re:") else renamed(i, renames) for i in qc["ignore"]]
+        # Both spellings: vLLM matches its module names (the published ones), transformers its
+        # own when the Job's evaluation reloads the checkpoint; an ignore entry naming no module
+        # is ignored by both.
+        published = [renamed(i, renames) for i in qc["ignore"] if not i.startswith("re:")]
+        qc["ignore"] = list(dict.fromkeys([*qc["ignore"], *published,
+                                           *PUBLISHED_IGNORE.get(config.get("model_type", ""), ())]))
         config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return changed
 

@@ -35,7 +35,8 @@ def test_gemma3_vision_tower_gets_the_published_names(tmp_path):
             "multi_modal_projector.mm_soft_emb_norm.weight"])
         assert f.metadata() == {"format": "pt"}
     ignore = json.loads((tmp_path / "config.json").read_text())["quantization_config"]["ignore"]
-    assert ignore == ["vision_tower.vision_model.encoder.layers.0.mlp.fc1", "lm_head", "re:.*vision_tower\\..*"]
+    assert ignore == ["vision_tower.encoder.layers.0.mlp.fc1", "lm_head", "re:.*vision_tower\\..*",
+                      "vision_tower.vision_model.encoder.layers.0.mlp.fc1"]
     assert quantize.publish_layout(tmp_path) == []  # idempotent
 
 
@@ -54,3 +55,12 @@ def test_a_vision_language_model_causal_lm_does_not_map_loads_as_image_text_to_t
                             ("llama", AutoModelForCausalLM)):
         (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
         assert quantize.model_class(tmp_path, trust_remote_code=False) is cls, model_type
+
+
+def test_qwen_vl_is_refused_until_the_jobs_evaluation_can_reload_it():
+    from fewerbits_api.architectures import quantize_blocker
+
+    for model_type in ("qwen2_5_vl", "qwen2_vl"):
+        why = quantize_blocker(model_type)
+        assert why and "transformers 5.17" in why and "format none" in why
+    assert quantize_blocker("gemma3") is None
