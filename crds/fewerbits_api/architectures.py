@@ -78,12 +78,13 @@ ARCHITECTURES: dict[str, tuple[KeepRule, ...]] = {
 """model_type (top level of config.json) -> the layers it keeps 16-bit."""
 
 
+_VL_RELOAD = (
+    "the quantization Job cannot evaluate a quantized {name} artifact: transformers 5.17 does not map the "
+    "compressed checkpoint's tensor names back to its own modules when it reloads it (the artifact itself "
+    "loads in vLLM's loader, found by scripts/vllm-check.sh); serve it with format none")
 QUANTIZE_BLOCKERS: dict[tuple[str, str | None], str] = {
-    ("gemma3", None): (
-        "a quantized Gemma-3 vision-language artifact would not load in vLLM 0.33: transformers 5.17 saves its "
-        "vision tower as vision_tower.* while vLLM's Gemma3ForConditionalGeneration loads "
-        "vision_tower.vision_model.* (found by scripts/vllm-check.sh); serve it with format none, or quantize "
-        "the text-only model (model_type gemma3_text)"),
+    ("qwen2_5_vl", None): _VL_RELOAD.format(name="Qwen2.5-VL"),
+    ("qwen2_vl", None): _VL_RELOAD.format(name="Qwen2-VL"),
     ("deepseek_v3", "w4a16-awq"): (
         "llm-compressor 0.14's AWQ cannot quantize DeepSeek-V3 (its mappings match the post-attention norm of a "
         "dense and a MoE layer at once: \"AWQ needs to match a single smoothlayer for each mapping\"; found by "

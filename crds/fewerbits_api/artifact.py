@@ -148,6 +148,28 @@ class QualityReport(ManifestModel):
     """Hash of the evaluation text as read (S3 ETag-independent)."""
 
 
+class CalibrationUsed(ManifestModel):
+    """The calibration data a Job actually used, beside what the key asked for."""
+
+    dataset: str
+    """What the key names (`auto`, a built-in name, an S3 or Hub URI)."""
+    source: str
+    """What was read: the Hub URI with its revision for `auto` when the Hub was reachable, the
+    built-in fallback otherwise, else the dataset itself."""
+    samples: Annotated[int, Field(ge=0)]
+    """Samples calibrated on."""
+    tokens: Annotated[int, Field(ge=0)]
+    """Tokens calibrated on (each sample cut at the sequence length)."""
+    requestedSamples: Annotated[int, Field(ge=0)]
+    """`calibration.samples` of the key."""
+    maxSeqLength: Annotated[int, Field(ge=0)]
+    """`calibration.maxSeqLength` of the key."""
+    chatTemplate: bool = False
+    """Whether the samples were rendered with the model's chat template (chat data, a chat model)."""
+    shortfall: str | None = None
+    """Why fewer samples than asked were used (None: as many as asked)."""
+
+
 class Manifest(ManifestModel):
     """``<key>/manifest.json``: the artifact exists when, and only when, this is present."""
 
@@ -167,6 +189,9 @@ class Manifest(ManifestModel):
     """Sum of the file sizes."""
     quality: QualityReport | None = None
     """Measured quality and gate verdict (absent only for format `none`)."""
+    calibration: CalibrationUsed | None = None
+    """The calibration data used (formats that calibrate; absent in manifests made before it was
+    recorded)."""
     tools: dict[str, str] = Field(default_factory=dict)
     """Versions of every tool involved (torch included)."""
     timings: dict[str, float] = Field(default_factory=dict)

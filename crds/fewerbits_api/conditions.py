@@ -48,6 +48,8 @@ class Reason:
     DATASET_UNREADABLE = "DatasetUnreadable"
     STORAGE_UNAVAILABLE = "StorageUnavailable"
     CALIBRATION_DATA_UNAVAILABLE = "CalibrationDataUnavailable"
+    CALIBRATION_REDUCED = "CalibrationReduced"
+    """Quantized=True, but a Job calibrated on fewer samples than asked (`artifacts[].calibration`)."""
     QUEUED = "Queued"
     # QualityGatePassed
     GATE_PASSED = "GatePassed"

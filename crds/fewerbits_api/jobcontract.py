@@ -68,6 +68,14 @@ class QuantJobContract(ApiModel):
     """How to reach the base model (credentials by environment, see module doc)."""
     qualityGate: QualityGateSpec = Field(default_factory=QualityGateSpec)
     """Evaluation data and the gate to judge against."""
+    evalDatasetEtag: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The ETag the operator read of an S3 `qualityGate.evalDataset`: part of the evaluation
+    identity (fewerbits_api.quality.eval_identity); the Job refuses other bytes (DatasetChanged)."""
+
+    @model_validator(mode="after")
+    def _pin_eval_dataset(self):
+        self.qualityGate._eval_dataset_etag = self.evalDatasetEtag
+        return self
     evalMaxSeqLength: Annotated[int, Field(ge=16, le=131072)] = 2048
     """Tokens per evaluation window (the model's calibration sequence length)."""
     storage: StorageSpec

@@ -208,8 +208,9 @@ def recovery_percent(base: float, quantized: float, higher_is_better: bool) -> f
 
 def eval_identity(gate) -> str:
     """sha256 of what decides a quality result's figures (not its verdict) for ``gate``, a
-    ``QualityGateSpec``: evaluation set (and a built-in set's file hash), window count, benchmarks
-    and custom set less their thresholds, and the seed."""
+    ``QualityGateSpec``: evaluation set (and a built-in set's file hash, an S3 set's ETag when the
+    gate is pinned, ``QualityGateSpec.pinned``), window count, benchmarks and custom set less their
+    thresholds, and the seed."""
     doc = {
         "evalDataset": gate.evalDataset,
         "evalDatasetSha256": BUILTIN_DATASET_SHA256.get(gate.evalDataset),
@@ -220,6 +221,10 @@ def eval_identity(gate) -> str:
                        if getattr(gate, "customEval", None) is not None else None),
         "seed": BENCHMARK_SEED,
     }
+    if etag := getattr(gate, "eval_dataset_etag", None):
+        # An S3 set by its content, as the calibration set enters the artifact key (issue 31);
+        # absent for built-in and Hub sets, so their identities stay what they were.
+        doc["evalDatasetEtag"] = etag
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from .artifact import CalibrationUsed
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
 from .formats import FORMAT_FACTS, KVCacheSetting, QuantFormat
@@ -95,11 +96,13 @@ class SourceSpec(ApiModel):
 class CalibrationSpec(ApiModel):
     """The data that calibration-based formats (AWQ, GPTQ, INT8, NVFP4) observe activations on."""
 
-    dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en"
-    """A built-in dataset name (`general-en`), an S3 JSON Lines object
-    (`s3://bucket/path.jsonl`, one `{"text": ...}` per line) or a Hub dataset
-    (`hf://datasets/org/name[@revision]`). Its identity and content hash are part of the
-    artifact key."""
+    dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "auto"
+    """`auto` (default): llm-compressor's own calibration set, HuggingFaceH4/ultrachat_200k
+    (`train_sft`, at a pinned commit), rendered with the model's chat template, when the Job
+    reaches the Hub; the built-in `general-en` (44 paragraphs) when it cannot, which status then
+    reports (`artifacts[].calibration`, reason CalibrationReduced). Or a built-in name
+    (`general-en`), an S3 JSON Lines object (`s3://bucket/path.jsonl`, one `{"text": ...}` per line) or a
+    Hub dataset (`hf://datasets/org/name[@revision]`, a `text` or a chat `messages` column). Its identity and content hash are part of the artifact key."""
 
     samples: Annotated[int, Field(ge=1, le=65536)] = 512
     """Number of calibration samples. Default 512 (llm-compressor's usual recipe)."""
@@ -155,10 +158,26 @@ class QualityGateSpec(ApiModel):
         return v
 
 
+    _eval_dataset_etag: str | None = PrivateAttr(default=None)
+
+    @property
+    def eval_dataset_etag(self) -> str | None:
+        """The ETag the S3 `evalDataset` was read at (``pinned``), or None: not part of the spec,
+        the CRD or the wire; it enters the evaluation identity (fewerbits_api.quality)."""
+        return self._eval_dataset_etag
+
+    def pinned(self, etag: str | None) -> QualityGateSpec:
+        """This gate with its S3 evaluation set pinned to ``etag`` (None: unpinned), a copy."""
+        if etag == self._eval_dataset_etag:
+            return self
+        out = self.model_copy()
+        out._eval_dataset_etag = etag
+        return out
+
 _DATA_FREE = ", ".join(f"'{f.value}'" for f in QuantFormat
                        if f is not QuantFormat.AUTO and not FORMAT_FACTS[f].needs_calibration_data)
 _EVAL = "(has(self.qualityGate.evalDataset) ? self.qualityGate.evalDataset : 'general-en-heldout')"
-_CALIB = "(has(self.calibration) && has(self.calibration.dataset) ? self.calibration.dataset : 'general-en')"
+_CALIB = "(has(self.calibration) && has(self.calibration.dataset) ? self.calibration.dataset : 'auto')"
 
 
 class QuantizationSpec(ApiModel):
@@ -641,6 +660,10 @@ class ArtifactStatus(ApiModel):
     """Set when its Job failed; kept after the Job's TTL removes it."""
     queue: ArtifactQueue | None = None
     """Set while its quantization Job waits for a slot (operator cap) or for Kueue's admission."""
+    calibration: CalibrationUsed | None = None
+    """The calibration data its Job used (samples, tokens, source), from the manifest; `shortfall`
+    says why fewer samples than asked (the Quantized condition's reason is then
+    CalibrationReduced)."""
 
 
 class CalibrationDataStatus(ApiModel):

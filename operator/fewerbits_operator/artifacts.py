@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fewerbits_api.artifact import ArtifactKeyInputs, Manifest
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
-from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri
+from fewerbits_api.datasets import is_builtin_dataset_uri, named_dataset_hash
 
 from .datapins import DataPin, key_hash
 
@@ -97,8 +97,9 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | N
     dataset_hash = None
     if dataset is not None and is_builtin_dataset_uri(dataset):
         # The sha256 of the file the quantjob image ships (the Job checks it: a key always names
-        # the bytes it was computed from). An unknown name is refused before planning (effective.py).
-        dataset_hash = BUILTIN_DATASET_SHA256.get(dataset)
+        # the bytes it was computed from); for `auto`, of the pinned Hub set and the fallback
+        # file. An unknown name is refused before planning (effective.py).
+        dataset_hash = named_dataset_hash(dataset)
     elif dataset is not None:
         dataset_hash = key_hash(dataset, data_pin)
     return ArtifactKeyInputs(

@@ -59,6 +59,7 @@ from .render import (
     VLLM_PORT,
     Owner,
     _fresh,
+    endpoint_rule_env,
     storage_credential_env,
 )
 from .settings import OperatorSettings
@@ -219,7 +220,7 @@ def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVaria
     contract = CanaryContract(
         key=artifact_key, configHash=chash, variant=variant.pool, kvCacheDtype=variant.kvCacheDtype,
         endpoint=f"http://{pod_ip}:{VLLM_PORT}", servedModelName=served_model_name(spec, owner.name),
-        storage=spec.storage, qualityGate=gate, evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
+        storage=spec.storage, qualityGate=gate, evalDatasetEtag=gate.eval_dataset_etag, evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         limits=spec.serving.canary.limits)
     labels = {**MANAGED_BY, LABEL_COMPONENT: EVAL_COMPONENT, LABEL_CANARY: owner.name, LABEL_VARIANT: variant.pool}
     name = canary_job_name(owner.name, variant.pool, chash)
@@ -250,6 +251,7 @@ def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVaria
                         {"name": "HF_HOME", "value": "/work/hf"},
                         {"name": "PYTHONUNBUFFERED", "value": "1"},
                         *storage_credential_env(spec.storage),
+                        *endpoint_rule_env(settings),
                     ],
                     "resources": {"requests": {"cpu": settings.canary_cpu_request,
                                                "memory": settings.canary_memory_request}},

@@ -11,6 +11,10 @@ the ETag of what it reads against the key (``DatasetChanged`` when the object ch
 A Hub dataset (`hf://datasets/org/name@revision`) is pinned by its revision, which is part of the
 URI and so of the key; without one it is unpinned, and a policy with `rules.requirePinnedData`
 refuses it. Pure: observe does the reading (``storage.ObjectStore.head_object``).
+
+An S3 evaluation set (`qualityGate.evalDataset`) is pinned the same way: its ETag enters the
+evaluation identity (``QualityGateSpec.pinned``, fewerbits_api.quality.eval_identity), so changed
+evaluation data is measured again, and the Job refuses other bytes than the ETag it was given.
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ def s3_calibration_uri(spec: QuantizedModelSpec, plan: PlanStatus) -> str | None
     """The S3 calibration object observe must HEAD for this plan, or None."""
     uri = spec.quantization.calibration.dataset
     return uri if uri.startswith("s3://") and uses_calibration_data(spec, plan) else None
+
+
+def s3_eval_uri(spec: QuantizedModelSpec) -> str | None:
+    """The S3 evaluation set observe must HEAD (its ETag enters the evaluation identity, as the
+    calibration set's enters the key), or None."""
+    gate = spec.quantization.qualityGate
+    uri = gate.evalDataset if gate is not None else None
+    return uri if uri and uri.startswith("s3://") else None
 
 
 def unpinned_data(spec: QuantizedModelSpec) -> list[str]:

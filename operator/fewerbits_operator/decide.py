@@ -282,6 +282,7 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
                                       region=settings.default_storage_region,
                                       credentialsSecret=settings.default_storage_credentials_secret)
     eff = effective_spec(dict(obs.spec), policy, default_storage)
+    eff.eval_pin = obs.eval_pin
     if not eff.accepted or obs.secrets is None:
         return Acceptance(eff)
     assert eff.spec is not None
@@ -809,6 +810,7 @@ def artifact_status(storage: StorageSpec, v: ArtifactVerdict) -> ArtifactStatus:
         tools=dict(m.tools) if m else {},
         failure=v.failure,
         queue=v.queue,
+        calibration=m.calibration if m else None,
     )
 
 
@@ -852,9 +854,13 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
             f"{v.planned.format.value}: {v.failure.message if v.failure else v.unavailable}" for v in failed) + hint)
     elif all(v.ready for v in verdicts):
         hits = [v for v in verdicts if v.cache_hit]
-        st.set(C.QUANTIZED, True, Reason.CACHE_HIT if len(hits) == len(verdicts) else Reason.JOB_SUCCEEDED,
+        reduced = [f"{v.planned.format.value} {v.manifest.calibration.shortfall}" for v in verdicts
+                   if v.manifest and v.manifest.calibration and v.manifest.calibration.shortfall]
+        reason = Reason.CACHE_HIT if len(hits) == len(verdicts) else Reason.JOB_SUCCEEDED
+        st.set(C.QUANTIZED, True, Reason.CALIBRATION_REDUCED if reduced else reason,
                ", ".join(f"{v.planned.format.value}: {v.planned.key[:12]}{' (cache hit)' if v.cache_hit else ''}"
-                         for v in verdicts) + tools_note(verdicts))
+                         for v in verdicts) + tools_note(verdicts)
+               + (f"; {'; '.join(reduced)} (more samples: spec.quantization.calibration.dataset)" if reduced else ""))
     else:
         waiting = [v for v in verdicts if not v.ready]
         reason = Reason.JOB_PENDING if all(v.pending for v in waiting) else Reason.JOB_RUNNING

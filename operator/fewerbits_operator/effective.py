@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fewerbits_api.datasets import BUILTIN_DATASETS
+from fewerbits_api.datasets import BUILTIN_DATASETS, CALIBRATION_DATASETS
 from fewerbits_api.endpoints import endpoint_matches, endpoint_refusal
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.lmeval_tasks import benchmark_problems
@@ -27,7 +27,7 @@ from fewerbits_api.quantizedmodel import (
     StorageSpec,
 )
 
-from .datapins import unpinned_data
+from .datapins import DataPin, unpinned_data
 from .planner import check_vllm_args, vllm_arg_spec
 
 DEFAULT_GATE_PERCENT = 3.0
@@ -252,6 +252,9 @@ class Effective:
     """Policy rule violations, each naming the rule."""
     raw_spec: dict[str, Any] = field(default_factory=dict)
     """The model's own spec, as written (what the policies did not set)."""
+    eval_pin: DataPin | None = None
+    """The ETag observe read of an S3 evaluation set (datapins): ``gate()`` carries it, so the
+    evaluation identity names the set's content."""
 
     @property
     def accepted(self) -> bool:
@@ -261,7 +264,9 @@ class Effective:
         """The model's gate; without one, the default 3% lowered to the policies' ceiling."""
         assert self.spec is not None
         if self.spec.quantization.qualityGate is not None:
-            return self.spec.quantization.qualityGate
+            gate = self.spec.quantization.qualityGate
+            pin = self.eval_pin
+            return gate.pinned(pin.etag if pin is not None and pin.uri == gate.evalDataset else None)
         ceiling = self.policy.rules.maxPerplexityIncreasePercent
         default = QualityGateSpec()
         if ceiling is not None and ceiling < default.maxPerplexityIncreasePercent:
@@ -331,12 +336,13 @@ def effective_spec(
     for field_name, endpoint in endpoints(spec):
         if why := endpoint_refusal(endpoint):
             errors.append(f"{field_name}: {endpoint} is refused: {why}")
-    for field_name, dataset in (("spec.quantization.calibration.dataset", spec.quantization.calibration.dataset),
-                                ("spec.quantization.qualityGate.evalDataset",
-                                 spec.quantization.qualityGate.evalDataset if spec.quantization.qualityGate else None)):
-        if dataset and "://" not in dataset and dataset not in BUILTIN_DATASETS:
+    gate = spec.quantization.qualityGate
+    for field_name, dataset, names in (
+            ("spec.quantization.calibration.dataset", spec.quantization.calibration.dataset, CALIBRATION_DATASETS),
+            ("spec.quantization.qualityGate.evalDataset", gate.evalDataset if gate else None, BUILTIN_DATASETS)):
+        if dataset and "://" not in dataset and dataset not in names:
             errors.append(f"{field_name}: {dataset!r} is not a built-in dataset (built-in: "
-                          f"{', '.join(BUILTIN_DATASETS)}); use s3://bucket/path.jsonl or hf://datasets/org/name")
+                          f"{', '.join(names)}); use s3://bucket/path.jsonl or hf://datasets/org/name")
     # lm-eval's own task registry (pinned release, as data): no GPU Job for an unknown task.
     errors += benchmark_problems(spec.quantization.qualityGate)
     # vLLM's own argument rules (its parser's flags, types and choices, pinned release).

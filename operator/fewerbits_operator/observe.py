@@ -26,7 +26,7 @@ from fewerbits_api.quantizedmodel import QuantizedModelStatus
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .claims import Claim
 from .canary_observe import read_canaries
-from .datapins import DataPin, s3_calibration_uri
+from .datapins import DataPin, s3_calibration_uri, s3_eval_uri
 from .datasetcheck import check as check_dataset
 from .datasetcheck import datasets_to_check
 from .evaljob import eval_job_name
@@ -34,7 +34,7 @@ from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
-from .pincache import PinCache, PinKey, settled_etag
+from .pincache import REUSE, PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
 from . import picker, routing
@@ -167,6 +167,13 @@ class Observer:
                     lambda: DataPin(data_uri, *self.store.head_object(spec.storage, data_uri, storage_creds)))
             except StorageError as e:
                 facts["data_error"] = str(e)
+        if eval_uri := s3_eval_uri(spec):
+            try:  # reused for the same time as the calibration ETag; the Job checks what it reads
+                facts["eval_pin"] = eff.effective.eval_pin = self.pins.pin(
+                    PinKey.of(md["uid"], md.get("generation"), spec.storage, eval_uri), REUSE,
+                    lambda: DataPin(eval_uri, *self.store.head_object(spec.storage, eval_uri, storage_creds)))
+            except StorageError:
+                pass  # unpinned: the identity names the URI only, and the Job reads what is there
 
         artifacts: dict[str, ArtifactFacts] = {}
         for planned in planned_artifacts(spec, the_plan, facts.get("data_pin")):

@@ -132,6 +132,8 @@ class Observed:
     pod_terminations: Mapping[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     """By variant, for variants short of ready replicas: their pods' failed containers."""
     data_pin: DataPin | None = None
+    eval_pin: DataPin | None = None
+    """The S3 evaluation set's ETag (datapins.s3_eval_uri), when the gate names one."""
     """The S3 calibration object's ETag (and VersionId), read when the plan uses it (datapins.py)."""
     data_error: str | None = None
     """Why the S3 calibration object could not be read (no Job starts for the artifacts using it)."""

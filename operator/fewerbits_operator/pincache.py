@@ -30,6 +30,8 @@ from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
 
 from .datapins import DataPin
 
+REUSE = object()
+"""``settled`` for a pin no status settles (the evaluation set's): reused while fresh."""
 MAX_ENTRIES = 10_000
 """One entry per model that uses S3 calibration data; past this the oldest reads go first."""
 
@@ -69,14 +71,14 @@ class PinCache:
         self._pins: dict[PinKey, tuple[float, DataPin]] = {}
         self._lock = threading.Lock()
 
-    def pin(self, key: PinKey, settled: str | None, read: Callable[[], DataPin]) -> DataPin:
+    def pin(self, key: PinKey, settled: str | None | object, read: Callable[[], DataPin]) -> DataPin:
         """The pin remembered under ``key`` when it is fresh and is the ETag the model is
         ``settled`` on (``settled_etag``); else ``read()``, remembered (an exception from ``read``
         propagates and is not)."""
         now = self.clock()
         with self._lock:
             entry = self._pins.get(key)
-        if entry is not None and now - entry[0] < self.ttl_seconds and entry[1].etag == settled:
+        if entry is not None and now - entry[0] < self.ttl_seconds and (settled is REUSE or entry[1].etag == settled):
             return entry[1]
         pin = read()
         with self._lock:

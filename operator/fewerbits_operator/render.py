@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fewerbits_api.base import API_VERSION, GROUP
+from fewerbits_api.endpoints import ALLOW_PRIVATE_ENV
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
     ENV_HF_TOKEN,
@@ -136,6 +137,12 @@ def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
     return []
 
 
+def endpoint_rule_env(settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The operator's allowPrivateEndpoints setting, for the Job's and the fetcher's connection
+    guard (fewerbits_api.endpoints); nothing when private addresses are refused (the default)."""
+    return [{"name": ALLOW_PRIVATE_ENV, "value": "true"}] if settings.allow_private_endpoints else []
+
+
 def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
     if not storage.credentialsSecret:
         return []
@@ -182,6 +189,7 @@ def render_job(
         source=JobSource(endpoint=spec.source.endpoint, region=spec.source.region,
                          trustRemoteCode=spec.source.trustRemoteCode, mountPath=source_mount),
         qualityGate=gate,
+        evalDatasetEtag=gate.eval_dataset_etag,
         evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
     )
@@ -210,6 +218,7 @@ def render_job(
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 *source_credential_env(spec.source),
                 *storage_credential_env(spec.storage),
+                *endpoint_rule_env(settings),
             ],
             "resources": resources,
             "securityContext": dict(CONTAINER_SECURITY),
@@ -324,7 +333,8 @@ def render_deployment(
                          "--launcher-dir", LAUNCHER_DIR,
                          *(["--endpoint", spec.storage.endpoint] if spec.storage.endpoint else []),
                          *(["--region", spec.storage.region] if spec.storage.region else [])],
-                "env": [{"name": "HOME", "value": "/tmp"}, *storage_credential_env(spec.storage)],
+                "env": [{"name": "HOME", "value": "/tmp"}, *storage_credential_env(spec.storage),
+                        *endpoint_rule_env(settings)],
                 "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
                 "securityContext": dict(CONTAINER_SECURITY),
                 "volumeMounts": [

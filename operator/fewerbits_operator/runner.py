@@ -111,7 +111,7 @@ class Operator:
     def start(self, settings: OperatorSettings | None = None, kube: Kube | None = None) -> None:
         s = self.settings = settings or get_settings()
         kube = kube or Kube()
-        self.reconciler = Reconciler(kube, ObjectStore(timeout=s.storage_timeout_seconds), s)
+        self.reconciler = Reconciler(kube, ObjectStore(timeout=s.storage_timeout_seconds, allow_private=s.allow_private_endpoints), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))

@@ -41,6 +41,11 @@ class OperatorSettings(BaseSettings):
     """Region of the default storage."""
     default_storage_credentials_secret: str | None = None
     """Secret (in each model's namespace) with credentials for the default storage."""
+    allow_private_endpoints: bool = False
+    """Whether a model's `source.endpoint` and `storage.endpoint` may resolve to private addresses
+    (RFC 1918, carrier-grade NAT, IPv6 unique-local), e.g. an in-cluster MinIO behind a Service.
+    Link-local and cloud metadata addresses are refused always, loopback allowed always
+    (fewerbits_api.endpoints). Handed to the Job and the fetcher as FEWERBITS_ALLOW_PRIVATE_ENDPOINTS."""
     hf_endpoint: str = "https://huggingface.co"
     """Hugging Face Hub endpoint, for reading a model's config.json."""
     resync_seconds: float = 30.0

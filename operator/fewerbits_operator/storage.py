@@ -21,6 +21,7 @@ import boto3
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
+from fewerbits_api.endpoints import EndpointRefused, guard_endpoint
 from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix, split_s3_uri
 from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
@@ -63,10 +64,14 @@ class S3Credentials:
 
 
 class ObjectStore:
-    """Cached boto3 clients per (endpoint, region, access key)."""
+    """Cached boto3 clients per (endpoint, region, access key). Every endpoint is guarded before
+    its client is built: resolved, checked and pinned (fewerbits_api.endpoints), so the client
+    connects to the address that was checked; ``allow_private``: the operator's
+    allowPrivateEndpoints setting."""
 
-    def __init__(self, timeout: float = 20.0):
+    def __init__(self, timeout: float = 20.0, allow_private: bool = False):
         self.timeout = timeout
+        self.allow_private = allow_private
         self._clients: dict[tuple, Any] = {}
         self._lock = threading.Lock()
         self._config_cache: dict[tuple, dict[str, Any]] = {}
@@ -74,7 +79,12 @@ class ObjectStore:
         # not fetched again. Misses are not cached: the Job may publish at any moment.
         self._manifests: dict[tuple, Manifest] = {}
 
-    def _client(self, endpoint: str | None, region: str | None, creds: S3Credentials):
+    def _client(self, endpoint: str | None, region: str | None, creds: S3Credentials,
+                field: str = "spec.storage.endpoint"):
+        try:  # on every use, not once per cached client: a pin expires and is checked again
+            guard_endpoint(endpoint, field, self.allow_private)
+        except EndpointRefused as e:
+            raise StorageError(str(e), S3ErrorKind.OTHER) from None
         key = (endpoint, region, creds.access_key, creds.secret_key)
         with self._lock:
             c = self._clients.get(key)
@@ -285,7 +295,10 @@ class ObjectStore:
     def _s3_config(self, source: SourceSpec, creds: S3Credentials) -> dict[str, Any]:
         bucket, prefix = split_s3_uri(source.uri)
         key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
-        s3 = self._client(source.endpoint, source.region, creds)
+        try:
+            s3 = self._client(source.endpoint, source.region, creds, "spec.source.endpoint")
+        except StorageError as e:
+            raise ModelConfigError(str(e)) from None
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read(CONFIG_MAX_BYTES + 1)
         except (ClientError, BotoCoreError) as e:

@@ -62,7 +62,7 @@ from fewerbits_api.canary import (
     SkippedMetric,
     serving_result_key,
 )
-from fewerbits_api.endpoints import EndpointRefused, check_endpoint
+from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT, TERMINATION_LOG_ENV
 from fewerbits_api.quality import MetricResult, eval_identity, quality_result_key
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
@@ -522,7 +522,7 @@ def run(env: Mapping[str, str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fewerbits-canary-"))
     started = time.monotonic()
     try:
-        check_endpoint(contract.storage.endpoint, "storage.endpoint")
+        guard_endpoint(contract.storage.endpoint, "storage.endpoint", allow_private_from_env(env))
         from . import storage
 
         say(f"variant={contract.variant} configHash={config_hash} key={contract.key} endpoint={contract.endpoint} "

@@ -80,12 +80,13 @@ def _eval_device():
 
 def load_bf16(path: Path, trust_remote_code: bool):
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from .quantize import model_class
 
     kwargs: dict[str, object] = {"dtype": torch.bfloat16, "trust_remote_code": trust_remote_code}
     if _eval_device() == "cuda":
         kwargs["device_map"] = "auto"  # large models shard across the visible GPUs
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    model = model_class(path, trust_remote_code).from_pretrained(path, **kwargs)
     model.eval()
     return model
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from fewerbits_api.artifact import FILES_DIR, Manifest, QualityReport, artifact_prefix
-from fewerbits_api.endpoints import EndpointRefused, check_endpoint, resolve_host
+from fewerbits_api.artifact import FILES_DIR, CalibrationUsed, Manifest, QualityReport, artifact_prefix
+from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import (
     CONTRACT_ENV,
@@ -108,14 +108,15 @@ def verify_contract(contract: QuantJobContract, installed: Mapping[str, str]) ->
                        permanent=True)
 
 
-def verify_endpoints(contract: QuantJobContract, env: Mapping[str, str], resolve=resolve_host) -> None:
-    """Refuse a link-local or cloud metadata endpoint (the name as resolved here) before any
-    connection: the same check the operator made of the spec (fewerbits_api.endpoints)."""
+def verify_endpoints(contract: QuantJobContract, env: Mapping[str, str], resolve=None) -> None:
+    """Refuse a link-local or cloud metadata endpoint, or a private one unless the operator allows
+    them (the name as resolved here), before any connection, and pin what was checked for every
+    connection the Job makes to it (fewerbits_api.endpoints.guard_endpoint). ``resolve``: tests."""
     for field, url in (("source.endpoint", contract.source.endpoint),
                        ("FEWERBITS_SOURCE_S3_ENDPOINT", env.get("FEWERBITS_SOURCE_S3_ENDPOINT")),
                        ("storage.endpoint", contract.storage.endpoint)):
         try:
-            check_endpoint(url, field, resolve)
+            guard_endpoint(url, field, allow_private_from_env(env), resolve)
         except EndpointRefused as e:
             raise JobError(errors.ENDPOINT_REFUSED, str(e), permanent=True) from None
 
@@ -130,6 +131,28 @@ def verify_dataset_hash(expected: str | None, loaded, uri: str) -> None:
         raise JobError(errors.DATASET_CHANGED,
                        f"{uri}: content differs from calibrationDatasetHash in the key (the data changed since the key "
                        "was computed)", permanent=True)
+
+
+def calibration_used(cal, loaded, samples) -> CalibrationUsed:
+    """What the manifest and status say of the calibration: what was read, how much, and why it
+    is less than the key asks when it is (``shortfall``)."""
+    shortfall = None
+    if samples.count < cal.samples:
+        why = loaded.details.get("fallback") or f"{loaded.read_from} has no more samples"
+        shortfall = (f"calibrated on {samples.count} samples ({samples.tokens} tokens) of the {cal.samples} asked: "
+                     f"{why}")
+    return CalibrationUsed(dataset=cal.dataset, source=redact(loaded.read_from), samples=samples.count,
+                           tokens=samples.tokens, requestedSamples=cal.samples, maxSeqLength=cal.maxSeqLength,
+                           chatTemplate=samples.chat_template, shortfall=shortfall)
+
+
+def verify_eval_etag(expected: str | None, loaded, uri: str) -> None:
+    """``evalDatasetEtag``, when set, must be the ETag of the S3 evaluation set read: it is part of
+    the evaluation identity the result is filed under."""
+    if expected and loaded.details.get("etag") != expected.strip('"'):
+        raise JobError(errors.DATASET_CHANGED,
+                       f"qualityGate.evalDataset {uri}: content differs from the ETag the operator read "
+                       f"({expected}); the data changed since, and the next reconcile reads it again", permanent=True)
 
 
 # -------------------------------------------------------------------------------------------- run
@@ -254,12 +277,13 @@ def _produce_and_publish(contract, env, progress: Progress, installed, specs, cl
         fetched = fetch_source(contract, env, workdir, st)
 
     quality: QualityReport | None = None
+    calibration: CalibrationUsed | None = None
     if contract.format is QuantFormat.NONE:
         out = fetched.path  # the base weights are the artifact
         progress.note("format none: publishing the base weights unchanged (no quantization, no evaluation)")
     else:
         out = workdir / "quantized"
-        out, quality = _quantize_and_evaluate(contract, env, progress, specs, fetched.path, out)
+        out, quality, calibration = _quantize_and_evaluate(contract, env, progress, specs, fetched.path, out)
 
     with progress.stage("upload") as st:
         uploaded = storage.upload_directory(client, out, contract.storage.uri, contract.key, st, env)
@@ -270,7 +294,7 @@ def _produce_and_publish(contract, env, progress: Progress, installed, specs, cl
         manifest = Manifest(
             key=contract.key, keyInputs=contract.keyInputs, format=contract.format,
             resolvedRevision=fetched.resolved_revision, files=uploaded.files, totalBytes=uploaded.total_bytes,
-            quality=quality, tools=tools, timings=dict(progress.timings),
+            quality=quality, calibration=calibration, tools=tools, timings=dict(progress.timings),
             createdAt=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         manifest.timings["upload"] = round(uploaded.seconds, 3)
@@ -295,22 +319,28 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
 
     cal = contract.calibration
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731 — datasets live in the store
-    texts = None
+    loaded = used = None
     if cal is not None:
         with progress.stage("calibration-data") as st:
-            loaded = textdata.load_texts(cal.dataset, env, s3_factory, limit=cal.samples)
+            loaded = textdata.load_calibration(cal.dataset, env, s3_factory, limit=cal.samples)
             verify_dataset_hash(contract.keyInputs.calibrationDatasetHash, loaded, cal.dataset)
-            texts = loaded.texts
-            st.summary.update(samples=len(texts), requested=cal.samples, sha256=loaded.sha256[:16])
-            if len(texts) < cal.samples:
-                progress.note(f"{cal.dataset} has {len(texts)} samples, fewer than the {cal.samples} requested; using all")
+            st.summary.update(samples=len(loaded.texts), requested=cal.samples, sha256=loaded.sha256[:16],
+                              source=redact(loaded.read_from))
+            if why := loaded.details.get("fallback"):
+                progress.note(f"calibration: {why}; using the built-in {loaded.read_from}")
 
     eval_set, prepared = _prepare_evaluation(contract, env, progress, workdir=out.parent)
 
     with progress.stage("quantize") as st:
         model, tokenizer = quantize.load_for_quantization(source, contract.source.trustRemoteCode)
         st.report(0.1, loaded=type(model).__name__)
-        model = quantize.run_oneshot(model, tokenizer, contract.format, specs, texts,
+        samples = quantize.calibration_samples(loaded, tokenizer, cal.maxSeqLength) if cal and loaded else None
+        if cal is not None and loaded is not None and samples is not None:
+            used = calibration_used(cal, loaded, samples)
+            st.summary.update(calibrationSamples=used.samples, calibrationTokens=used.tokens)
+            if used.shortfall:
+                progress.note(f"calibration: {used.shortfall}")
+        model = quantize.run_oneshot(model, tokenizer, contract.format, specs, samples,
                                      cal.maxSeqLength if cal else None, progress) or model
 
     with progress.stage("save") as st:
@@ -321,7 +351,7 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
 
     with progress.stage("evaluate") as st:
         quality = _evaluate(contract, progress, st, source, out, tokenizer, eval_set, prepared)
-    return out, quality
+    return out, quality, used
 
 
 def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, workdir: Path):
@@ -333,6 +363,7 @@ def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, wor
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731
     with progress.stage("eval-data") as st:
         eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=("test", "validation", "train"))
+        verify_eval_etag(contract.evalDatasetEtag, eval_set, gate.evalDataset)
         prepared = lmeval.prepare(gate, workdir, s3_factory)
         st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks))
     return eval_set, prepared

@@ -7,7 +7,10 @@ Forms (``CalibrationSpec.dataset`` / ``QualityGateSpec.evalDataset``):
 - ``s3://bucket/path.jsonl``: one JSON object per line with a ``text`` string, read with the
   storage endpoint and credentials;
 - ``hf://datasets/org/name[@revision]``: its ``train`` split (or the first split), ``text``
-  column, through ``datasets`` (``HF_TOKEN`` for gated sets).
+  column, or a chat ``messages`` column (rendered later with the model's chat template), through
+  ``datasets`` (``HF_TOKEN`` for gated sets);
+- ``auto`` (calibration only, the default): ``AUTO_HUB_DATASET`` when the Hub answers, else the
+  built-in ``AUTO_FALLBACK``, with the reason kept in ``details["fallback"]``.
 
 No torch here. The names and file hashes of the built-in sets are ``fewerbits_api.datasets``
 (the operator puts the hash into the artifact key without importing this package).
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from fewerbits_api.artifact import split_s3_uri
-from fewerbits_api.datasets import BUILTIN_DATASETS
+from fewerbits_api.datasets import AUTO_CALIBRATION, AUTO_FALLBACK, AUTO_HUB_DATASET, BUILTIN_DATASETS, named_dataset_hash
 from fewerbits_api.jobcontract import ENV_HF_TOKEN
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
@@ -42,6 +45,10 @@ class TextSet:
     sha256: str
     details: dict[str, str] = field(default_factory=dict)
     """E.g. the S3 ETag or the Hub revision."""
+    conversations: list[list[dict[str, str]]] | None = None
+    """Chat rows (``messages``), one per text, for the model's chat template; None for plain text."""
+    read_from: str = ""
+    """What was actually read (for ``auto``: the Hub set or the fallback); ``source`` otherwise."""
 
 
 def _builtin_bytes(name: str) -> bytes:
@@ -89,21 +96,64 @@ def hf_config_and_split(uri: str) -> tuple[str | None, str | None]:
     return (m.group("config"), m.group("split")) if m else (None, None)
 
 
+HUB_PROBE_SECONDS = 5.0
+"""How long ``auto`` waits for the Hub's address and a TCP connection before it falls back (the
+Hub client's own retries take ~25 s to give up where there is no route)."""
+
+
+def hub_unreachable(env: Mapping[str, str]) -> str | None:
+    """Why the Hub cannot be reached from here (offline mode, no name, no connection), or None."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if (env.get(name) or "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{name} is set"
+    endpoint = env.get("HF_ENDPOINT") or "https://huggingface.co"
+    parts = urlsplit(endpoint)
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or 443), timeout=HUB_PROBE_SECONDS):
+            return None
+    except OSError as e:
+        return f"{endpoint} unreachable: {e}"
+
+
+def load_calibration(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None,
+                     hub=None) -> TextSet:
+    """The calibration samples ``uri`` names; for ``auto``, the pinned Hub set or, when it cannot be
+    read, the built-in fallback (``hub``: the Hub loader, replaced in tests, which have no network)."""
+    if uri != AUTO_CALIBRATION:
+        return load_texts(uri, env, s3_client_factory, limit)
+    try:
+        if hub is None and (why := hub_unreachable(env)):
+            raise JobError(errors.DATASET_FETCH_FAILED, why)
+        loaded = (hub or load_texts)(AUTO_HUB_DATASET, env, None, limit)
+    except JobError as e:
+        loaded = load_texts(AUTO_FALLBACK, env, None, limit)
+        loaded.details["fallback"] = f"{AUTO_HUB_DATASET} could not be read ({e.reason}: {e.message[:300]})"
+    loaded.details["keyHash"] = named_dataset_hash(AUTO_CALIBRATION) or ""
+    loaded.source = AUTO_CALIBRATION
+    return loaded
+
+
 def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None,
                splits: tuple[str, ...] = ("train",)) -> TextSet:
     """Load the samples named by ``uri`` (at most ``limit``; the hash covers what is returned)."""
+    conversations = None
     if uri.startswith("s3://"):
         texts, details = _load_s3_jsonl(uri, s3_client_factory)
     elif uri.startswith("hf://"):
-        texts, details = _load_hf(uri, env, limit, splits)
+        texts, details, conversations = _load_hf(uri, env, limit, splits)
     else:
         body = _builtin_bytes(uri)
         texts = split_paragraphs(body.decode("utf-8"))
         details = {"builtin": uri, "fileSha256": hashlib.sha256(body).hexdigest()}
     if limit is not None:
         texts = texts[:limit]
+        conversations = conversations[:limit] if conversations is not None else None
     digest = hashlib.sha256("\n\x1e".join(texts).encode()).hexdigest()
-    return TextSet(texts=texts, source=uri, sha256=digest, details=details)
+    return TextSet(texts=texts, source=uri, sha256=digest, details=details, conversations=conversations,
+                   read_from=uri)
 
 
 def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, str]]:
@@ -126,8 +176,26 @@ def _load_s3_jsonl(uri: str, s3_client_factory) -> tuple[list[str], dict[str, st
     return parse_jsonl(body, uri), details
 
 
+def chat_row(messages, where: str) -> list[dict[str, str]] | None:
+    """A ``messages`` cell as [{role, content}], or None when it is not one."""
+    if not isinstance(messages, list) or not messages:
+        return None
+    out = []
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise JobError(errors.DATASET_INVALID, f'{where}: a "messages" entry is not {{"role", "content"}} strings',
+                           permanent=True)
+        out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def plain_chat(messages: list[dict[str, str]]) -> str:
+    """A conversation as plain text, for a model without a chat template (and for the hash)."""
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
 def _load_hf(uri: str, env: Mapping[str, str], limit: int | None,
-             splits: tuple[str, ...] = ("train",)) -> tuple[list[str], dict[str, str]]:
+             splits: tuple[str, ...] = ("train",)) -> tuple[list[str], dict[str, str], list | None]:
     import datasets
 
     repo, revision = parse_hf_dataset_uri(uri)
@@ -143,14 +211,22 @@ def _load_hf(uri: str, env: Mapping[str, str], limit: int | None,
         raise JobError(errors.DATASET_INVALID, f"{uri}: no split {wanted_split!r} (has {', '.join(dsd)})", permanent=True)
     split = wanted_split or next((s for s in splits if s in dsd), next(iter(dsd)))
     texts: list[str] = []
+    conversations: list[list[dict[str, str]]] = []
     for row in dsd[split]:
         text = row.get("text")
-        if not isinstance(text, str):
-            raise JobError(errors.DATASET_INVALID, f'{uri}: split {split!r} has no "text" string column', permanent=True)
-        if text.strip():
+        chat = chat_row(row.get("messages"), f"{uri} split {split!r}") if not isinstance(text, str) else None
+        if chat is not None:
+            conversations.append(chat)
+            texts.append(plain_chat(chat))
+        elif not isinstance(text, str):
+            raise JobError(errors.DATASET_INVALID, f'{uri}: split {split!r} has no "text" string or chat "messages" '
+                                                   "column", permanent=True)
+        elif text.strip():
             texts.append(text)
         if limit is not None and len(texts) >= limit:
             break
     if not texts:
         raise JobError(errors.DATASET_INVALID, f"{uri}: no text rows in split {split!r}", permanent=True)
-    return texts, {"split": split, "revision": revision or "default"}
+    if conversations and len(conversations) != len(texts):
+        raise JobError(errors.DATASET_INVALID, f"{uri}: split {split!r} mixes text and chat rows", permanent=True)
+    return texts, {"split": split, "revision": revision or "default"}, conversations or None

@@ -15,7 +15,7 @@ import logging
 import boto3
 from botocore.config import Config
 
-from fewerbits_api.endpoints import EndpointRefused, check_endpoint, resolve_host
+from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from .errors import AccessDenied, ArtifactMissing, RuntimeFailure, StorageError, UsageError
@@ -24,12 +24,13 @@ for _name in ("botocore", "boto3", "urllib3", "s3transfer"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
-def make_client(endpoint: str | None, region: str | None, max_connections: int, resolve=resolve_host):
+def make_client(endpoint: str | None, region: str | None, max_connections: int, resolve=None):
     """One thread-safe client shared by all download threads (its pool sized to the threads). A
-    link-local or cloud metadata endpoint (the name as resolved here) is refused before any
-    connection, as the operator refuses it in the spec (fewerbits_api.endpoints)."""
+    link-local or cloud metadata endpoint, or a private one unless the operator allows them (the
+    name as resolved here), is refused before any connection, and what was checked is pinned for
+    every connection (fewerbits_api.endpoints.guard_endpoint). ``resolve``: tests."""
     try:
-        check_endpoint(endpoint, "--endpoint (FEWERBITS_STORAGE_ENDPOINT)", resolve)
+        guard_endpoint(endpoint, "--endpoint (FEWERBITS_STORAGE_ENDPOINT)", allow_private_from_env(), resolve)
     except EndpointRefused as e:
         raise UsageError(str(e)) from None
     config = Config(

@@ -40,3 +40,17 @@ def test_manifest_lookup_found_missing_cached_and_invalid(s3, s3_bucket):
         store.get_manifest(storage, other, creds)
     with pytest.raises(StorageError, match="denied"):
         ObjectStore(timeout=5).get_manifest(storage, other, S3Credentials(s3.access_key, "wrong-secret-key"))
+
+
+def test_a_named_loopback_store_works_with_private_addresses_refused(s3, s3_bucket):
+    """Issue 31: the operator resolves a named endpoint, checks and pins it, with the default
+    setting (private ranges refused); MinIO on loopback, reached by name, still serves."""
+    from fewerbits_api.endpoints import PINS
+
+    named = s3.endpoint.replace("127.0.0.1", "localhost")
+    assert named != s3.endpoint
+    storage = StorageSpec(uri=f"s3://{s3_bucket}/q", endpoint=named)
+    key = ArtifactKeyInputs(sourceUri="hf://a/named", format="fp8-dynamic").key()
+    assert ObjectStore(timeout=5, allow_private=False).get_manifest(
+        storage, key, S3Credentials(s3.access_key, s3.secret_key)) is None
+    assert {a.split("%")[0] for a in PINS.table["localhost"][0]} <= {"127.0.0.1", "::1"}

@@ -271,7 +271,13 @@ def test_s3_source_and_s3_jsonl_calibration(s3, s3_bucket, model_dir, tmp_path):
                                       "FEWERBITS_SOURCE_AWS_SECRET_ACCESS_KEY": s3.secret_key})
     assert run.returncode == 0 and run.summary["result"] == "published", run
     assert "samples=8" in run.log
-    assert read_manifest(s3, storage_uri, good.key).resolvedRevision == "v1"
+    manifest = read_manifest(s3, storage_uri, good.key)
+    assert manifest.resolvedRevision == "v1"
+    # What calibration used (issue 31): every sample asked, each cut at 64 tokens (paragraphs are longer).
+    used = manifest.calibration
+    assert (used.dataset, used.source, used.samples, used.requestedSamples, used.maxSeqLength) == \
+        (cal["dataset"], cal["dataset"], 8, 8, 64)
+    assert used.tokens == 8 * 64 and used.shortfall is None and used.chatTemplate is False
 
     changed = make_contract(QuantFormat.W4A16_GPTQ, storage_uri, s3.endpoint, model_dir,
                             source_uri=f"s3://{s3_bucket}/models/tiny", calibration=cal, dataset_hash="0" * 64)

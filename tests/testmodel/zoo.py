@@ -14,6 +14,7 @@ tests, and keeps what makes its architecture different for quantization and for 
 | deepseek_v3 | DeepseekV3ForCausalLM | MLA (q/kv low rank), a dense first layer, routed + shared experts |
 | deepseek_v3_fp8 | the same checkpoint, its Linear weights stored FP8 in 128×128 blocks with `weight_scale_inv`, as DeepSeek ships V3 (`quantization_config.quant_method: fp8`) |
 | gemma3 | Gemma3ForConditionalGeneration | vision-language: SigLIP tower + projector around a Gemma-3 text model (5:1 local:global) |
+| qwen2_5_vl | Qwen2_5_VLForConditionalGeneration | vision-language: windowed ViT + patch merger (`visual`) around a Qwen2 text model with M-RoPE |
 
 Widths are multiples of 128 where a quantized Linear needs it (group-128 int4 inputs, FP8
 128×128 blocks). The tokenizer is the test model's (tests.testmodel.build_tokenizer, 512
@@ -78,6 +79,18 @@ ZOO: dict[str, dict[str, Any]] = {
                # transformers 5.17 saves the SigLIP tower as vision_tower.*; the published Gemma-3
                # checkpoints (and so the sources users quantize) name it vision_tower.vision_model.*
                "hub_renames": [["vision_tower.", "vision_tower.vision_model."]]},
+    # Qwen2.5-VL-7B's shape reduced: a 2-block ViT (one windowed, one full-attention block), the
+    # 2x2 patch merger out to the text width, and M-RoPE sections splitting the 64-wide head.
+    "qwen2_5_vl": {"config": "Qwen2_5_VLConfig", "model": "Qwen2_5_VLForConditionalGeneration",
+                   "kwargs": {"text_config": {**_COMMON, "rope_parameters": {
+                                  "rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [8, 12, 12]}},
+                              "vision_config": {"depth": 2, "hidden_size": 128, "intermediate_size": 256,
+                                                "num_heads": 2, "out_hidden_size": _H, "patch_size": 14,
+                                                "spatial_merge_size": 2, "temporal_patch_size": 2,
+                                                "window_size": 112, "fullatt_block_indexes": [1]},
+                              "tie_word_embeddings": False},
+                   "token_ids": {"image_token_id": VOCAB - 1, "video_token_id": VOCAB - 2,
+                                 "vision_start_token_id": VOCAB - 3, "vision_end_token_id": VOCAB - 4}},
 }
 """name -> transformers config class, model class and config arguments."""
 
@@ -143,9 +156,8 @@ def _build(name: str, out: Path) -> None:
     kwargs = json.loads(json.dumps(spec["kwargs"]))
     if "text_config" in kwargs:
         kwargs["text_config"].update(ids)
-        kwargs["image_token_index"] = VOCAB - 1
-        kwargs["boi_token_index"] = VOCAB - 2
-        kwargs["eoi_token_index"] = VOCAB - 3
+        kwargs.update(spec.get("token_ids") or {"image_token_index": VOCAB - 1, "boi_token_index": VOCAB - 2,
+                                                "eoi_token_index": VOCAB - 3})
     else:
         kwargs.update(ids)
     config = getattr(transformers, spec["config"])(**kwargs)

@@ -90,14 +90,20 @@ def test_the_recipe_gets_the_same_list_as_the_planner():
     assert build_recipe_spec(QuantFormat.FP8_DYNAMIC, ["lm_head"])[0].kwargs["ignore"] == ["lm_head"]
 
 
-def test_a_blocked_architecture_is_refused_with_the_reason_and_served_16bit_on_auto():
+@pytest.mark.parametrize("gpu, count, max_model_len", [
+    ("NVIDIA-L4", 4, None),                   # the held-out case: Gemma-3 27B on L4
+    ("NVIDIA-H100-80GB-HBM3", 1, 131_072),    # the held-out case: H100 at its full 128k context
+])
+def test_gemma3_vision_language_plans_a_quantized_format(gpu, count, max_model_len):
+    """Issue 31: the Job saves Gemma-3's vision tower in the published layout
+    (quantize.publish_layout) and vLLM's loader accepts it (scripts/vllm-check.sh), so Gemma-3 is
+    no longer served 16-bit only: `auto` picks a quantized format, the vision tower kept 16-bit."""
     shape = load_model_shape(CONFIGS / "gemma-3-27b-it.json")
-    assert quantize_blocker("gemma3") and quantize_blocker("gemma3_text") is None
-    r = plan_pool(shape, H100, PlanRequest(format=QuantFormat.FP8_DYNAMIC))
-    assert isinstance(r, RejectedPool) and "vision_tower.vision_model" in r.reason
-    v = plan_pool(shape, H100, PlanRequest())
-    assert isinstance(v, PlanVariant) and v.format is QuantFormat.NONE
-    assert any("served at 16 bits" in w for w in v.warnings)
+    assert quantize_blocker("gemma3") is None
+    v = plan_pool(shape, pool_from_product(gpu, count), PlanRequest(max_model_len=max_model_len))
+    assert isinstance(v, PlanVariant) and v.format is not QuantFormat.NONE, v
+    assert max_model_len is None or v.maxModelLen == max_model_len
+    assert any("vision_tower" in e for e in effective_ignore(config("gemma-3-27b-it"), ["lm_head"]).entries)
 
 
 def test_an_architecture_format_pair_llm_compressor_cannot_make_is_refused_and_skipped_by_auto():

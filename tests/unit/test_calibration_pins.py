@@ -83,3 +83,75 @@ def test_unpinned_lists_each_field():
         "qualityGate": {"evalDataset": "hf://datasets/c/d"}}))
     assert [u.split(" ")[0] for u in unpinned_data(spec)] == [
         "spec.quantization.calibration.dataset", "spec.quantization.qualityGate.evalDataset"]
+
+
+# ------------------------------------------------------------------ evaluation sets by content (issue 31)
+EVAL = "s3://data/eval.jsonl"
+
+
+def decided_with_eval(w: World, eval_pin: DataPin | None):
+    acc, the_plan, _ = w.planned()
+    obs = replace(w.observed(), eval_pin=eval_pin,
+                  artifacts={a.key: ArtifactFacts() for a in planned_artifacts(acc.spec, the_plan)})
+    return decide(obs, SETTINGS)
+
+
+def eval_world() -> World:
+    return World(spec=base_spec(quantization={"format": "fp8-dynamic", "qualityGate": {
+        "maxPerplexityIncreasePercent": 5, "evalDataset": EVAL}}))
+
+
+def test_an_s3_evaluation_set_enters_the_evaluation_identity_by_its_etag():
+    from fewerbits_api.quality import eval_identity
+    from fewerbits_api.quantizedmodel import QualityGateSpec
+
+    gate = QualityGateSpec(evalDataset=EVAL)
+    a, b = gate.pinned("etag-a"), gate.pinned("etag-b")
+    assert len({eval_identity(gate), eval_identity(a), eval_identity(b)}) == 3
+    assert eval_identity(gate.pinned("etag-a")) == eval_identity(a)  # same bytes, same identity
+    # The pin is no part of the spec: a built-in set's identity is what it was before pins existed.
+    builtin = QualityGateSpec()
+    assert eval_identity(builtin.pinned(None)) == eval_identity(builtin)
+    assert "etag" not in a.model_dump_json()
+
+
+def test_the_job_contract_carries_the_pin_and_both_sides_compute_one_identity():
+    from fewerbits_api.jobcontract import QuantJobContract
+    from fewerbits_api.quality import eval_identity
+
+    out = decided_with_eval(eval_world(), DataPin(EVAL, "etag-a"))
+    (job,) = jobs(out)
+    env = {e["name"]: e.get("value") for e in job.job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    contract = QuantJobContract.model_validate_json(env["FEWERBITS_JOB_CONTRACT"])
+    assert contract.evalDatasetEtag == "etag-a"
+    operator_gate = QuantizedModelSpec.model_validate(eval_world().spec).quantization.qualityGate.pinned("etag-a")
+    assert eval_identity(contract.qualityGate) == eval_identity(operator_gate)
+
+
+def test_changed_evaluation_data_needs_a_new_evaluation():
+    from fewerbits_api.artifact import QualityReport
+    from fewerbits_api.quality import eval_identity
+    from fewerbits_operator.quality_gate import needs_evaluation
+
+    gate = QuantizedModelSpec.model_validate(eval_world().spec).quantization.qualityGate
+    measured = QualityReport(baselinePerplexity=10.0, perplexity=10.1, increasePercent=1.0, maxIncreasePercent=5,
+                             passed=True, evalDataset=EVAL, evalWindows=8, evalTokens=1024,
+                             evalIdentity=eval_identity(gate.pinned("etag-a")))
+    assert not needs_evaluation(measured, gate.pinned("etag-a"))
+    assert needs_evaluation(measured, gate.pinned("etag-b"))
+
+
+def test_the_job_refuses_an_evaluation_set_that_changed_since_the_operator_read_it():
+    import pytest
+
+    from fewerbits_quantjob import errors
+    from fewerbits_quantjob.errors import JobError
+    from fewerbits_quantjob.job import verify_eval_etag
+    from fewerbits_quantjob.textdata import TextSet
+
+    loaded = TextSet(texts=["x"], source=EVAL, sha256="0" * 64, details={"etag": "etag-b"})
+    verify_eval_etag(None, loaded, EVAL)
+    verify_eval_etag('"etag-b"', loaded, EVAL)
+    with pytest.raises(JobError) as e:
+        verify_eval_etag("etag-a", loaded, EVAL)
+    assert e.value.reason == errors.DATASET_CHANGED and e.value.message.startswith(f"qualityGate.evalDataset {EVAL}:")

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
-from fewerbits_api.artifact import Manifest, QualityReport
+from fewerbits_api.artifact import CalibrationUsed, Manifest, QualityReport
 from fewerbits_api.conditions import CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
@@ -114,9 +114,10 @@ class World:
         the_plan, _ = current_plan(obs, acc)
         return acc, the_plan, planned_artifacts(acc.spec, the_plan)
 
-    def publish(self, increase: float = 0.5, job: JobFacts | None = None) -> None:
+    def publish(self, increase: float = 0.5, job: JobFacts | None = None, calibration: Any = None) -> None:
         for a in self.planned()[2]:
-            self.artifacts[a.key] = ArtifactFacts(manifest=manifest(a, increase), job=job)
+            m = manifest(a, increase).model_copy(update={"calibration": calibration})
+            self.artifacts[a.key] = ArtifactFacts(manifest=m, job=job)
 
     def job(self, state: JobState, **kw: Any) -> None:
         for a in self.planned()[2]:
@@ -155,6 +156,11 @@ def manifest(a, increase: float) -> Manifest:
                                           increasePercent=increase, maxIncreasePercent=5, passed=True,
                                           evalDataset="general-en-heldout", evalWindows=2, evalTokens=1000),
                     tools={"llmcompressor": "0.14.0.1"}, createdAt=NOW)
+
+
+REDUCED = CalibrationUsed(dataset="auto", source="general-en", samples=44, tokens=5000, requestedSamples=512,
+                          maxSeqLength=2048, shortfall="calibrated on 44 samples (5000 tokens) of the 512 asked: "
+                                                    "the Hub could not be read")
 
 
 def policy(name: str = "p", **spec: Any) -> dict[str, Any]:
@@ -445,6 +451,12 @@ CASES = [
          lambda w: w.publish(job=JobFacts("j", ({"uid": UID},), JobState.SUCCEEDED)),
          {"Quantized": ("True", "JobSucceeded")}, actions=[CreateDeployment, CreateService],
          check=lambda o: o.status.artifacts[0].job == "j" and "CacheHit" not in {e.reason for e in o.events}),
+    Case("calibrated on fewer samples than asked: served, and status says so (issue 31)",
+         lambda w: w.publish(calibration=REDUCED),
+         {"Quantized": ("True", "CalibrationReduced"), "QualityGatePassed": ("True", "GatePassed")},
+         message={"Quantized": "calibrated on 44 samples (5000 tokens) of the 512 asked: the Hub could not be read"},
+         actions=[CreateDeployment, CreateService],
+         check=lambda o: o.status.artifacts[0].calibration == REDUCED),
     Case("a cache hit already recorded emits no second event", _seq(lambda w: w.publish(), lambda w: w.settle()),
          {"Quantized": ("True", "CacheHit")}, actions=[CreateDeployment, CreateService],
          check=lambda o: "CacheHit" not in {e.reason for e in o.events}),

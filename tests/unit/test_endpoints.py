@@ -185,3 +185,169 @@ def test_the_fetcher_refuses_before_connecting():
     with pytest.raises(UsageError, match="store.example resolves to 169.254.169.254"):
         make_client("http://store.example:9000", None, 4, resolve=_resolve_to_metadata)
     assert make_client("http://127.0.0.1:9000", None, 4).meta.endpoint_url == "http://127.0.0.1:9000"
+
+
+# ------------------------------------------------------------------ private ranges, pinning (issue 31)
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://10.0.0.5:9000", "10.0.0.5 is a private address"),
+    ("http://172.20.1.1", "172.20.1.1 is a private address"),
+    ("http://192.168.1.9:9000", "192.168.1.9 is a private address"),
+    ("http://100.64.0.1", "100.64.0.1 is a private address"),
+    ("http://[fd12::1]:9000", "fd12::1 is a private address"),
+    ("http://0x0a000005", "10.0.0.5 is a private address"),  # legacy spelling of 10.0.0.5
+    ("http://127.0.0.1:9000", None),  # loopback: only the pod itself
+    ("http://[::1]:9000", None),
+    ("https://s3.us-east-1.amazonaws.com", None),
+])
+def test_private_addresses_are_refused_unless_the_setting_allows_them(url, why):
+    refused = endpoint_refusal(url, allow_private=False)
+    assert (refused.split(" (")[0] if refused else None) == why
+    if why:
+        assert "allowPrivateEndpoints" in refused
+    assert endpoint_refusal(url, allow_private=True) is None
+
+
+class FakeDNS:
+    """A resolver whose answers a test changes, counting the questions (no traffic is sent)."""
+
+    def __init__(self, table: dict[str, list[str]]):
+        self.table, self.asked = table, 0
+
+    def __call__(self, host: str) -> list[str]:
+        self.asked += 1
+        if host not in self.table:
+            raise OSError("no such host")
+        return self.table[host]
+
+
+@pytest.fixture
+def pins(monkeypatch):
+    """The process-wide pins with a fake resolver and a hand-moved clock; emptied afterwards."""
+    from fewerbits_api import endpoints
+
+    now = [1000.0]
+    dns = FakeDNS({})
+    monkeypatch.setattr(endpoints.PINS, "resolve", dns)
+    monkeypatch.setattr(endpoints.PINS, "clock", lambda: now[0])
+    endpoints.PINS.table.clear()
+    yield endpoints, dns, now
+    endpoints.PINS.table.clear()
+
+
+def test_a_guarded_name_connects_to_the_address_that_was_checked(pins):
+    import socket
+
+    endpoints, dns, now = pins
+    dns.table["store.example"] = ["127.0.0.1"]
+    endpoints.guard_endpoint("http://store.example:9000", "spec.storage.endpoint", allow_private=False)
+    assert dns.asked == 1
+    dns.table["store.example"] = ["169.254.169.254"]  # the record changes after the check (rebinding)
+    infos = socket.getaddrinfo("store.example", 9000, type=socket.SOCK_STREAM)
+    assert {i[4][0] for i in infos} == {"127.0.0.1"} and dns.asked == 1  # the pin, not a second lookup
+    endpoints.guard_endpoint("http://store.example:9000", "spec.storage.endpoint", allow_private=False)
+    assert dns.asked == 1  # fresh: a client built again within PIN_SECONDS asks nothing
+    now[0] += endpoints.PIN_SECONDS + 1  # expired: resolved again, and checked again
+    with pytest.raises(endpoints.PinnedRefusal, match="store.example resolves to 169.254.169.254, a cloud metadata"):
+        socket.getaddrinfo("store.example", 9000)
+    with pytest.raises(EndpointRefused, match="^spec.storage.endpoint: http://store.example:9000 is refused: store.example "
+                                              "resolves to 169.254.169.254"):
+        endpoints.guard_endpoint("http://store.example:9000", "spec.storage.endpoint", allow_private=False)
+
+
+def test_a_name_resolving_to_a_private_address_names_the_field_and_the_setting(pins):
+    endpoints, dns, _ = pins
+    dns.table["minio.storage.svc"] = ["10.96.3.4"]
+    with pytest.raises(EndpointRefused) as e:
+        endpoints.guard_endpoint("http://minio.storage.svc:9000", "spec.storage.endpoint", allow_private=False)
+    assert str(e.value).startswith("spec.storage.endpoint: http://minio.storage.svc:9000 is refused: minio.storage.svc resolves "
+                                   "to 10.96.3.4, a private address")
+    assert "allowPrivateEndpoints" in str(e.value)
+    endpoints.guard_endpoint("http://minio.storage.svc:9000", "spec.storage.endpoint", allow_private=True)
+    assert endpoints.PINS.table["minio.storage.svc"][0] == ["10.96.3.4"]
+
+
+def test_an_unresolvable_name_is_checked_when_the_connection_resolves_it(pins):
+    import socket
+
+    endpoints, dns, _ = pins
+    endpoints.guard_endpoint("http://later.example", "spec.storage.endpoint", allow_private=False)  # no answer yet
+    dns.table["later.example"] = ["169.254.169.254"]
+    with pytest.raises(endpoints.PinnedRefusal):
+        socket.getaddrinfo("later.example", 80)
+
+
+def test_unguarded_names_and_literals_pass_through(pins):
+    import socket
+
+    endpoints, dns, _ = pins
+    endpoints.guard_endpoint("http://127.0.0.1:9000", "spec.storage.endpoint", allow_private=False)
+    assert dns.asked == 0 and endpoints.PINS.table == {}
+    assert socket.getaddrinfo("127.0.0.1", 80)  # the system's own answer
+
+
+def _serve_once(reply: bytes):
+    """A real HTTP server on loopback that records the Host header of each request."""
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            seen.append(self.headers["Host"])
+            self.send_response(200)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_urllib_and_boto3_connect_to_the_pin_keeping_the_host_header(pins, monkeypatch):
+    """Real connections: a name no DNS knows reaches the checked loopback address, and the
+    request still names the host the user wrote (what SigV4 signs and TLS checks)."""
+    import urllib.request
+
+    from fewerbits_runtime.storage import make_client
+
+    endpoints, dns, _ = pins
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test-access-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test-secret-key")
+    server, seen = _serve_once(b'<?xml version="1.0"?><ListAllMyBucketsResult><Buckets></Buckets>'
+                               b'</ListAllMyBucketsResult>')
+    port = server.server_address[1]
+    try:
+        dns.table["store.pinned.test"] = ["127.0.0.1"]
+        url = f"http://store.pinned.test:{port}"
+        endpoints.guard_endpoint(url, "spec.storage.endpoint", allow_private=False)
+        with urllib.request.urlopen(url + "/", timeout=5) as r:  # noqa: S310 - loopback test server
+            assert r.status == 200
+        client = make_client(url, "us-east-1", 2)
+        assert client.list_buckets()["Buckets"] == []
+        assert seen == [f"store.pinned.test:{port}"] * 2
+        assert dns.asked == 1
+    finally:
+        server.shutdown()
+
+
+def test_the_operator_refuses_before_connecting_naming_the_field(pins):
+    from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
+    from fewerbits_operator.storage import ModelConfigError, ObjectStore, S3Credentials, StorageError
+
+    endpoints, dns, _ = pins
+    dns.table["minio.storage.svc"] = ["10.96.3.4"]
+    storage = StorageSpec(uri="s3://bkt/q", endpoint="http://minio.storage.svc:9000")
+    with pytest.raises(StorageError, match=r"^spec.storage.endpoint: http://minio.storage.svc:9000 is refused: "
+                                           r"minio.storage.svc resolves to 10.96.3.4, a private address"):
+        ObjectStore(timeout=1, allow_private=False).get_manifest(storage, "0" * 64, S3Credentials())
+    source = SourceSpec(uri="s3://models/llama", endpoint="http://10.0.0.5:9000")
+    with pytest.raises(ModelConfigError, match=r"^spec.source.endpoint: http://10.0.0.5:9000 is refused"):
+        ObjectStore(timeout=1, allow_private=False).model_config(source, None, "https://huggingface.co")

@@ -132,9 +132,16 @@ def test_startup_budget_grows_with_weights(weights, minimum):
 
 
 def test_builtin_calibration_hash_is_the_shipped_text():
-    from fewerbits_api.datasets import BUILTIN_DATASET_SHA256
+    from fewerbits_api.datasets import AUTO_HUB_DATASET, BUILTIN_DATASET_SHA256, named_dataset_hash
 
-    assert key_inputs(SPEC, "w4a16-gptq").calibrationDatasetHash == BUILTIN_DATASET_SHA256["general-en"]
+    explicit = SPEC.model_copy(deep=True)
+    explicit.quantization.calibration.dataset = "general-en"
+    assert key_inputs(explicit, "w4a16-gptq").calibrationDatasetHash == BUILTIN_DATASET_SHA256["general-en"]
+    # The default, `auto`: the pinned Hub set and its fallback file, both in the key.
+    assert SPEC.quantization.calibration.dataset == "auto"
+    assert key_inputs(SPEC, "w4a16-gptq").calibrationDatasetHash == named_dataset_hash("auto")
+    assert "@8049631c405ae6576f93f445c6b8166f76f5505a" in AUTO_HUB_DATASET
+    assert len({named_dataset_hash("auto"), *BUILTIN_DATASET_SHA256.values()}) == 3
 
 
 def test_pvc_source_mounts_the_claim_root():

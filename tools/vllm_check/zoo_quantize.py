@@ -31,7 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
-ARTIFACT_VERSION = 2
+ARTIFACT_VERSION = 5
 FAMILY_POOLS = (("Tesla-T4", 1), ("NVIDIA-A100-SXM4-80GB", 1), ("NVIDIA-L4", 1), ("NVIDIA-H100-80GB-HBM3", 1),
                 ("NVIDIA-B200", 1))
 CALIBRATION_SAMPLES = 8
