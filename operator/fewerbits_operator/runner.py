@@ -150,6 +150,10 @@ class Operator:
                 self._activator = serve_activator(activator, s.activator_port)
             except OSError as e:  # the port taken: scale from zero is off, everything else works
                 log.error("activator not started on port %d: %s", s.activator_port, e)
+            if s.activator_service:  # every replica, leader or not: see atzero.py
+                from .atzero import ZeroRouter
+                router = ZeroRouter(kube, s.activator_service, namespaces=s.namespaces)
+                self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
         if s.health_port:
             try:
                 self._health = serve_health(s.health_port, self.healthy)
