@@ -8,7 +8,12 @@ import pytest
 from kubernetes import client
 
 from e2e import demo
-from tests.integration.operator_harness import REPO, Models, OperatorProcess
+from e2e.serviceproxy import publish_host_process
+from tests.integration.operator_harness import REPO, Models, OperatorProcess, free_port
+
+ACTIVATOR_NAMESPACE = "fewerbits-harness"
+ACTIVATOR_SERVICE = "fewerbits-activator"
+ACTIVATOR_QUEUE = 3
 
 
 
@@ -34,7 +39,16 @@ def test_model_uri(cluster) -> str:
 
 @pytest.fixture(scope="session")
 def operator(cluster, crds_installed, tmp_path_factory):
-    op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log").start()
+    # The activator is published as the chart publishes it (its own Service), so the operator puts
+    # it in the Service path of models at zero (atzero.py); see e2e/serviceproxy.py.
+    port = free_port()
+    publish_host_process(cluster.api_client(), ACTIVATOR_NAMESPACE, ACTIVATOR_SERVICE, port)
+    op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
+                         activator_port=port, env_extra={
+                             "FEWERBITS_ACTIVATOR_SERVICE": f"{ACTIVATOR_NAMESPACE}/{ACTIVATOR_SERVICE}",
+                             "FEWERBITS_ACTIVATOR_SYNC_SECONDS": "1",
+                             # Small, so a burst past it is cheap to test (test_scale_from_zero.py).
+                             "FEWERBITS_ACTIVATOR_QUEUE": str(ACTIVATOR_QUEUE)}).start()
     try:
         yield op
     finally:
