@@ -7,7 +7,7 @@ is put in the Service's data path, here by one extra **EndpointSlice** for the m
 
 - labelled ``kubernetes.io/service-name: <model>`` (kube-proxy, and any gateway that resolves
   Services through EndpointSlices, merges every slice with that label, whoever manages it) and
-  ``endpointslice.kubernetes.io/managed-by: fewerbits.io/activator`` (the EndpointSlice
+  ``endpointslice.kubernetes.io/managed-by: activator.fewerbits.io`` (the EndpointSlice
   controller leaves slices it does not manage alone, so the Service keeps its selector and its
   own slice of pods);
 - listing the activator's ready endpoints, copied from the slices of the activator's own Service
@@ -46,7 +46,8 @@ log = logging.getLogger("fewerbits.atzero")
 
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
-MANAGED_BY = "fewerbits.io/activator"
+MANAGED_BY = "activator.fewerbits.io"
+"""A label value (no "/"), after the EndpointSlice controller's own `endpointslice-controller.k8s.io`."""
 SERVICE_PORT_NAME = "http"
 """The model Service's port name (render.render_service): a slice's port must carry it."""
 

@@ -123,7 +123,7 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# EndpointSlices labelled endpointslice.kubernetes.io/managed-by=fewerbits.io/activator: one per
+# EndpointSlices labelled endpointslice.kubernetes.io/managed-by=activator.fewerbits.io: one per
 # model that may reach zero, adding the activator's endpoints to the model's Service while it has at
 # most one ready pod (atzero.py: Kube.list_endpoint_slices, create_endpoint_slice,
 # replace_endpoint_slice, delete_endpoint_slice). The EndpointSlice controller's own slices are
