@@ -23,7 +23,7 @@ from kubernetes import client
 
 from e2e.demo import ARTIFACT_BUCKET
 from e2e.serviceproxy import open_service_url, service_endpoints
-from tests.integration.conftest import ACTIVATOR_QUEUE
+from tests.integration.conftest import ACTIVATOR_QUEUE, ACTIVATOR_UNPUBLISHED
 
 from tests.unit.test_argocd_health import health
 
@@ -35,6 +35,7 @@ DELAY = 6  # scaleDownDelaySeconds: idle this long, then down to zero
 
 
 def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, namespace, models, model_spec, operator):
+    assert not ACTIVATOR_UNPUBLISHED, ACTIVATOR_UNPUBLISHED  # the activator must be a Service endpoint
     (node,) = gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     models.apply(namespace, "sleepy", model_spec(
         quantization={"format": "fp8-dynamic"}, storage={"uri": SHARED_ARTIFACTS},
