@@ -1,40 +1,44 @@
 """Scale from zero: the activator holds a request for a model at zero replicas while one replica
-starts, then serves it (docs/routing.md).
+starts, then passes it on (docs/routing.md, "Scale from zero").
 
 Why an activator and not the endpoint picker: the EPP (Gateway API Inference Extension v1.1.0)
 answers a request for a pool with no ready pod with an error at once; it has no hook that holds a
-request or asks for capacity. And a model served only through its Service has no component in the
-path at all. So, as Knative does, a small HTTP component sits in the path while a model is at
-zero: it runs in the operator's process (``FEWERBITS_ACTIVATOR_PORT``), the model's Service points
-at it while every variant is at zero, and the waiting request is the scale-up signal.
+request or asks for capacity. So, as Knative does, a small HTTP component sits in the path while a
+model can be at zero: it runs in every operator replica (``FEWERBITS_ACTIVATOR_PORT``; it needs
+no leadership: it holds requests and wakes a variant, both safe from several replicas), and
+``atzero.py`` points the model's own Service at it (an extra EndpointSlice) while the model has no
+more than one ready serving pod, so the user's URL reaches it at zero.
 
 For each request (the model from the ``Host`` the Service was called by,
 ``<model>.<namespace>.svc[...]``, or the ``X-Fewerbits-Model: <namespace>/<model>`` header):
 
 1. a ready serving pod exists: forward to it at once;
-2. otherwise the request waits in the model's queue, bounded in length (``activator_queue``:
-   past it, 503 with Retry-After) and in time (``activator_timeout_seconds``: past it, 504);
+2. otherwise the request waits, bounded in count per model (``activator_queue``) and in time
+   (``activator_timeout_seconds``); past either it is answered 503 with ``Retry-After``;
 3. the first waiting request wakes the model: one variant (the first of the plan with a
-   Deployment) goes from 0 to 1 replica through the scale subresource, the path the autoscaler
-   writes replicas by, and an event ``ScaledFromZero`` says why; the autoscaler takes it from there
-   (it never scales a variant that has demand back down before its scale-down delay);
-4. the waiting requests are forwarded as soon as a pod is ready.
+   Deployment) goes from 0 to 1 replica through the scale subresource, written conditionally on
+   the scale's resourceVersion and only while it is at 0 (two replicas waking at once write once;
+   a wake never lowers a count the autoscaler raised), with an event ``ScaledFromZero``;
+4. the waiting requests are forwarded as soon as a pod is ready, and the answer is passed back as
+   it arrives (server-sent events of ``stream: true`` chunk by chunk, never buffered whole).
 
-Models with ``minReplicas > 0`` never reach zero, so never meet the activator.
+Prometheus metrics: ``fewerbits_activator_wakes_total``, ``fewerbits_activator_hold_seconds``,
+``fewerbits_activator_rejected_total{reason=queue|timeout}``, ``fewerbits_activator_waiting``.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client import Counter, Gauge, Histogram
 
 from .kube import Kube
 from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT
@@ -42,6 +46,23 @@ from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT
 log = logging.getLogger("fewerbits.activator")
 
 SCALED_FROM_ZERO = "ScaledFromZero"
+RETRY_AFTER_SECONDS = 5
+
+WAKES = Counter("fewerbits_activator_wakes_total",
+                "Variants the activator scaled from 0 to 1 replica (conditional writes that took effect)")
+HOLD_SECONDS = Histogram("fewerbits_activator_hold_seconds",
+                         "How long a request waited in the activator for a ready replica (served or not)",
+                         buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600))
+REJECTED = Counter("fewerbits_activator_rejected_total",
+                   "Requests answered 503 with Retry-After: the per-model queue was full (queue) or no "
+                   "replica became ready in time (timeout)", ["reason"])
+WAITING = Gauge("fewerbits_activator_waiting", "Requests waiting in the activator for a ready replica")
+for _r in ("queue", "timeout"):
+    REJECTED.labels(_r)
+
+Body = bytes | Iterable[bytes]
+"""A whole body, or chunks passed on as they arrive (a streamed completion)."""
+Response = tuple[int, dict[str, str], Body]
 HOST = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.|:|$)")
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}
@@ -94,7 +115,7 @@ class ModelGate:
 
 class Activator:
     def __init__(self, kube: Kube, *, queue: int = 100, timeout: float = 300.0, poll: float = 0.5,
-                 forward: Callable[[str, str, str, bytes, dict[str, str]], tuple[int, dict[str, str], bytes]] | None = None):
+                 forward: Callable[[str, str, str, bytes, dict[str, str]], Response] | None = None):
         self.kube = kube
         self.queue = queue
         self.timeout = timeout
@@ -130,14 +151,18 @@ class Activator:
         if dep is None:
             return None
         dname = dep["metadata"]["name"]
-        self.kube.patch_scale(ns, dname, 1)
+        # Conditional: only from 0, at the resourceVersion read (another activator replica, or the
+        # autoscaler, may have written meanwhile: then this write is refused and nothing is lost).
+        if not self.kube.wake_scale(ns, dname):
+            return None
         self.woken += 1
+        WAKES.inc()
         msg = f"a request arrived while every variant was at zero replicas: Deployment {dname} scaled 0->1"
         self.kube.post_event(model, "Normal", SCALED_FROM_ZERO, msg)
         log.info("%s/%s: %s", ns, name, msg)
         return dname
 
-    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
         key = model_of(headers.get("host"), headers.get("x-fewerbits-model"))
         if key is None:
             return error(400, "the request names no model: call the model's Service (Host <model>.<namespace>.svc) "
@@ -155,18 +180,25 @@ class Activator:
             g = self.gate(key)
             with g.lock:
                 if g.waiting >= self.queue:
+                    REJECTED.labels("queue").inc()
                     return error(503, f"{ns}/{name} is starting and {g.waiting} requests already wait for it",
-                                 {"Retry-After": "5"})
+                                 {"Retry-After": str(RETRY_AFTER_SECONDS)})
                 g.waiting += 1
             self._note_held(key)
+            WAITING.inc()
+            t0 = time.monotonic()
             try:
                 target = self._wait(ns, name, model, g)
             finally:
                 with g.lock:
                     g.waiting -= 1
                 self._note_held(key)
+                WAITING.dec()
+                HOLD_SECONDS.observe(time.monotonic() - t0)
             if target is None:
-                return error(504, f"{ns}/{name}: no replica became ready within {self.timeout:.0f}s")
+                REJECTED.labels("timeout").inc()
+                return error(503, f"{ns}/{name}: no replica became ready within {self.timeout:.0f}s; "
+                                  "it is still starting", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
         return self.forward(method, f"http://{target}{path}", target, body, fwd)
 
@@ -195,24 +227,36 @@ class Activator:
         return None
 
 
-def error(code: int, message: str, extra: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def error(code: int, message: str, extra: dict[str, str] | None = None) -> Response:
     body = json.dumps({"error": {"message": message, "type": "fewerbits_activator", "code": code}}).encode()
     return code, {"Content-Type": "application/json", **(extra or {})}, body
 
 
-def forward_http(method: str, url: str, target: str, body: bytes, headers: dict[str, str]
-                 ) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, data=body if method not in ("GET", "HEAD") else None, method=method,
-                                 headers=headers)
+CHUNK = 64 * 1024
+
+
+def forward_http(method: str, url: str, target: str, body: bytes, headers: dict[str, str]) -> Response:
+    """Send the request to the pod; the answer's body is an iterator that yields what the pod has
+    sent as soon as it arrives (``read1``), so server-sent events pass through one by one."""
+    path = url.split(target, 1)[1] or "/"
+    host, _, port = target.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            out = r.read()
-            hdrs = {k: v for k, v in r.headers.items() if k.lower() not in HOP_BY_HOP}
-            return r.status, {**hdrs, "X-Fewerbits-Endpoint": target}, out
-    except urllib.error.HTTPError as e:
-        return e.code, {"X-Fewerbits-Endpoint": target}, e.read()
+        conn.request(method, path, body=body if method not in ("GET", "HEAD") else None, headers=headers)
+        resp = conn.getresponse()
     except OSError as e:
+        conn.close()
         return error(502, f"forwarding to {target} failed: {e}")
+    hdrs = {k: v for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP}
+    return resp.status, {**hdrs, "X-Fewerbits-Endpoint": target}, _chunks(resp, conn)
+
+
+def _chunks(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> Iterator[bytes]:
+    try:
+        while chunk := resp.read1(CHUNK):
+            yield chunk
+    finally:
+        conn.close()
 
 
 def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
@@ -227,9 +271,23 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHT
             self.send_response(code)
             for k, v in hdrs.items():
                 self.send_header(k, v)
-            self.send_header("Content-Length", str(len(out)))
+            if isinstance(out, (bytes, bytearray)):
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            # Passed through as it arrives: HTTP/1.1 chunked, one chunk per read from the pod.
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            self.wfile.write(out)
+            try:
+                for chunk in out:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            finally:
+                close = getattr(out, "close", None)
+                if close is not None:
+                    close()
 
         do_GET = do_POST = do_PUT = do_DELETE = _any
 

@@ -92,6 +92,7 @@ class Kube:
         self.api = api or load_config()
         self.core = client.CoreV1Api(self.api)
         self.apps = client.AppsV1Api(self.api)
+        self.discovery = client.DiscoveryV1Api(self.api)
         self.batch = client.BatchV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self._lock = threading.Lock()
@@ -477,6 +478,67 @@ class Kube:
                                                           _content_type="application/merge-patch+json")
         self._wrote()
         self._noted("Deployment", namespace, name, _rv(out))
+
+    # ------------------------------------------------------------ EndpointSlices (atzero.py)
+
+    def list_endpoint_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        out = self.discovery.list_namespaced_endpoint_slice(namespace, label_selector=selector)
+        return [self.api.sanitize_for_serialization(s) for s in out.items]
+
+    def create_endpoint_slice(self, body: dict[str, Any]) -> None:
+        try:
+            self.discovery.create_namespaced_endpoint_slice(body["metadata"]["namespace"], body)
+        except ApiException as e:
+            if e.status != 409:  # another operator replica created the same slice: success
+                raise
+        self._wrote()
+
+    def replace_endpoint_slice(self, body: dict[str, Any]) -> bool:
+        """Replace at the resourceVersion in ``body``; False when it changed meanwhile."""
+        md = body["metadata"]
+        try:
+            self.discovery.replace_namespaced_endpoint_slice(md["name"], md["namespace"], body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        self._wrote()
+        return True
+
+    def delete_endpoint_slice(self, namespace: str, name: str, resource_version: str) -> None:
+        try:
+            self.discovery.delete_namespaced_endpoint_slice(
+                name, namespace, body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(resource_version=resource_version or None)))
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+        self._wrote()
+
+    def wake_scale(self, namespace: str, name: str) -> bool:
+        """The activator's wake: 0 -> 1 replica on the scale subresource, only while it is at 0 and
+        conditional on the scale's resourceVersion. False when it was not at 0 or changed meanwhile
+        (another activator replica woke it, or the autoscaler wrote): safe from several replicas."""
+        try:
+            scale = self.apps.read_namespaced_deployment_scale(name, namespace)
+        except ApiException as e:
+            if _missing(e):
+                return False
+            raise
+        if int((scale.spec.replicas if scale.spec else 0) or 0) > 0:
+            return False
+        body = {"apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {"name": name, "namespace": namespace, "resourceVersion": scale.metadata.resource_version},
+                "spec": {"replicas": 1}}
+        try:
+            out = self.apps.replace_namespaced_deployment_scale(name, namespace, body)
+        except ApiException as e:
+            if e.status == 409 or _missing(e):
+                return False
+            raise
+        self._wrote()
+        self._noted("Deployment", namespace, name, _rv(out))
+        return True
 
     def delete_deployment(self, namespace: str, name: str) -> None:
         try:

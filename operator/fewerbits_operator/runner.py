@@ -35,6 +35,7 @@ from prometheus_client import start_http_server
 from . import metrics
 from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from .kube import Kube
+from .metricsprobe import MetricsProbe
 from .queueing import queued_entries, slot_changed
 from .render import LABEL_COMPONENT
 from .reconcile import Reconciler
@@ -132,10 +133,13 @@ class Operator:
         if s.activator_port:
             from .activator import Activator
             activator = Activator(kube, queue=s.activator_queue, timeout=s.activator_timeout_seconds)
+        source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
+                  if s.autoscaler_metrics_source == "prometheus"
+                  else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
+        # Pods without metrics behind an InferencePool, for the models the autoscaler does not scrape.
+        probe = MetricsProbe(kube, source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
+        self._spawn(lambda: probe.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-metrics-probe")
         if s.autoscaler_enabled:
-            source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
-                      if s.autoscaler_metrics_source == "prometheus"
-                      else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
             scaler = Autoscaler(kube, source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
                                 held=activator.last_held if activator is not None else None)
@@ -146,6 +150,10 @@ class Operator:
                 self._activator = serve_activator(activator, s.activator_port)
             except OSError as e:  # the port taken: scale from zero is off, everything else works
                 log.error("activator not started on port %d: %s", s.activator_port, e)
+            if s.activator_service:  # every replica, leader or not: see atzero.py
+                from .atzero import ZeroRouter
+                router = ZeroRouter(kube, s.activator_service, namespaces=s.namespaces)
+                self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
         if s.health_port:
             try:
                 self._health = serve_health(s.health_port, self.healthy)

@@ -117,7 +117,13 @@ class OperatorSettings(BaseSettings):
     activator_queue: int = Field(default=100, ge=1, le=10_000)
     """Requests that may wait per model at zero replicas; past it they get 503 with Retry-After."""
     activator_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
-    """How long a request waits for a replica to become ready before a 504."""
+    """How long a request waits for a replica to become ready before a 503 with Retry-After."""
+    activator_service: str = Field(default="", pattern=r"^([a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9]*)?$")
+    """`<namespace>/<name>` of the activator's own Service (the chart's `<release>-activator`): its
+    ready endpoints are added to the Service of every model that may reach zero (atzero.py).
+    Empty: models' Services are left alone (the activator answers only direct calls)."""
+    activator_sync_seconds: float = Field(default=2.0, gt=0, le=60)
+    """How often each replica brings the activator's EndpointSlices of the models up to date."""
     gpu_cost_weights: str = ""
     """Relative cost of one GPU per pool name or GPU product, `PRODUCT=WEIGHT,...` (e.g.
     `NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.27`): where a model routed through an InferencePool adds

@@ -8,7 +8,13 @@ import pytest
 from kubernetes import client
 
 from e2e import demo
-from tests.integration.operator_harness import REPO, Models, OperatorProcess
+from e2e.serviceproxy import publish_host_process
+from tests.integration.operator_harness import REPO, Models, OperatorProcess, free_port
+
+ACTIVATOR_NAMESPACE = "fewerbits-harness"
+ACTIVATOR_SERVICE = "fewerbits-activator"
+ACTIVATOR_QUEUE = 3
+ACTIVATOR_UNPUBLISHED: list[str] = []
 
 
 
@@ -34,7 +40,19 @@ def test_model_uri(cluster) -> str:
 
 @pytest.fixture(scope="session")
 def operator(cluster, crds_installed, tmp_path_factory):
-    op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log").start()
+    # The activator is published as the chart publishes it (its own Service), so the operator puts
+    # it in the Service path of models at zero (atzero.py); see e2e/serviceproxy.py.
+    port = free_port()
+    env = {"FEWERBITS_ACTIVATOR_SYNC_SECONDS": "1",
+           # Small, so a burst past it is cheap to test (test_scale_from_zero.py).
+           "FEWERBITS_ACTIVATOR_QUEUE": str(ACTIVATOR_QUEUE)}
+    try:
+        publish_host_process(cluster.api_client(), ACTIVATOR_NAMESPACE, ACTIVATOR_SERVICE, port)
+        env["FEWERBITS_ACTIVATOR_SERVICE"] = f"{ACTIVATOR_NAMESPACE}/{ACTIVATOR_SERVICE}"
+    except RuntimeError as e:  # no global address here: only the scale-from-zero test needs it, and fails saying so
+        ACTIVATOR_UNPUBLISHED.append(str(e))
+    op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
+                         activator_port=port, env_extra=env).start()
     try:
         yield op
     finally:

@@ -1,12 +1,18 @@
 """The scale-from-zero activator against a fake API: held while one variant wakes, then forwarded;
-the queue and the wait are bounded; a model without autoscaling is not woken."""
+the queue and the wait are bounded (503 with Retry-After, counted); a model without autoscaling is
+not woken; two activator replicas wake once; a streamed answer passes through chunk by chunk (a
+real HTTP server as the pod, the activator's own HTTP server in front)."""
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fewerbits_operator.activator import Activator, model_of, variant_to_wake
+from prometheus_client import REGISTRY
+
+from fewerbits_operator.activator import Activator, model_of, serve, variant_to_wake
 
 
 class FakeKube:
@@ -34,8 +40,12 @@ class FakeKube:
         return [{"metadata": {"name": "p"}, "status": {"podIP": "10.0.0.7",
                                                        "conditions": [{"type": "Ready", "status": "True"}]}}]
 
-    def patch_scale(self, ns, name, replicas):
-        self.scaled.append((ns, name, replicas))
+    def wake_scale(self, ns, name):
+        # The API server's conditional write: only from 0 (one replica at the fake's scale).
+        if any(n == name for _, n, _ in self.scaled):
+            return False
+        self.scaled.append((ns, name, 1))
+        return True
 
     def post_event(self, obj, type_, reason, message):
         self.events.append(reason)
@@ -46,6 +56,10 @@ def echo(method, url, target, body, headers):
 
 
 HOST = {"host": "m.ns.svc.cluster.local:8000"}
+
+
+def _rejected(reason: str) -> float:
+    return REGISTRY.get_sample_value("fewerbits_activator_rejected_total", {"reason": reason}) or 0.0
 
 
 def test_model_from_host_or_header():
@@ -73,9 +87,11 @@ def test_ready_pod_is_served_without_waking():
 
 def test_the_wait_is_bounded():
     act = Activator(FakeKube(ready_after=None), timeout=0.2, poll=0.01, forward=echo)
+    before = _rejected("timeout")
     t0 = time.monotonic()
-    code, _, body = act.handle("POST", "/v1/x", HOST, b"")
-    assert code == 504 and b"within" in body and time.monotonic() - t0 < 2
+    code, hdrs, body = act.handle("POST", "/v1/x", HOST, b"")
+    assert code == 503 and hdrs.get("Retry-After") and b"within" in body and time.monotonic() - t0 < 2
+    assert _rejected("timeout") == before + 1
 
 
 def test_the_queue_is_bounded():
@@ -85,9 +101,11 @@ def test_the_queue_is_bounded():
     deadline = time.monotonic() + 2
     while act.gate(("ns", "m")).waiting < 1 and time.monotonic() < deadline:
         time.sleep(0.005)
+    before = _rejected("queue")
     code, hdrs, body = act.handle("POST", "/v1/x", HOST, b"")
     first.join()
     assert code == 503 and hdrs.get("Retry-After") and b"already wait" in body
+    assert _rejected("queue") == before + 1
 
 
 def test_no_autoscaling_no_wake_and_unknown_model():
@@ -113,6 +131,94 @@ def test_a_model_back_at_zero_while_requests_wait_is_woken_again_and_the_wait_is
     act = Activator(kube, timeout=0.3, poll=0.01, forward=echo)
     assert act.last_held("ns", "m") is None
     before = _time.time()
+    kube.wake_scale = lambda ns, name: kube.scaled.append((ns, name, 1)) or True  # scaled down again each time
     code, _, _ = act.handle("POST", "/v1/chat/completions", HOST, b"{}")
-    assert code == 504 and len(kube.scaled) >= 3  # woken again every REWAKE_SECONDS, not once per timeout
+    assert code == 503 and len(kube.scaled) >= 3  # woken again every REWAKE_SECONDS, not once per timeout
     assert before <= act.last_held("ns", "m") <= _time.time()  # what the autoscaler keeps it awake by
+
+
+def test_two_activator_replicas_wake_the_model_once():
+    kube = FakeKube()
+    a, b = Activator(kube, poll=0.01, forward=echo), Activator(kube, poll=0.01, forward=echo)
+    wakes = REGISTRY.get_sample_value("fewerbits_activator_wakes_total") or 0.0
+    out = []
+    threads = [threading.Thread(target=lambda x=x: out.append(x.handle("POST", "/v1/x", HOST, b"")[0])) for x in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [200, 200]
+    assert kube.scaled == [("ns", "m-l4", 1)] and kube.events == ["ScaledFromZero"]
+    assert a.woken + b.woken == 1
+    assert REGISTRY.get_sample_value("fewerbits_activator_wakes_total") == wakes + 1
+
+
+class StreamingPod:
+    """A pod that sends server-sent events one at a time, each only after the test saw the last
+    one arrive through the activator (so a buffering activator could never pass)."""
+
+    def __init__(self, events: int):
+        self.events = events
+        self.sent = threading.Semaphore(0)
+        self.go = threading.Semaphore(0)
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for i in range(outer.events):
+                    self.wfile.write(f"data: {{\"n\": {i}}}\n\n".encode())
+                    self.wfile.flush()
+                    outer.sent.release()
+                    if not outer.go.acquire(timeout=10):
+                        return
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+
+def test_a_streamed_answer_passes_through_event_by_event(monkeypatch):
+    from fewerbits_operator import activator as mod
+
+    pod = StreamingPod(events=3)
+    monkeypatch.setattr(mod, "VLLM_PORT", pod.port)
+    kube = FakeKube(ready_after=1)
+    kube.scaled.append(("ns", "m-l4", 1))
+    kube.list_pods = lambda ns, sel: [{"metadata": {"name": "p"}, "status": {
+        "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}]
+    srv = serve(Activator(kube, poll=0.01), 0, host="127.0.0.1")
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+        conn.request("POST", "/v1/chat/completions", body=b'{"stream": true}',
+                     headers={"Host": "m.ns.svc:8000", "Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
+        got = []
+        for i in range(3):
+            assert pod.sent.acquire(timeout=10)
+            line = resp.fp.readline()  # the chunk-size line, then the event itself
+            while not line.startswith(b"data:"):
+                line = resp.fp.readline()
+            got.append(line.strip())
+            # The pod has not sent the next event yet: this one came through before the end.
+            pod.go.release()
+        assert got == [b'data: {"n": 0}', b'data: {"n": 1}', b'data: {"n": 2}']
+        conn.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        pod.srv.shutdown()

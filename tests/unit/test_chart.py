@@ -178,7 +178,7 @@ NAMESPACED_RULES = {
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"list"},
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
-    ("apps", "deployments/scale"): {"get", "patch"},
+    ("apps", "deployments/scale"): {"get", "patch", "update"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
@@ -189,7 +189,12 @@ NAMESPACED_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", f"clusterroles[{RELEASE}-fewerbits-epp]"): {"bind"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "create", "update", "delete"},
 }
+ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in the release namespace (atzero.py)
+    ("discovery.k8s.io", "endpointslices"): {"list"},
+}
+ACTIVATOR_ROLE = f"{RELEASE}-fewerbits-activator-endpoints"
 EPP_RULES = {  # the ClusterRole the operator binds for each model's endpoint picker (upstream's Role)
     ("", "pods"): {"get", "list", "watch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
@@ -232,7 +237,8 @@ def test_every_rule_says_why(helm: list[str]):
     for mode in ("defaults", "cluster"):
         lines = template_text(helm, MODES[mode]).splitlines()
         rules = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
-        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES)
+        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES) \
+            + (len(ACTIVATOR_RULES) if mode == "defaults" else 0)
         for i in rules:
             assert lines[i - 1].lstrip().startswith("#"), f"{mode}: rule without a comment: {lines[i]} {lines[i + 1]}"
 
@@ -242,12 +248,14 @@ def test_rbac_namespaced_scope(helm: list[str]):
     sa = f"{RELEASE}-fewerbits"
     (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == CLUSTER_RULES
-    roles = by_kind(objs, "Role")
+    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] != ACTIVATOR_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
     for role in roles:
         assert _grants(role) == NAMESPACED_RULES
+    (activator,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == ACTIVATOR_ROLE]
+    assert activator["metadata"]["namespace"] == NAMESPACE and _grants(activator) == ACTIVATOR_RULES
     bindings = by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding")
-    assert len(bindings) == 3
+    assert len(bindings) == 4
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == '["ml-a","ml-b"]'
@@ -266,7 +274,8 @@ def test_the_pickers_cluster_role_reads_pods_and_pools_only_and_is_bound_by_noth
 
 def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]):
     objs = render(helm, [])
-    assert [r["metadata"]["namespace"] for r in by_kind(objs, "Role")] == [NAMESPACE]
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objs, "Role")] == [
+        (f"{RELEASE}-fewerbits", NAMESPACE), (ACTIVATOR_ROLE, NAMESPACE)]
     assert json.loads(env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"]) == [NAMESPACE]
 
 
@@ -362,8 +371,8 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
         if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
-                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE"):
-            continue  # release namespace; image tags (and the image's tools) follow the chart's appVersion
+                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE", "FEWERBITS_ACTIVATOR_SERVICE"):
+            continue  # release namespace (and name); image tags (and the image's tools) follow the chart's appVersion
         if default is None:
             assert key not in env, f"{key}: unset means None"
             continue

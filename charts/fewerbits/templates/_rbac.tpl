@@ -58,10 +58,11 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   verbs: ["list", "watch", "create", "update", "delete"]
 # The scale subresource: the autoscaler changes replicas only through it (Kube.read_scale,
 # Kube.patch_scale), never the Deployment's spec, so its writes cannot collide with the
-# operator's.
+# operator's. Update: the activator's wake replaces the scale at the resourceVersion it read, only
+# from 0 (Kube.wake_scale), so two operator replicas waking one model write once.
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "patch", "update"]
 # Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/lws.py): list and watch those
 # labelled app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_lws, started only
 # where the API is served; their events enqueue the owning models), create, update when the rendered
@@ -122,6 +123,14 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# EndpointSlices labelled endpointslice.kubernetes.io/managed-by=activator.fewerbits.io: one per
+# model that may reach zero, adding the activator's endpoints to the model's Service while it has at
+# most one ready pod (atzero.py: Kube.list_endpoint_slices, create_endpoint_slice,
+# replace_endpoint_slice, delete_endpoint_slice). The EndpointSlice controller's own slices are
+# only listed, never written.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list", "create", "update", "delete"]
 {{- end }}
 
 {{/* Reads of cluster-scoped resources: needed in both scopes. */}}
