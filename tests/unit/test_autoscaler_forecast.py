@@ -56,8 +56,10 @@ def reactive(current: int, kv: float, ready: int | None = None, now: float = 0.0
     return decide(SPEC, None, obs, History(), now)
 
 
-def fc(expected: float, upper: float | None, phase: str = "Daily") -> Forecast:
-    return Forecast(phase, DAY, HORIZON, expected, expected, upper, None if upper is None else expected * 0.9, 100)
+def fc(expected: float, upper: float | None, phase: str = "Daily", lower: float | None = None) -> Forecast:
+    """A forecast with a band (lower: 0.9 x expected unless given); none with ``upper`` None."""
+    lower = None if upper is None else (expected * 0.9 if lower is None else lower)
+    return Forecast(phase, DAY, HORIZON, expected, expected, upper, lower, 100)
 
 
 # ------------------------------------------------------------------ history and fit
@@ -181,6 +183,7 @@ def test_demand_is_the_reactive_rules_unit():
 @pytest.mark.parametrize("current,kv,forecast,desired,cause", [
     (4, 0.7, fc(4.0, 4.3), 4, "reactive"),            # within tolerance of what runs: nothing added
     (4, 0.7, fc(5.0, 6.2), 7, "predictive"),          # ramp ahead: up to the upper band now
+    (4, 0.7, fc(5.0, 6.2, lower=4.4), 4, "reactive"),  # the band's lower end is within tolerance: not sure
     (4, 0.7, fc(20.0, 30.0), 8, "predictive"),        # step limit max(2x, +4)
     (8, 0.7, fc(20.0, 30.0), 10, "predictive"),       # maxReplicas
     (4, 1.0, fc(4.5, 4.9), 6, "reactive"),            # reactive wants more than the forecast: reactive

@@ -17,11 +17,11 @@ one start-up late. This module adds one rule after ``algorithm.decide``:
   measured when its time comes, and the upper band is the expected value plus the 90th percentile
   of the relative errors of the last day. No band (and so no action) before ``min_errors`` have
   been measured.
-- **The rule** (``foresee``): when the upper band exceeds the current replicas (starting pods
-  included) by more than the reactive rule's tolerance, scale up to it now (same step limit and
-  bounds as ``decide``); a reactive scale-down never goes below the upper band's need. The
-  forecast only ever adds capacity early; it never removes any, and never holds back a reactive
-  scale-up.
+- **The rule** (``foresee``): when even the band's lower end exceeds the current replicas
+  (starting pods included) by more than the reactive rule's tolerance, scale up now to the upper
+  end (same step limit and bounds as ``decide``); a reactive scale-down stops at the forecast's
+  expected value. The forecast only ever adds capacity early or holds it; it never removes any,
+  and never holds back a reactive scale-up.
 
 History is kept in the operator, in a bounded ring buffer per variant (``DemandSeries``: one
 bucket a minute, 8 days, ~270 KiB), not read from Prometheus: the autoscaler's default metrics
@@ -281,14 +281,19 @@ def demand_of(d: Decision, spec: AutoscalingSpec) -> float | None:
 
 def foresee(d: Decision, fc: Forecast | None, spec: AutoscalingSpec, policy_max: int | None,
             tuning: Tuning = Tuning()) -> Decision:
-    """``d`` (the reactive decision) with capacity added early: when the forecast exceeds the
-    current replicas (starting pods included) by more than the reactive rule's tolerance -- the
-    KV rule applied one horizon ahead -- scale up to the upper band, ``ceil(upper)``, within the
-    step limit and bounds; and a reactive scale-down stops at ``ceil(expected)``. Never lower than
-    ``d.desired`` when it scales up or holds; unchanged without a band or outside the bounds."""
+    """``d`` (the reactive decision) with capacity added early: when even the lower end of the
+    forecast's band exceeds the current replicas (starting pods included) by more than the
+    reactive rule's tolerance -- the KV rule applied one horizon ahead, on the forecast's
+    confident side -- scale up to the upper band, ``ceil(upper)``, within the step limit and
+    bounds; and a reactive scale-down stops at ``ceil(expected)``. Never lower than ``d.desired``
+    when it scales up or holds; unchanged without a band or outside the bounds.
+
+    Why the lower end triggers: triggered by the expected value, about 70% of the scale-ups in the
+    bench were not needed (noise read as a ramp) and each holds a replica through its start-up;
+    triggered by the lower end, about 25% (docs/autoscaling.md)."""
     lo, hi = bounds(spec, policy_max)
     cur = d.current
-    if fc is None or fc.upper is None or not lo <= cur <= hi:
+    if fc is None or fc.upper is None or fc.lower is None or not lo <= cur <= hi:
         return d
     why = (f"forecast {fc.expected:.1f} replicas (upper {fc.upper:.1f}) in {fc.horizon_seconds:.0f}s, "
            f"{fc.phase.lower()}")
@@ -300,7 +305,7 @@ def foresee(d: Decision, fc: Forecast | None, spec: AutoscalingSpec, policy_max:
         verb = f"scale down {cur}->{floor}" if floor < cur else f"hold {cur}"
         return replace(d, desired=floor, act=floor != cur, direction=direction, cause="predictive",
                        reason=f"{verb}: {why} (reactive: {d.desired}); {d.reason}")
-    if fc.expected <= cur * (1 + tuning.tolerance) + EPS:
+    if fc.lower <= cur * (1 + tuning.tolerance) + EPS:
         return d
     limit = max(math.ceil(cur * tuning.max_scale_up_factor - EPS), cur + tuning.max_scale_up_add)
     want = min(hi, math.ceil(fc.upper - EPS), limit)
