@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import insort
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -211,7 +211,7 @@ class Forecaster:
             _, expected = self.pending.popleft()
             error = (demand - expected) / max(expected, 1.0)
             if len(self.errors) == self.errors.maxlen:
-                self._sorted.pop(_index(self._sorted, self.errors[0]))
+                self._sorted.pop(bisect_left(self._sorted, self.errors[0]))  # the one leaving the deque
             self.errors.append(error)
             insort(self._sorted, error)
 
@@ -263,11 +263,6 @@ class Forecaster:
                 keep.append((at, horizon, before))
         self.scale_ups = keep
         return needed, unneeded
-
-
-def _index(values: list[float], x: float) -> int:
-    from bisect import bisect_left
-    return bisect_left(values, x)
 
 
 def demand_of(d: Decision, spec: AutoscalingSpec) -> float | None:
