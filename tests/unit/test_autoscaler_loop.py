@@ -624,3 +624,17 @@ def test_predictive_off_publishes_the_forecast_but_scales_reactively(servers):
         a.run_once(t)
     assert io.scale_writes == []  # 0.76 is within the reactive tolerance
     assert io.models["m1"]["status"]["serving"][0]["forecast"]["expectedReplicas"] > 2.2
+
+
+def test_startup_is_read_from_the_pods_ready_transitions():
+    from fewerbits_operator.autoscaler.loop import startup_seconds
+
+    def pod(created, ready_at, status="True"):
+        return {"metadata": {"creationTimestamp": created},
+                "status": {"conditions": [{"type": "Ready", "status": status, "lastTransitionTime": ready_at}]}}
+
+    pods = [pod("2027-01-15T08:00:00Z", "2027-01-15T08:03:00Z"), pod("2027-01-15T08:00:00Z", "2027-01-15T08:04:00Z"),
+            pod("2027-01-15T08:10:00Z", "2027-01-15T08:12:00Z"), pod("2027-01-15T08:00:00Z", "x"),
+            pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]
+    assert startup_seconds(pods) == 180.0  # the median of 120, 180, 240; unready and unreadable pods ignored
+    assert startup_seconds([pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]) is None
