@@ -429,6 +429,13 @@ class AutoscalingSpec(ApiModel):
     scaleDownDelaySeconds: Annotated[int, Field(ge=0, le=86400)] = 300
     """Seconds of sustained lower demand before scaling down."""
 
+    predictive: bool = True
+    """Also scale ahead of the load: forecast each variant's demand one pod start-up ahead from its
+    own history (daily and weekly seasonality, recent trend) and add replicas early for the
+    forecast's upper band. It only adds capacity early or holds it; it never scales below what
+    the reactive rules need now. Off: the forecast is still shown in `status.serving[].forecast`,
+    but only the reactive rules scale."""
+
     model_config = ApiModel.model_config | {"json_schema_extra": {
         "x-kubernetes-validations": [{
             "rule": "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
@@ -683,6 +690,30 @@ class CalibrationDataStatus(ApiModel):
     """Hub: the dataset revision (part of the URI, so of the key)."""
 
 
+class DemandForecast(ApiModel):
+    """A variant's demand one pod start-up ahead, in replicas at the KV target
+    (`ready x avgKV / targetKVCacheUsage`, or what the queue rule wants when it fires)."""
+
+    phase: Literal["Training", "Trend", "Daily", "Weekly"]
+    """`Training`: too few forecasts checked against what came to know the band; the forecast
+    does not scale yet (after an operator restart, ~1 h). `Trend`: under a day of history, the
+    recent trend only. `Daily`: with the daily seasonality. `Weekly`: with the weekly too."""
+    historySince: str | None = None
+    """Oldest sample the forecast is made from (RFC 3339; kept in the operator's memory, so an
+    operator restart starts the history again)."""
+    horizonSeconds: int
+    """How far ahead: the variant's pod start-up (measured) plus one autoscaler pass."""
+    demandReplicas: float
+    """The present demand."""
+    expectedReplicas: float
+    """The forecast."""
+    upperReplicas: float | None = None
+    """Upper end of the band (the forecast's realised errors, 90th percentile): the predictive
+    rule scales for this."""
+    lowerReplicas: float | None = None
+    """Lower end of the band (10th percentile; informative: the forecast never removes capacity)."""
+
+
 class VariantServingStatus(ApiModel):
     """Live state of one variant's Deployment."""
 
@@ -711,6 +742,13 @@ class VariantServingStatus(ApiModel):
     """Ready pods of this variant that exposed no vLLM metrics at the autoscaler's last pass (a
     wrong image, an old vLLM): they are served but not scaled down, and with InferencePool routing
     the endpoint picker spreads requests evenly until they report (event `MetricsUnavailable`)."""
+    forecast: DemandForecast | None = None
+    """The autoscaler's forecast of this variant's demand one pod start-up ahead (absent before
+    its first sample)."""
+    lastScaleCause: Literal["Reactive", "Predictive"] | None = None
+    """Why the autoscaler last changed the replica count: `Reactive` (the KV and queue rules, the
+    bounds, the placement across pools) or `Predictive` (the forecast's upper band, ahead of the
+    load)."""
     canary: CanaryStatus | None = None
     """The serving canary of the variant's current served configuration (absent with
     `serving.canary.enabled: false`, and for a variant serving since before it existed)."""
@@ -765,7 +803,8 @@ class EffectiveAutoscaling(AutoscalingSpec):
     placement uses: the policy's `rules.poolCostWeights` over the operator's `gpuCostWeights`."""
 
 
-AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime", "podsWithoutMetrics")
+AUTOSCALER_FIELDS = ("desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime", "podsWithoutMetrics",
+                     "forecast", "lastScaleCause")
 """The fields of `status.serving[]` the autoscaler writes; reconcile keeps them as they are."""
 
 

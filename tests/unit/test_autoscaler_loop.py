@@ -414,7 +414,7 @@ def test_merge_serving_changes_only_autoscaler_fields():
     with pytest.raises(ValueError, match="replicas"):
         merge_serving(serving, {"a": {"replicas": 5}})
     assert set(AUTOSCALER_FIELDS) == {"desiredReplicas", "kvCacheUsage", "waitingRequests", "lastScaleTime",
-                                      "podsWithoutMetrics"}
+                                      "podsWithoutMetrics", "forecast", "lastScaleCause"}
 
 
 def test_classify_pods():
@@ -566,3 +566,75 @@ def test_a_model_the_activator_just_woke_is_not_scaled_back_to_zero(servers):
     assert "the activator held a request for this model 1s ago" in out[0].decision.reason
     a.run_once(T0 + 13.5)
     assert len(io.scale_writes) == 2 and io.scale_writes[-1] == ("m1-h100", 0)  # 6.5 s after it
+
+
+def _warm_forecast(a: Autoscaler, srvs, kv: float, passes: int = 70) -> float:
+    """One pass a minute at a steady load until the forecast has checked enough of its forecasts to
+    know its band (ForecastTuning.min_errors); returns the time of the last pass."""
+    for s in srvs:
+        s.set(kv=kv)
+    for i in range(passes):
+        a.run_once(T0 + 60 * i)
+    return T0 + 60 * (passes - 1)
+
+
+def test_a_ramp_is_scaled_for_ahead_and_the_status_says_predictive(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2, maxReplicas=8)
+    a = scaler(io, status_interval_seconds=0)
+    t = _warm_forecast(a, srvs, 0.7)
+    assert io.scale_writes == []  # a steady load at the target: no predictive scaling
+    entry = io.models["m1"]["status"]["serving"][0]
+    assert entry["forecast"]["phase"] == "Trend" and entry["forecast"]["upperReplicas"] == pytest.approx(2.0, abs=0.1)
+    assert entry["forecast"]["horizonSeconds"] == 195 and entry["forecast"]["historySince"] == "2027-01-15T08:00:00Z"
+    kv = 0.7
+    while not io.scale_writes:
+        t += 15
+        kv += 0.02
+        assert kv < 0.77, "the reactive KV rule would fire now: the forecast did not act ahead of it"
+        for s in srvs:
+            s.set(kv=kv)
+        out = a.run_once(t)
+    (name, replicas), = io.scale_writes
+    assert name == "m1-h100" and replicas >= 3
+    assert out[0].decision.cause == "predictive" and out[0].decision.reason.startswith("predictive scale up 2->")
+    entry = io.models["m1"]["status"]["serving"][0]
+    assert entry["lastScaleCause"] == "Predictive" and entry["forecast"]["expectedReplicas"] > 2.2
+    assert [e[1] for e in io.events] == ["ScaledUp"]
+    labels = {"model": "m1", "variant": "h100"}
+    assert _sample(a, "fewerbits_autoscaler_predictive_scale_ups_total", labels) == 1
+    # The ramp stops at once: the demand never exceeds what 2 replicas hold within the tolerance,
+    # so two horizons later the scale-up is counted as not needed.
+    for i in range(1, 30):
+        a.run_once(t + 15 * i)
+    assert _sample(a, "fewerbits_autoscaler_predictive_scale_ups_unneeded_total", labels) == 1
+
+
+def test_predictive_off_publishes_the_forecast_but_scales_reactively(servers):
+    io = FakeIO()
+    srvs = setup(io, servers, 2, maxReplicas=8, predictive=False)
+    a = scaler(io, status_interval_seconds=0)
+    t = _warm_forecast(a, srvs, 0.7)
+    kv = 0.7
+    for _ in range(3):
+        t += 15
+        kv += 0.02
+        for s in srvs:
+            s.set(kv=kv)
+        a.run_once(t)
+    assert io.scale_writes == []  # 0.76 is within the reactive tolerance
+    assert io.models["m1"]["status"]["serving"][0]["forecast"]["expectedReplicas"] > 2.2
+
+
+def test_startup_is_read_from_the_pods_ready_transitions():
+    from fewerbits_operator.autoscaler.loop import startup_seconds
+
+    def pod(created, ready_at, status="True"):
+        return {"metadata": {"creationTimestamp": created},
+                "status": {"conditions": [{"type": "Ready", "status": status, "lastTransitionTime": ready_at}]}}
+
+    pods = [pod("2027-01-15T08:00:00Z", "2027-01-15T08:03:00Z"), pod("2027-01-15T08:00:00Z", "2027-01-15T08:04:00Z"),
+            pod("2027-01-15T08:10:00Z", "2027-01-15T08:12:00Z"), pod("2027-01-15T08:00:00Z", "x"),
+            pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]
+    assert startup_seconds(pods) == 180.0  # the median of 120, 180, 240; unready and unreadable pods ignored
+    assert startup_seconds([pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]) is None

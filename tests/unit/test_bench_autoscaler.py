@@ -3,8 +3,11 @@ traces; the figures themselves are in bench/README.md, never asserted as timings
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -29,3 +32,69 @@ def test_oracles_bound_the_policies():
 
 def test_seeds_argument():
     assert bench.seeds_arg("1-5") == [1, 2, 3, 4, 5] and bench.seeds_arg("2,7") == [2, 7]
+
+
+# ------------------------------------------------------------------ foresight (issue 33)
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "autoscaler.json"
+
+
+def test_trace_shapes_are_what_they_claim():
+    day = int(bench.DAY_S / bench.DT)
+    seasonal, flat, launch = (bench.make_trace(3, 72, s) for s in ("seasonal", "flat", "launch"))
+    assert seasonal[:day] == bench.make_trace(3, 24)  # day 1 is issue 8's trace
+    # Flat: the 03:00 trough and the 15:00 peak carry the same base load (bursts aside).
+    at = lambda trace, h: min(trace[int(h * 3600 / bench.DT) + k][0] for k in range(-20, 20))  # noqa: E731
+    assert at(flat, 3) == at(flat, 15) and at(seasonal, 3) < at(seasonal, 15) / 2
+    # Launch: the same load as the seasonal trace until 09:00 of day 3, x1.5 after the ramp.
+    shift = int((2 * bench.DAY_S + 9 * 3600) / bench.DT)
+    assert launch[:shift] == seasonal[:shift]
+    later = shift + int(3600 / bench.DT)
+    assert launch[later][0] == pytest.approx(seasonal[later][0] * bench.LAUNCH_FACTOR)
+    with pytest.raises(ValueError, match="trace shape"):
+        bench.make_trace(1, 1, "weekly")
+
+
+def test_periods_split_one_run():
+    trace = bench.make_trace(2, 4)
+    whole = bench.simulate(bench.Fewerbits(), trace, 2)
+    first, rest = bench.simulate_periods(bench.Fewerbits(), trace, 2, 2 * 3600)
+    assert first.gpu_hours + rest.gpu_hours == pytest.approx(whole.gpu_hours)
+    assert first.saturated_min + rest.saturated_min == pytest.approx(whole.saturated_min)
+    assert first.scale_events + rest.scale_events == whole.scale_events
+
+
+def test_predictive_policy_runs_the_operators_rule_and_counts_its_scale_ups():
+    trace = bench.make_trace(1, 6)
+    policy = bench.Predictive()
+    result = bench.simulate(policy, trace, 1)
+    reactive = bench.simulate(bench.Fewerbits(), trace, 1)
+    assert policy.forecaster.series.span(6 * 3600 - bench.DT) > 5 * 3600  # it kept the history
+    assert 0 <= policy.unneeded <= policy.scale_ups
+    # The rule only adds capacity: never fewer GPU-hours than the reactive decisions alone.
+    assert result.gpu_hours >= reactive.gpu_hours
+
+
+def test_committed_results_give_the_readme_table_and_their_goals():
+    doc = json.loads(RESULTS.read_text())
+    assert [(r["trace"], r["seed"]) for r in doc["results"]] == bench.FORESIGHT_TRACES
+    assert doc["goals"] == bench.foresight_goals(doc["results"])
+    table = bench.foresight_table(doc)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "seed" in line or line.startswith("| flat")
+            or line.startswith("| launch")]
+    assert len(rows) == len(doc["results"])
+    for r, line in zip(doc["results"], rows):
+        assert f"**{r['after_first_day']['predictive']['gpu_ratio_equal_sat']:.3f}**" in line
+    assert doc["command"] in table
+
+
+def test_goals_read_the_runs():
+    row = {"trace": "seasonal", "after_first_day": {"predictive": {"gpu_ratio_equal_sat": 0.84, "saturated_min": 5},
+                                                    "reactive": {"gpu_ratio_equal_sat": 0.9, "saturated_min": 6}}}
+    flat = {**row, "trace": "flat"}
+    assert all(bench.foresight_goals([row, flat]).values())
+    worse = {**flat, "after_first_day": {**flat["after_first_day"],
+                                         "predictive": {"gpu_ratio_equal_sat": 0.95, "saturated_min": 7}}}
+    goals = bench.foresight_goals([row, worse])
+    assert goals == {"ratio_at_most_0.85_every_seed": True, "saturation_not_above_reactive": False,
+                     "launch_and_flat_not_worse": False}

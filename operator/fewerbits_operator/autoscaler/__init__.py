@@ -2,12 +2,15 @@
 
 - ``metrics``: per-pod figures from a pod's ``/metrics`` or from Prometheus (typed results).
 - ``algorithm``: the decision, a pure function.
+- ``forecast``: the demand forecast one pod start-up ahead and the predictive rule after the
+  decision (docs/autoscaling.md).
 - ``loop``: the ``Autoscaler`` that observes, decides and writes only the Deployment's scale
   subresource, the autoscaler-owned fields of ``status.serving`` and Events.
 - I/O goes through ``fewerbits_operator.kube.Kube``, which implements ``AutoscalerIO`` (one module talks to the API server).
 """
 
 from .algorithm import Decision, History, Observation, Tuning, bounds, decide
+from .forecast import Forecast, Forecaster, ForecastTuning, foresee, foresight_step
 from .loop import AUTOSCALER_FIELDS, Autoscaler, AutoscalerIO, merge_serving
 from .metrics import (
     DirectScrapeSource,
@@ -23,6 +26,7 @@ from .metrics import (
 __all__ = [
     "AUTOSCALER_FIELDS", "Autoscaler", "AutoscalerIO", "merge_serving",
     "Decision", "History", "Observation", "Tuning", "bounds", "decide",
+    "Forecast", "Forecaster", "ForecastTuning", "foresee", "foresight_step",
     "DirectScrapeSource", "MetricsSource", "PodSample", "PodTarget", "PrometheusSource", "ScrapeFailure",
     "parse_vllm_metrics", "scrape_pod",
 ]

@@ -139,6 +139,9 @@ class Decision:
     kv_wants: int | None = None
     queue_wants: int | None = None
     figures: dict[str, float] = field(default_factory=dict)
+    cause: str = "reactive"
+    """What set ``desired``: "reactive" (these rules, the bounds, the placement) or "predictive"
+    (``forecast.foresee`` added capacity early or held it for the forecast)."""
 
 
 def bounds(spec: AutoscalingSpec, policy_max: int | None) -> tuple[int, int]:

@@ -12,7 +12,9 @@ empty, stops scaling (fail closed). All API I/O goes through the ``AutoscalerIO`
 (``fewerbits_operator.kube.Kube`` implements it).
 
 Recommendation history lives in memory, per variant. Losing it on a restart is safe: a
-scale-down waits the full ``scaleDownDelaySeconds`` again (``algorithm._record``).
+scale-down waits the full ``scaleDownDelaySeconds`` again (``algorithm._record``). So does the
+demand history the forecast is made from (``forecast.Forecaster``, a bounded ring buffer per
+variant): after a restart the variant scales reactively until the forecast has a band again.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 from ..render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
 from .algorithm import Decision, History, Observation, Tuning, bounds, decide
 from .capacity import economics_from_plan, rebalance
+from .forecast import Forecast, Forecaster, foresight_step
 from .metrics import MetricsSource, PodSample, PodTarget
 
 log = logging.getLogger("fewerbits.autoscaler")
@@ -155,6 +158,47 @@ def keep_awake(d: Decision, held_at: float | None, now: float, delay: float) -> 
                           f"(scaleDownDelaySeconds {delay:.0f}); {d.reason}")
 
 
+DEFAULT_STARTUP_SECONDS = 180.0
+"""A vLLM pod's start-up before one was seen (image pull, weights, CUDA graphs)."""
+
+
+def _parse_time(text: str | None) -> float | None:
+    try:
+        return datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+
+
+def startup_seconds(pods: list[dict[str, Any]]) -> float | None:
+    """The variant's pod start-up as its ready pods show it: the median of creation to Ready
+    (the Ready condition's ``lastTransitionTime``); None when no ready pod shows it."""
+    spans = []
+    for pod in pods:
+        created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") == "True":
+                ready = _parse_time(c.get("lastTransitionTime"))
+                if created is not None and ready is not None and ready >= created:
+                    spans.append(ready - created)
+    if not spans:
+        return None
+    spans.sort()
+    return spans[len(spans) // 2]
+
+
+def forecast_status(fc: Forecast | None) -> dict[str, Any] | None:
+    """``status.serving[].forecast`` (``DemandForecast``), rounded so that noise does not rewrite it."""
+    if fc is None:
+        return None
+    out = {"phase": fc.phase, "horizonSeconds": int(fc.horizon_seconds),
+           "demandReplicas": round(fc.demand, 1), "expectedReplicas": round(fc.expected, 1)}
+    if fc.since is not None:  # a time, not an age: the status is not rewritten at rest
+        out["historySince"] = rfc3339(fc.since)
+    if fc.upper is not None and fc.lower is not None:
+        out |= {"upperReplicas": round(fc.upper, 1), "lowerReplicas": round(fc.lower, 1)}
+    return out
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -184,6 +228,18 @@ class AutoscalerMetrics:
                               registry=registry)
         for d in ("up", "down"):
             self.scale_events.labels(d)
+        self.predictive_ups = Counter(
+            "fewerbits_autoscaler_predictive_scale_ups_total",
+            "Scale-ups the forecast made ahead of the load (status.serving[].lastScaleCause Predictive)",
+            labels, registry=registry)
+        self.predictive_unneeded = Counter(
+            "fewerbits_autoscaler_predictive_scale_ups_unneeded_total",
+            "Predictive scale-ups not needed: within two horizons after one, the demand never exceeded what the "
+            "replicas before it held within the reactive tolerance (the reactive rule never asked for it)",
+            labels, registry=registry)
+        self.forecast_upper = Gauge("fewerbits_autoscaler_forecast_upper_replicas",
+                                    "Upper band of the demand forecast one pod start-up ahead (replicas at the "
+                                    "KV target)", labels, registry=registry)
 
     @classmethod
     def for_registry(cls, registry: CollectorRegistry | None) -> AutoscalerMetrics:
@@ -195,7 +251,8 @@ class AutoscalerMetrics:
             return cls._default
 
     def forget(self, key: tuple[str, str, str]) -> None:
-        for g in (self.desired, self.kv, self.waiting):
+        for g in (self.desired, self.kv, self.waiting, self.forecast_upper, self.predictive_ups,
+                  self.predictive_unneeded):
             try:
                 g.remove(*key)
             except KeyError:
@@ -235,6 +292,11 @@ class Autoscaler:
         self.registry = registry if registry is not None else REGISTRY
         self.metrics = AutoscalerMetrics.for_registry(registry)
         self._history: dict[tuple[str, str, str], History] = {}
+        self._forecasters: dict[tuple[str, str, str], Forecaster] = {}
+        self._forecasts: dict[tuple[str, str, str], Forecast | None] = {}
+        self.period = 15.0
+        """Seconds between passes (``run_forever`` sets it): the forecast looks one start-up and
+        one pass ahead."""
         self._status_written: dict[tuple[str, str], float] = {}
         self._unreported: set[tuple[str, str, str]] = set()
         self.held = held
@@ -259,6 +321,8 @@ class Autoscaler:
         self._unreported &= seen
         for key in set(self._history) - seen:
             del self._history[key]
+            self._forecasters.pop(key, None)
+            self._forecasts.pop(key, None)
             self.metrics.forget(key)
         live = {k[:2] for k in seen}
         for key in set(self._status_written) - live:
@@ -268,6 +332,7 @@ class Autoscaler:
     def run_forever(self, stop: threading.Event, period: float = 15.0) -> None:
         """Thread entry: a pass every ``period`` seconds until ``stop`` is set."""
         log.info("autoscaler started (every %.0fs, metrics from %s)", period, type(self.source).__name__)
+        self.period = period
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -294,6 +359,20 @@ class Autoscaler:
             self._unreported.discard(key)
             self.io.post_event(model, "Normal", "MetricsRestored",
                                f"variant {key[2]}: all {ready} ready pod(s) report vLLM metrics again")
+
+    def _foresee(self, key: tuple[str, str, str], d: Decision, auto: EffectiveAutoscaling, cap: int | None,
+                 now: float, pods: list[dict[str, Any]]) -> Decision:
+        """The predictive rule after the reactive decision (``forecast.foresight_step``, the function
+        the bench runs), one measured pod start-up plus one pass ahead."""
+        forecaster = self._forecasters.setdefault(key, Forecaster())
+        horizon = (startup_seconds(pods) or DEFAULT_STARTUP_SECONDS) + self.period
+        step = foresight_step(forecaster, d, auto, cap, now, horizon, auto.predictive, self.tuning)
+        if step.unneeded:
+            self.metrics.predictive_unneeded.labels(*key).inc(step.unneeded)
+        if step.forecast is not None and step.forecast.upper is not None:
+            self.metrics.forecast_upper.labels(*key).set(step.forecast.upper)
+        self._forecasts[key] = step.forecast
+        return step.decision
 
     def _model(self, model: dict[str, Any], ns: str, name: str, now: float,
                seen: set[tuple[str, str, str]]) -> list[VariantOutcome]:
@@ -337,6 +416,7 @@ class Autoscaler:
             obs = Observation(current, tuple(samples), failures, not_ready)
             d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
             self._history[key] = d.history
+            d = self._foresee(key, d, auto, cap, now, pods)
             observed.append((dname, variant, key, multinode, current, d, obs.complete, failures))
         if auto.placement == "cheapestPool" and len(observed) > 1:
             # Routing follows capacity: the model's extra capacity goes to the cheapest pool per
@@ -353,10 +433,14 @@ class Autoscaler:
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
+            cause = prev.get("lastScaleCause")
             if d.act:
                 (self.io.patch_lws_scale if multinode else self.io.patch_scale)(ns, dname, d.desired)
                 scaled = True
                 last_scale = rfc3339(now)
+                cause = "Predictive" if d.cause == "predictive" else "Reactive"
+                if d.cause == "predictive" and d.desired > current:
+                    self.metrics.predictive_ups.labels(*key).inc()
                 self.metrics.scale_events.labels(d.direction or ("up" if d.desired > current else "down")).inc()
                 log.info("%s/%s: %s", ns, dname, d.reason)
                 self.io.post_event(model, "Normal", "ScaledUp" if d.desired > current else "ScaledDown",
@@ -371,6 +455,8 @@ class Autoscaler:
                 "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
                 "lastScaleTime": last_scale,
                 "podsWithoutMetrics": failures or None,
+                "forecast": forecast_status(self._forecasts.get(key)),
+                "lastScaleCause": cause,
             }
             if prev and any(prev.get(k) != v for k, v in fields.items()):
                 updates[variant] = fields
