@@ -1,7 +1,7 @@
 {{/*
 The operator's RBAC rules, written once and used by both scopes. Every rule says why it exists and
 cites the code that needs it (operator/fewerbits_operator/kube.py is the one module that talks to
-the API server; its watched caches are informer.WatchCache loops started by Kube.start_caches). No
+the API server; its reads go through kopf indexes (indexes.py), and kopf (handlers.py) lists and watches). No
 wildcards; Secrets are never listed or watched. tests/unit/test_chart.py checks both, and
 e2e/tests/test_chart_install.py asks the API server for every grant.
 */}}
