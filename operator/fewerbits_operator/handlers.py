@@ -47,6 +47,10 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
         kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(entry))
         kopf.on.event(*coords, labels=labels, when=when, id=f"{kind}_event", registry=registry)(_on_event(op, kind))
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:  # an own registry has none of kopf's default login handlers
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in KINDS})
