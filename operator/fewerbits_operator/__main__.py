@@ -3,11 +3,14 @@ and indexes; runner.Operator is what acts) until SIGTERM, or until this replica 
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event INFO lines: one per event at 300 models
     import kopf

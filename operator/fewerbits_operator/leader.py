@@ -26,6 +26,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("fewerbits.leader")
+TIMEOUT = (5, 5)
+"""Connect and read timeouts of every Lease call: an API server that accepts and never answers must
+not hold a renewal (or a clean stop's hand-over) past the lease duration."""
 
 
 def _now_micro() -> str:
@@ -56,7 +59,7 @@ class LeaseElector:
         """One read and, when this candidate may hold the Lease, one conditional write. True while leading."""
         now = self.clock()
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=TIMEOUT)
         except ApiException as e:
             if e.status != 404:
                 raise
@@ -78,7 +81,7 @@ class LeaseElector:
         spec.renew_time = _now_micro()
         lease.spec = spec
         try:
-            self.api.replace_namespaced_lease(self.name, self.namespace, lease)  # conditional: metadata.resourceVersion
+            self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=TIMEOUT)  # conditional: metadata.resourceVersion
         except ApiException as e:
             if e.status == 409:
                 return False  # another candidate wrote first
@@ -93,7 +96,7 @@ class LeaseElector:
                                                       renew_time=_now_micro(), lease_transitions=0,
                                                       lease_duration_seconds=int(self.lease_seconds)))
         try:
-            self.api.create_namespaced_lease(self.namespace, body)
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=TIMEOUT)
         except ApiException as e:
             if e.status == 409:
                 return False
@@ -108,14 +111,14 @@ class LeaseElector:
             return
         self.leading.clear()
         try:
-            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+            lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=TIMEOUT)
             if lease.spec is not None and lease.spec.holder_identity == self.identity:
                 lease.spec.holder_identity = None
                 lease.spec.lease_duration_seconds = 1
-                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=TIMEOUT)
                 self.writes += 1
-        except ApiException as e:
-            log.warning("could not release the lease %s/%s: %s", self.namespace, self.name, e.reason)
+        except Exception as e:  # noqa: BLE001 — the API unreachable: the standby waits out the lease instead
+            log.warning("could not release the lease %s/%s: %s", self.namespace, self.name, e)
 
     # ------------------------------------------------------------ the loop
 

@@ -48,8 +48,9 @@ def fo_namespace(cluster):
     core.delete_namespace(name)
 
 
-def test_the_standby_takes_over_within_30s_without_doing_anything_twice(cluster, crds_installed, test_model_uri,
-                                                                        fo_namespace, tmp_path):
+def test_the_standby_takes_over_within_30s_without_doing_anything_twice(cluster, crds_installed, gpu_pool,
+                                                                        test_model_uri, fo_namespace, tmp_path):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     ns = fo_namespace
     env = {"FEWERBITS_NAMESPACES": f'["{ns}"]', "FEWERBITS_LEADER_ELECTION": "true",
            "FEWERBITS_LEADER_ELECTION_NAMESPACE": ns, "FEWERBITS_LEADER_ELECTION_LEASE": "fewerbits-operator",

@@ -23,17 +23,17 @@ class LeaseStore:
         self.rv = 0
         self.writes = 0
 
-    def read_namespaced_lease(self, name, namespace):
+    def read_namespaced_lease(self, name, namespace, **_):
         if name not in self.leases:
             raise ApiException(status=404)
         return copy.deepcopy(self.leases[name])
 
-    def create_namespaced_lease(self, namespace, body):
+    def create_namespaced_lease(self, namespace, body, **_):
         if body.metadata.name in self.leases:
             raise ApiException(status=409)
         return self._store(body)
 
-    def replace_namespaced_lease(self, name, namespace, body):
+    def replace_namespaced_lease(self, name, namespace, body, **_):
         if body.metadata.resource_version != self.leases[name].metadata.resource_version:
             raise ApiException(status=409)
         return self._store(body)
