@@ -288,10 +288,10 @@ class Kube:
         return created
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
-        """A write of ours: the watched cache of that kind serves the object again once it has it."""
-        informer = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
-        if informer is not None and name:
-            informer.note(namespace, name, resource_version)
+        """A write of ours: the index of that kind serves the object again once it has it."""
+        view = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
+        if view is not None and name:
+            view.note(namespace, name, resource_version)
 
     def add_owner(self, kind: str, namespace: str, name: str, owner_refs: list[dict[str, Any]]) -> None:
         patch = {"metadata": {"ownerReferences": owner_refs}}

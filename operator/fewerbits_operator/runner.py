@@ -440,7 +440,7 @@ class Operator:
 
 def configure_kopf(k: Any, s: OperatorSettings) -> None:
     """kopf's own settings: nothing written to any object, no CRD list/watch, watch timeouts and
-    back-off (what informer.py used to set by hand)."""
+    back-off."""
     from .kopf_storage import NoDiffBase, NoProgress
 
     k.persistence.progress_storage = NoProgress()
@@ -453,3 +453,10 @@ def configure_kopf(k: Any, s: OperatorSettings) -> None:
     k.watching.connect_timeout = 30
     k.watching.reconnect_backoff = 1.0
     k.networking.error_backoffs = (1, 2, 4, 8, 16, 32, 60)
+    # The children are listed and watched by their label on the API server (the handlers' `labels=`
+    # alone would filter in this process, after every Job and Deployment in scope came over the wire).
+    from .handlers import KINDS, MANAGED
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    for group, _, plural, labels in KINDS.values():
+        if labels == MANAGED:
+            k.watching.label_selectors[group, plural] = selector

@@ -202,6 +202,14 @@ def test_kopf_settings_store_nothing_and_scan_nothing():
     configure_kopf(k, OperatorSettings(watch_timeout_seconds=120))
     assert k.scanning.disabled and not k.posting.enabled
     assert k.watching.server_timeout == 120 and k.watching.client_timeout == 150
+    # Jobs, Deployments and LeaderWorkerSets are selected by label on the API server, the rest not.
+    selected = {r.plural: list(k.watching.label_selectors.collect(r)) for r in (
+        kopf.Resource("batch", "v1", "jobs"), kopf.Resource("apps", "v1", "deployments"),
+        kopf.Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
+        kopf.Resource("fewerbits.io", "v1alpha1", "quantizedmodels"), kopf.Resource("", "v1", "nodes"))}
+    managed = ["app.kubernetes.io/managed-by=fewerbits"]
+    assert selected == {"jobs": managed, "deployments": managed, "leaderworkersets": managed,
+                        "quantizedmodels": [], "nodes": []}
     body = kopf.Body({"metadata": {"name": "m", "annotations": {}}, "spec": {"x": 1}})
     patch = kopf.Patch()
     k.persistence.progress_storage.store(body=body, patch=patch, key=kopf.HandlerId("h"), record={"started": "t"})
