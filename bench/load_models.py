@@ -584,6 +584,31 @@ def table(r: LoadResult) -> str:
     return "\n".join(lines)
 
 
+def compare_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The figures of several runs (``asdict(LoadResult)`` each, as the JSON holds them) as one
+    markdown table, a column per run: what docs/architecture.md shows."""
+    def num(x: Any, unit: str = "") -> str:
+        return "-" if x is None else f"{x:g}{unit}"
+
+    rows = [
+        ("writes/min at rest (Lease apart)", lambda r: num(r["writes_per_minute"])),
+        ("Lease requests/min at rest", lambda r: ", ".join(f"{k} {v:g}" for k, v in r.get("lease_requests_per_minute", {}).items()) or "0"),
+        ("writes for one spec change", lambda r: ", ".join(f"{k} {v}" for k, v in r.get("spec_change_writes", {}).items()) or "-"),
+        ("API requests/min at rest", lambda r: num(r["requests_per_minute"].get("total"))),
+        ("reconcile p99 at rest", lambda r: num(r["reconcile_seconds_window"].get("p99") and round(r["reconcile_seconds_window"]["p99"], 3), " s")),
+        ("reconcile p99, whole run", lambda r: num(r["reconcile_seconds_run"].get("p99") and round(r["reconcile_seconds_run"]["p99"], 3), " s")),
+        ("RSS peak / at rest", lambda r: f"{num(r['rss_mib'].get('peak'))} / {num(r['rss_mib'].get('rest_mean'))} MiB"),
+        ("all Ready after the apply", lambda r: num(r["all_ready_seconds"], " s")),
+        ("restart: every model reconciled once", lambda r: num(r.get("start_seconds"), " s")),
+        ("load average at start / end of window", lambda r: f"{r['loadavg_start'][0]:g} / {r['loadavg_window'][0]:g}"),
+    ]
+    names = list(results)
+    lines = ["| at 300 models, 10 namespaces | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, get in rows:
+        lines.append(f"| {label} | " + " | ".join(get(results[n]) for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/load_models.py", description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=300)
@@ -599,8 +624,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the operator of this git ref (a temporary worktree) first, in the same "
                          "invocation: two columns, e.g. the previous runtime")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--markdown-from", type=Path, metavar="JSON",
+                    help="print the comparison table of a --compare-ref run's JSON and exit")
     ap.add_argument("--keep", action="store_true", help="keep the state dir (logs, audit log)")
     args = ap.parse_args(argv)
+    if args.markdown_from:
+        print(compare_markdown(json.loads(args.markdown_from.read_text())))
+        return 0
     if args.models < 1 or args.namespaces < 1:
         ap.error("--models and --namespaces must be at least 1")
     env = dict(kv.split("=", 1) for kv in args.operator_env)
@@ -628,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, r in results.items():
         print(f"\n{label}:")
         print(table(r))
+    if len(results) > 1:
+        print("\n" + compare_markdown({k: asdict(v) for k, v in results.items()}))
     if args.json_out:
         out = {k: asdict(v) for k, v in results.items()} if len(results) > 1 else asdict(results["kopf"])
         args.json_out.write_text(json.dumps(out, indent=1))
