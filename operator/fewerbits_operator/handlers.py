@@ -59,7 +59,9 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
     def cleanup(**_: Any) -> None:  # sync: kopf runs it in its executor (it joins threads)
         op.on_cleanup()
 
-    @kopf.on.probe(id="runtime", registry=registry)
+    # PERMANENT: a failing probe answers 500 at once (kopf would otherwise retry it with back-off
+    # inside the kubelet's request).
+    @kopf.on.probe(id="runtime", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
     def runtime(**_: Any) -> str:
         return op.probe()
 

@@ -8,6 +8,7 @@ MagicMock only where a test checks that it is *not* called."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tomllib
 from pathlib import Path
 from unittest import mock
@@ -357,6 +358,48 @@ def test_the_probe_passes_while_every_thread_runs_and_fails_naming_the_one_that_
     op._threads[0].join(5)
     with pytest.raises(RuntimeError, match="fewerbits-worker-0"):
         op.probe()
+
+
+async def liveness(op: Operator) -> tuple[int, str]:
+    """One GET of kopf's own health server (what the chart's livenessProbe asks) with handlers.py's
+    probe, a fresh server each time (kopf keeps a passing answer for 10 s)."""
+    import socket
+
+    import aiohttp
+    from kopf._core.engines.indexing import OperatorIndexers
+    from kopf._core.engines.probing import health_reporter
+
+    registry = kopf.OperatorRegistry()
+    register(op, kopf_scope([]), registry)
+    indexers = OperatorIndexers()
+    indexers.ensure(registry._indexing.get_all_handlers())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ready = asyncio.Event()
+    server = asyncio.create_task(health_reporter(f"http://127.0.0.1:{port}/healthz", memo=kopf.Memo(),
+                                                 indices=indexers.indices, registry=registry,
+                                                 settings=kopf.OperatorSettings(), ready_flag=ready))
+    try:
+        await ready.wait()
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/healthz") as r:
+            return r.status, await r.text()
+    finally:
+        server.cancel()
+
+
+async def test_kopfs_liveness_endpoint_answers_with_the_runtime_probe():
+    import threading
+
+    op = Operator()
+    gate = threading.Event()
+    op._spawn(gate.wait, "fewerbits-worker-0")
+    status, body = await liveness(op)
+    assert status == 200 and json.loads(body) == {"runtime": "ok"}
+    gate.set()
+    op._threads[0].join(5)
+    status, _ = await liveness(op)
+    assert status == 500  # at once: the probe is not retried inside the request
 
 
 def test_the_process_is_kopf_and_no_watch_code_of_its_own_remains():
