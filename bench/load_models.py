@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/load_models.py [--models 300] [--namespaces 10] [--window-seconds 180]
                                           [--json-out load.json] [--operator-env KEY=VALUE ...] [--keep]
+                                          [--compare-ref GIT_REF]
 
 1. starts its own control plane (`e2e.cluster.Cluster(audit=True)`: every API request is a JSON
    line in the audit log) and installs the CRDs;
@@ -32,6 +33,7 @@ import argparse
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -112,11 +114,12 @@ def operator_identity(c: cluster_mod.Cluster, workdir: Path) -> tuple[Path, str]
                       "--kube-version", version,
                       "--set", "rbac.scope=cluster", "--set", "crds.enabled=false").stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
-    rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    # The ClusterRole, and the leader election's Role in the operator's namespace (a Lease per replica set).
+    rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     (sa,) = [d for d in rbac if d["kind"] == "ServiceAccount"]
     for d in rbac:
         d.setdefault("metadata", {})
-        if d["kind"] == "ServiceAccount":
+        if d["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
             d["metadata"]["namespace"] = OPERATOR_NS
     core = client.CoreV1Api(c.api_client())
     core.create_namespace({"metadata": {"name": OPERATOR_NS}})
@@ -343,6 +346,14 @@ class LoadResult:
     reads_per_reconcile: float | None = None
     """API reads per reconcile at rest (without the resync's and autoscaler's own LISTs)."""
     writes_in_window: dict[str, int] = field(default_factory=dict)
+    """Writes at rest, the leader election's Lease renewals apart (``lease_requests_per_minute``)."""
+    lease_requests_per_minute: dict[str, float] = field(default_factory=dict)
+    spec_change_writes: dict[str, int] = field(default_factory=dict)
+    """Every write of the operator between a spec change of one model (a field no child depends on)
+    and the status at its new generation, plus 5 s."""
+    start_seconds: float | None = None
+    """A restart with every model in place: from the process start to every model reconciled once."""
+    runtime: str = ""
     reconcile_seconds_run: dict[str, float | None] = field(default_factory=dict)
     reconcile_seconds_window: dict[str, float | None] = field(default_factory=dict)
     loadavg_start: list[float] = field(default_factory=list)
@@ -358,17 +369,62 @@ def _quantiles(h: dict[str, Any]) -> dict[str, float | None]:
             "mean": (h["sum"] / h["count"]) if h["count"] else None}
 
 
+def spec_change_writes(c: cluster_mod.Cluster, custom: Any, namespace: str, name: str, identity: str,
+                       progress: Callable[[str], None]) -> dict[str, int]:
+    """Change one model's spec where no child depends on it (the autoscaler's bounds, autoscaling
+    off), wait for its status at the new generation, and count every write of the operator meanwhile
+    (and 5 s after): status only, and no bookkeeping of the runtime's own."""
+    offset = c.audit_log.stat().st_size
+    obj = custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                {"spec": {"autoscaling": {"maxReplicas": 7}}})
+    generation = obj["metadata"]["generation"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        if (got.get("status") or {}).get("observedGeneration") == generation:
+            break
+        time.sleep(0.5)
+    time.sleep(5)
+    _, by_resource, _ = audit_requests(c.audit_log, offset, identity)
+    writes = {k: n for k, n in by_resource.items() if k.split()[0] in WRITE_VERBS and not k.endswith(" leases")}
+    progress(f"a spec change of {namespace}/{name}: writes {writes}")
+    return writes
+
+
+def restart_seconds(op: Any, models: int, progress: Callable[[str], None], timeout: float = 600) -> float | None:
+    """Restart the operator with every model in place: seconds from the process start to every
+    model reconciled once (its reconcile counter; a standby would wait for the Lease: the old
+    holder is stopped cleanly, and hands it over)."""
+    op.stop()
+    t = time.monotonic()
+    op.start()
+    while time.monotonic() - t < timeout:
+        try:
+            h = histogram(op.metrics(), "fewerbits_reconcile_duration_seconds")
+        except OSError:
+            h = {"count": 0}
+        if h["count"] >= models:
+            took = round(time.monotonic() - t, 1)
+            progress(f"restarted: every model reconciled once {took}s after the process started")
+            return took
+        time.sleep(0.5)
+    return None
+
+
 def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seconds: float = 0,
              ready_timeout: float = 1200,
              seed_timeout: float = 900, operator_env: dict[str, str] | None = None, keep: bool = False,
-             state_dir: Path | None = None, progress: Callable[[str], None] = say) -> LoadResult:
+             state_dir: Path | None = None, progress: Callable[[str], None] = say,
+             runtime: str = "kopf", source_tree: Path | None = None) -> LoadResult:
+    """One load run. ``source_tree``: run the operator from another checkout (its ``operator`` and
+    ``crds`` folders first on PYTHONPATH), e.g. the previous runtime for a comparison."""
     from kubernetes import client
 
     from tests.integration.operator_harness import OperatorProcess
 
     t_start = time.monotonic()
     result = LoadResult(models=models, namespaces=namespaces, window_seconds=window_seconds,
-                        settle_seconds=settle_seconds)
+                        settle_seconds=settle_seconds, runtime=runtime)
     result.loadavg_start = loadavg()
     workdir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="fewerbits-load-"))
     c = cluster_mod.Cluster(workdir / "cluster", audit=True)
@@ -390,6 +446,10 @@ def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seco
             # The harness's test-speed settings back to the operator's defaults: a real deployment.
             "FEWERBITS_RESYNC_SECONDS": "30", "FEWERBITS_AUTOSCALER_PERIOD_SECONDS": "15",
             "FEWERBITS_AUTOSCALER_STATUS_INTERVAL_SECONDS": "60",
+            # As the chart runs it: elected on its Lease (a runtime without election ignores these).
+            "FEWERBITS_LEADER_ELECTION": "true", "FEWERBITS_LEADER_ELECTION_NAMESPACE": OPERATOR_NS,
+            "FEWERBITS_LEADER_ELECTION_LEASE": f"{RELEASE}-fewerbits",
+            **({"PYTHONPATH": f"{source_tree / 'operator'}:{source_tree / 'crds'}"} if source_tree else {}),
             **(operator_env or {}),
         }
         result.operator_env = env
@@ -454,7 +514,9 @@ def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seco
         result.requests_per_minute = {v: round(n * per_min, 1) for v, n in by_verb.most_common()}
         result.requests_per_minute["total"] = round(sum(by_verb.values()) * per_min, 1)
         result.requests_per_minute_by_resource = {k: round(n * per_min, 1) for k, n in by_resource.most_common()}
-        writes = {k: n for k, n in by_resource.items() if k.split()[0] in WRITE_VERBS}
+        result.lease_requests_per_minute = {k: round(n * per_min, 1) for k, n in by_resource.items()
+                                            if k.endswith(" leases")}
+        writes = {k: n for k, n in by_resource.items() if k.split()[0] in WRITE_VERBS and not k.endswith(" leases")}
         result.writes_in_window = writes
         result.writes_per_minute = round(sum(writes.values()) * per_min, 2)
         status = proc_status(op.proc.pid)
@@ -474,6 +536,8 @@ def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seco
         per_model = sum(v for k, v in by_resource.items() if k.split()[0] in ("get", "list")
                         and k not in ("list quantizedmodels", "get namespaces"))
         result.reads_per_reconcile = round(per_model / n, 2) if n else None
+        result.spec_change_writes = spec_change_writes(c, custom, ns_names[0], "m0000", identity, progress)
+        result.start_seconds = restart_seconds(op, models, progress)
         return result
     finally:
         result.wall_seconds = round(time.monotonic() - t_start, 1)
@@ -500,7 +564,10 @@ def table(r: LoadResult) -> str:
         (f"API requests/min at rest ({r.window_seconds:.0f} s)",
          ", ".join(f"{k} {v:g}" for k, v in r.requests_per_minute.items()) or "0"),
         ("reconciles/min at rest, API reads per reconcile", f"{r.reconciles_per_minute:g}, {r.reads_per_reconcile}"),
-        ("writes/min at rest", f"{r.writes_per_minute:g}" + (f" {r.writes_in_window}" if r.writes_in_window else "")),
+        ("writes/min at rest (Lease apart)", f"{r.writes_per_minute:g}" + (f" {r.writes_in_window}" if r.writes_in_window else "")),
+        ("Lease requests/min at rest", ", ".join(f"{k} {v:g}" for k, v in r.lease_requests_per_minute.items()) or "0"),
+        ("writes for one spec change", ", ".join(f"{k} {v}" for k, v in r.spec_change_writes.items()) or "0"),
+        ("restart: every model reconciled once", f(r.start_seconds, " s")),
         ("reconcile s, whole run p50/p90/p99/max (n)",
          " / ".join(f(r.reconcile_seconds_run.get(k)) for k in ("p50", "p90", "p99", "max"))
          + f" ({r.reconcile_seconds_run.get('count', 0):.0f})"),
@@ -517,6 +584,31 @@ def table(r: LoadResult) -> str:
     return "\n".join(lines)
 
 
+def compare_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The figures of several runs (``asdict(LoadResult)`` each, as the JSON holds them) as one
+    markdown table, a column per run: what docs/architecture.md shows."""
+    def num(x: Any, unit: str = "") -> str:
+        return "-" if x is None else f"{x:g}{unit}"
+
+    rows = [
+        ("writes/min at rest (Lease apart)", lambda r: num(r["writes_per_minute"])),
+        ("Lease requests/min at rest", lambda r: ", ".join(f"{k} {v:g}" for k, v in r.get("lease_requests_per_minute", {}).items()) or "0"),
+        ("writes for one spec change", lambda r: ", ".join(f"{k} {v}" for k, v in r.get("spec_change_writes", {}).items()) or "-"),
+        ("API requests/min at rest", lambda r: num(r["requests_per_minute"].get("total"))),
+        ("reconcile p99 at rest", lambda r: num(r["reconcile_seconds_window"].get("p99") and round(r["reconcile_seconds_window"]["p99"], 3), " s")),
+        ("reconcile p99, whole run", lambda r: num(r["reconcile_seconds_run"].get("p99") and round(r["reconcile_seconds_run"]["p99"], 3), " s")),
+        ("RSS peak / at rest", lambda r: f"{num(r['rss_mib'].get('peak'))} / {num(r['rss_mib'].get('rest_mean'))} MiB"),
+        ("all Ready after the apply", lambda r: num(r["all_ready_seconds"], " s")),
+        ("restart: every model reconciled once", lambda r: num(r.get("start_seconds"), " s")),
+        ("load average at start / end of window", lambda r: f"{r['loadavg_start'][0]:g} / {r['loadavg_window'][0]:g}"),
+    ]
+    names = list(results)
+    lines = ["| at 300 models, 10 namespaces | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for label, get in rows:
+        lines.append(f"| {label} | " + " | ".join(get(results[n]) for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench/load_models.py", description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=300)
@@ -528,27 +620,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-timeout", type=float, default=900, help="seconds for the seed's quantization")
     ap.add_argument("--operator-env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra operator settings, e.g. FEWERBITS_STEADY_RESYNC_SECONDS=30")
+    ap.add_argument("--compare-ref", metavar="GIT_REF",
+                    help="also run the operator of this git ref (a temporary worktree) first, in the same "
+                         "invocation: two columns, e.g. the previous runtime")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--markdown-from", type=Path, metavar="JSON",
+                    help="print the comparison table of a --compare-ref run's JSON and exit")
     ap.add_argument("--keep", action="store_true", help="keep the state dir (logs, audit log)")
     args = ap.parse_args(argv)
+    if args.markdown_from:
+        print(compare_markdown(json.loads(args.markdown_from.read_text())))
+        return 0
     if args.models < 1 or args.namespaces < 1:
         ap.error("--models and --namespaces must be at least 1")
     env = dict(kv.split("=", 1) for kv in args.operator_env)
+    runs: list[tuple[str, Path | None]] = [("kopf", None)]
+    tree = None
+    if args.compare_ref:
+        tree = Path(tempfile.mkdtemp(prefix="fewerbits-ref-")) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), args.compare_ref],
+                       check=True, capture_output=True)
+        runs.insert(0, (args.compare_ref, tree))
+    results: dict[str, LoadResult] = {}
     try:
-        r = run_load(models=args.models, namespaces=args.namespaces, window_seconds=args.window_seconds,
-                     settle_seconds=args.settle_seconds,
-                     ready_timeout=args.ready_timeout, seed_timeout=args.seed_timeout, operator_env=env,
-                     keep=args.keep)
+        for label, source_tree in runs:
+            say(f"=== {label} ===")
+            results[label] = run_load(models=args.models, namespaces=args.namespaces,
+                                      window_seconds=args.window_seconds, settle_seconds=args.settle_seconds,
+                                      ready_timeout=args.ready_timeout, seed_timeout=args.seed_timeout,
+                                      operator_env=env, keep=args.keep, runtime=label, source_tree=source_tree)
     except TimeoutError as e:
         print(f"FAILED: {e}", file=sys.stderr)
         return 2
-    print()
-    print(table(r))
+    finally:
+        if tree is not None:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    for label, r in results.items():
+        print(f"\n{label}:")
+        print(table(r))
+    if len(results) > 1:
+        print("\n" + compare_markdown({k: asdict(v) for k, v in results.items()}))
     if args.json_out:
-        args.json_out.write_text(json.dumps(asdict(r), indent=1))
+        out = {k: asdict(v) for k, v in results.items()} if len(results) > 1 else asdict(results["kopf"])
+        args.json_out.write_text(json.dumps(out, indent=1))
         print(f"\nwrote {args.json_out}")
-    if r.writes_per_minute > 0:
-        print(f"\nFAILED: the operator wrote at rest: {r.writes_in_window}", file=sys.stderr)
+    wrote = {k: r.writes_in_window for k, r in results.items() if r.writes_per_minute > 0}
+    if wrote:
+        print(f"\nFAILED: the operator wrote at rest: {wrote}", file=sys.stderr)
         return 1
     return 0
 

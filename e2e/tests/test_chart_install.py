@@ -74,8 +74,14 @@ CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in ever
 }
 
 
+OWN = {  # in the release namespace only (the leader election's Role, leader.py); get and update are
+    # limited to the Lease's name (asked by name below), create cannot be
+    ("coordination.k8s.io", "leases", ""): {"create"},
+}
+
+
 def _expected() -> set[tuple[str, str, str, str, str]]:
-    out = set()
+    out = {("operator's own", g, r, sub, v) for (g, r, sub), verbs in OWN.items() for v in verbs}
     for (g, r, sub), verbs in NAMESPACED.items():
         out |= {("watched", g, r, sub, v) for v in verbs}
     for (g, r, sub), verbs in CLUSTER.items():
@@ -166,6 +172,18 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
             attrs = {"verb": verb, "group": "rbac.authorization.k8s.io", "resource": "clusterroles", "name": name,
                      "namespace": ns}
             return authz.create_subject_access_review({"spec": {"user": sa, "resourceAttributes": attrs}}).status.allowed
+
+        # The Lease: get and update by its name only, in the release namespace only.
+        def may_lease(verb: str, name: str, ns: str) -> bool:
+            attrs = {"verb": verb, "group": "coordination.k8s.io", "resource": "leases", "name": name, "namespace": ns}
+            return authz.create_subject_access_review({"spec": {
+                "user": sa, "groups": ["system:serviceaccounts", "system:authenticated"],
+                "resourceAttributes": attrs}}).status.allowed
+        for verb in ("get", "update"):
+            assert may_lease(verb, "fewerbits", release_ns), verb
+            assert not may_lease(verb, "kube-controller-manager", release_ns), verb
+            assert not may_lease(verb, "fewerbits", model_ns), verb
+        assert not may_lease("delete", "fewerbits", release_ns)
 
         assert may("bind", "fewerbits-epp", model_ns)
         assert not may("bind", "fewerbits-epp", "default") and not may("bind", "fewerbits-epp", None)

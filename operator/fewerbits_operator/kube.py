@@ -1,5 +1,5 @@
 """The one module that talks to the Kubernetes API server (docs/architecture.md, house rule 1): the API verbs. The
-watched caches it reads through live in informer.py.
+kopf indexes it reads through are indexes.py's views (kopf itself watches: handlers.py).
 
 Everything else computes; this reads and writes. AlreadyExists on create and NotFound on delete
 are success (docs/architecture.md, house rule 2). Secrets are read only to check they exist and, for the operator's
@@ -10,11 +10,8 @@ never leave this process (not logged, not in status, not in events).
 from __future__ import annotations
 
 import base64
-import fnmatch
-import functools
 import logging
 import threading
-import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,10 +22,11 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
+from .freshness import GONE
+from .indexes import IndexView, selector_matches
 from .lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
-from .informer import (GONE, ChangeHandler, Informer, ListHandler, TTLCache, WatchCache, any_change,
-                       model_relevant, node_facts, node_relevant, policy_relevant, selector_matches,
-                       without_managed_fields)
+from .scope import namespace_watched, plain_names  # noqa: F401 — re-exported (observe.py, tests)
+from .ttlcache import TTLCache
 
 log = logging.getLogger("fewerbits.kube")
 COMPONENT = "fewerbits-operator"
@@ -46,22 +44,8 @@ def load_config() -> client.ApiClient:
     return client.ApiClient()
 
 
-def namespace_watched(namespace: str, patterns: list[str]) -> bool:
-    """Included by any positive pattern (or all when there is none), excluded by any `!pattern`."""
-    positive = [p for p in patterns if not p.startswith("!")]
-    negative = [p[1:] for p in patterns if p.startswith("!")]
-    included = not positive or any(fnmatch.fnmatchcase(namespace, p) for p in positive)
-    return included and not any(fnmatch.fnmatchcase(namespace, p) for p in negative)
-
-
 def _missing(e: ApiException) -> bool:
     return e.status == 404
-
-
-def plain_names(namespaces: list[str]) -> bool:
-    """Namespace names only (no glob or `!` pattern, not empty): each can be listed and watched on
-    its own, which is all the chart's namespaced RBAC (a Role per namespace) allows."""
-    return bool(namespaces) and not any(set(ns) & set("*?[!") for ns in namespaces)
 
 
 def _rv(obj: Any) -> str | None:
@@ -78,10 +62,10 @@ class Kube:
     """Typed verbs over the API objects the operator touches.
 
     Reads of QuantizedModels, managed Jobs and Deployments, Nodes and policies are served from
-    watched caches once ``start_caches`` ran and they synced; until then, for a namespace no cache
+    kopf's indexes once ``use_views`` ran and kopf listed them; until then, for a namespace no cache
     covers, and for a key whose cache is behind what this process last wrote or read, they go to
     the API server. "Behind" is exact: every write notes the resourceVersion the server answered
-    (``Informer.note``) and the cache serves that key again only once its watch delivered that
+    (``IndexView.note``) and the cache serves that key again only once its watch delivered that
     version or a later one; a conflicting conditional status write marks the model's cache entry
     stale, so the reconcile's retry (reconcile.py retries a ``StatusConflict`` 3 times, re-reading
     through ``get_model``) reads the model live and converges whatever the watch's lag. Reads
@@ -99,100 +83,27 @@ class Kube:
         self.writes = 0
         """API writes made by this process (for metrics and the 'no writes at rest' check)."""
         self.namespaces: list[str] = []
-        """The namespace patterns the caches cover (``start_caches``)."""
-        self.nodes: WatchCache | None = None
-        self.policies: WatchCache | None = None
-        self.models: Informer | None = None
-        self.jobs: Informer | None = None
-        self.deployments: Informer | None = None
-        self.lws: Informer | None = None
-        self._lws_watch: tuple[threading.Event, ChangeHandler | None] | None = None
-        """(stop, on_child_change) once the namespaced caches run: the LeaderWorkerSet cache starts
-        when its API is served (``lws_available``)."""
-        self.late_threads: list[threading.Thread] = []
-        """Cache loops started after ``start_caches`` returned (the LeaderWorkerSet cache of a CRD
-        installed later), for the liveness check."""
+        """The namespace patterns the indexes cover (``use_views``)."""
+        self.nodes: IndexView | None = None
+        self.policies: IndexView | None = None
+        self.models: IndexView | None = None
+        self.jobs: IndexView | None = None
+        self.deployments: IndexView | None = None
+        self.lws: IndexView | None = None
+        self._lws_served_at_start = True
+        """Whether the LeaderWorkerSet API was served when kopf started (``lws_available``)."""
         self._namespace_labels = TTLCache(0)
         self._served = TTLCache(10)
 
-    def start_caches(self, stop: threading.Event, *, namespaces: list[str] | None = None,
-                     on_model_change: ChangeHandler | None = None, on_models_listed: ListHandler | None = None,
-                     on_child_change: ChangeHandler | None = None, on_node_change: ChangeHandler | None = None,
-                     on_policy_change: ChangeHandler | None = None, namespace_ttl_seconds: float = 0,
-                     wait_seconds: float = 10) -> list[threading.Thread]:
-        """Start the watched caches; returns their threads. Nodes and policies (cluster-scoped)
-        always; QuantizedModels and the managed Jobs and Deployments when ``namespaces`` is given
-        (the operator's scope: [] is the whole cluster, patterns are watched cluster-wide and
-        filtered, plain names one watch each). Namespace labels are kept for
-        ``namespace_ttl_seconds``. Waits up to ``wait_seconds`` for the first lists (the getters
-        read live until then)."""
-        self.nodes = WatchCache("nodes", self.core.list_node, relevant=node_relevant, slim=node_facts,
-                                on_change=on_node_change)
-        self.policies = WatchCache("quantizationpolicies", self._list_policies_raw, relevant=policy_relevant,
-                                   on_change=on_policy_change)
-        informers = [Informer({None: self.nodes}), Informer({None: self.policies})]
-        if namespaces is not None:
-            self.namespaces = list(namespaces)
-            self.models = self._informer("quantizedmodels", self._list_models_raw, model_relevant,
-                                         on_model_change, on_models_listed)
-            self.jobs = self._informer("jobs", self._list_jobs_raw, any_change, on_child_change, None)
-            self.deployments = self._informer("deployments", self._list_deployments_raw, any_change,
-                                              on_child_change, None)
-            informers += [self.models, self.jobs, self.deployments]
-            # Multi-node variants' LeaderWorkerSets: their group status enqueues the owning model.
-            # Watched from now when the API is served, else from when it is (lws_available).
-            self.lws, self._lws_watch = None, (stop, on_child_change)
-            if self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL) and (lws := self._new_lws_informer()) is not None:
-                informers.append(lws)
+    def use_views(self, namespaces: list[str], views: dict[str, IndexView], namespace_ttl_seconds: float = 0) -> None:
+        """Read through kopf's indexes (runner.py attaches them): models, the managed Jobs,
+        Deployments and LeaderWorkerSets of ``namespaces`` (the operator's scope), Nodes and
+        policies. Until kopf listed them (``synced``) the getters read live."""
+        self.namespaces = list(namespaces)
+        self.models, self.jobs, self.deployments = views["models"], views["jobs"], views["deployments"]
+        self.lws, self.nodes, self.policies = views["leaderworkersets"], views["nodes"], views["policies"]
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
-        threads = [t for inf in informers for t in inf.start(stop)]
-        deadline = time.monotonic() + wait_seconds
-        for inf in informers:
-            inf.wait_synced(max(0.0, deadline - time.monotonic()))
-        return threads
-
-    def _new_lws_informer(self) -> Informer | None:
-        """The LeaderWorkerSet cache, made once (None: made already, or no caches run)."""
-        with self._lock:
-            if self.lws is not None or self._lws_watch is None:
-                return None
-            self.lws = self._informer("leaderworkersets", self._list_lws_raw, any_change, self._lws_watch[1], None)
-            return self.lws
-
-    def _informer(self, name: str, list_raw: Any, relevant: Any, on_change: ChangeHandler | None,
-                  on_list: ListHandler | None) -> Informer:
-        make = functools.partial(WatchCache, name, relevant=relevant, slim=without_managed_fields,
-                                 on_change=on_change, on_list=on_list)
-        if plain_names(self.namespaces):
-            return Informer({ns: make(functools.partial(list_raw, ns)) for ns in dict.fromkeys(self.namespaces)})
-        patterns = self.namespaces
-        return Informer({None: make(functools.partial(list_raw, None), accept=lambda o: namespace_watched(
-            (o.get("metadata") or {}).get("namespace") or "", patterns))})
-
-    def _list_models_raw(self, namespace: str | None, **kwargs: Any) -> Any:
-        if namespace is None:
-            return self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL, **kwargs)
-        return self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, **kwargs)
-
-    def _list_jobs_raw(self, namespace: str | None, **kwargs: Any) -> Any:
-        if namespace is None:
-            return self.batch.list_job_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
-        return self.batch.list_namespaced_job(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
-
-    def _list_deployments_raw(self, namespace: str | None, **kwargs: Any) -> Any:
-        if namespace is None:
-            return self.apps.list_deployment_for_all_namespaces(label_selector=MANAGED_SELECTOR, **kwargs)
-        return self.apps.list_namespaced_deployment(namespace, label_selector=MANAGED_SELECTOR, **kwargs)
-
-    def _list_lws_raw(self, namespace: str | None, **kwargs: Any) -> Any:
-        if namespace is None:
-            return self.custom.list_cluster_custom_object(LWS_GROUP, LWS_VERSION, LWS_PLURAL,
-                                                          label_selector=MANAGED_SELECTOR, **kwargs)
-        return self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,
-                                                         label_selector=MANAGED_SELECTOR, **kwargs)
-
-    def _list_policies_raw(self, **kwargs: Any) -> Any:
-        return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL, **kwargs)
+        self._lws_served_at_start = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 
     def _wrote(self) -> None:
         with self._lock:
@@ -292,7 +203,7 @@ class Kube:
         return True
 
     def list_policies(self) -> list[dict[str, Any]]:
-        if self.policies is not None and self.policies.synced.is_set():
+        if self.policies is not None and self.policies.synced():
             return self.policies.items()
         return self.custom.list_cluster_custom_object(GROUP, VERSION, POLICY_PLURAL).get("items", [])
 
@@ -300,7 +211,7 @@ class Kube:
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         """A namespace's labels (policies select by them), kept for the TTL given to
-        ``start_caches``: a label change reaches a model by its next reconcile after that."""
+        ``use_views``: a label change reaches a model by its next reconcile after that."""
         return self._namespace_labels.get(namespace, lambda: self._read_namespace_labels(namespace))
 
     def _read_namespace_labels(self, namespace: str) -> dict[str, str]:
@@ -313,7 +224,7 @@ class Kube:
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """Nodes as the planner reads them (``node_facts``), from the watched cache once synced."""
-        if self.nodes is not None and self.nodes.synced.is_set():
+        if self.nodes is not None and self.nodes.synced():
             return self.nodes.items()
         nodes = self.core.list_node()
         return [self.api.sanitize_for_serialization(n) for n in nodes.items]
@@ -378,10 +289,10 @@ class Kube:
         return created
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
-        """A write of ours: the watched cache of that kind serves the object again once it has it."""
-        informer = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
-        if informer is not None and name:
-            informer.note(namespace, name, resource_version)
+        """A write of ours: the index of that kind serves the object again once it has it."""
+        view = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
+        if view is not None and name:
+            view.note(namespace, name, resource_version)
 
     def add_owner(self, kind: str, namespace: str, name: str, owner_refs: list[dict[str, Any]]) -> None:
         patch = {"metadata": {"ownerReferences": owner_refs}}
@@ -552,19 +463,23 @@ class Kube:
     # ------------------------------------------------------------ LeaderWorkerSets (multi-node variants)
 
     def lws_available(self) -> bool:
-        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed). The
-        first True after ``start_caches`` found it not served starts the LeaderWorkerSet cache: a
-        CRD installed after the operator started needs no restart (observe asks on every pass)."""
+        """Whether the API server serves leaderworkerset.x-k8s.io/v1 (the CRD is installed).
+        kopf resolves the resources it watches once at start-up (scanning is off: no CRD watch),
+        so a CRD installed later is not watched until the operator restarts; meanwhile
+        ``list_lws`` reads live (the LeaderWorkerSet index stays unsynced) and a multi-node
+        variant's group status reaches its model at the model's next resync (``resync_seconds``
+        while it is not Ready), not at once."""
         served = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
-        if served and self.lws is None and (lws := self._new_lws_informer()) is not None:
-            assert self._lws_watch is not None
-            self.late_threads += lws.start(self._lws_watch[0])
-            log.info("LeaderWorkerSet API served: watching LeaderWorkerSets")
+        if served and not self._lws_served_at_start and not getattr(self, "_lws_late_logged", False):
+            self._lws_late_logged = True
+            log.warning("LeaderWorkerSet API served since the operator started: read live (no watch) "
+                        "until the next restart")
         return served
 
     def list_lws(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """A model's LeaderWorkerSets (equality selector), from the watched cache when it is fresh."""
-        if self.lws is not None and self.lws.fresh_namespace(namespace) and selector_matches(selector, {}) is not None:
+        if (self.lws is not None and self._lws_served_at_start and self.lws.fresh_namespace(namespace)
+                and selector_matches(selector, {}) is not None):
             return self.lws.items(namespace, lambda d: bool(selector_matches(
                 selector, (d.get("metadata") or {}).get("labels") or {})))
         out = self.custom.list_namespaced_custom_object(LWS_GROUP, LWS_VERSION, namespace, LWS_PLURAL,

@@ -20,6 +20,8 @@ RECONCILE_DURATION_MAX = Gauge("fewerbits_reconcile_duration_max_seconds",
                                "The longest reconcile since the operator started (the histogram has no max)")
 QUEUE_DEPTH = Gauge("fewerbits_workqueue_depth", "Models waiting in the work queue for a reconcile")
 QUEUE_PROCESSING = Gauge("fewerbits_workqueue_processing", "Reconciles running now")
+LEADER = Gauge("fewerbits_leader", "1 while this replica holds the leader Lease and acts; 0 on a standby "
+               "(it keeps its indexes warm and writes nothing)", ["identity"])
 JOBS_CREATED = Counter("fewerbits_quantization_jobs_created_total", "Quantization Jobs created")
 CACHE_HITS = Counter("fewerbits_artifact_cache_hits_total", "Artifacts found already published (no Job needed)")
 CLAIMS_LOST = Counter("fewerbits_artifact_claims_lost_total",

@@ -1,44 +1,49 @@
-"""The operator's runtime: the watched caches, the work queue and its workers, the resync
-scheduler, the autoscaler thread, metrics and the liveness endpoint. ``python -m
-fewerbits_operator`` runs ``Operator.run`` (one replica: nothing here elects a leader).
+"""The operator's runtime on kopf: what runs beside kopf's watches, and what each event does.
 
-Every trigger only *enqueues* a model's key:
+kopf (handlers.py) watches and indexes; this module owns the threads that act on it: the work
+queue's workers (workqueue.py), the resync scheduler (resync.py), the retention and node-cache
+sweeps, the autoscaler, the leader election (leader.py) and the metrics endpoint. Only the leader
+runs the threads that write; a standby keeps kopf's indexes warm and enqueues, and writes nothing.
 
-* a QuantizedModel added, deleted, or changed in what the operator acts on (spec generation,
-  deletion, labels, annotations; not status) — ``informer.model_relevant``;
-* every model once after each LIST of models (start-up, and every re-list after a watch broke):
-  what changed while nobody watched is reconciled;
-* any change of a Job or Deployment labelled ``app.kubernetes.io/managed-by=fewerbits``: its
-  QuantizedModel owners (``ownerReferences``);
+Every trigger only *enqueues* a model's key (kopf's ``on.event``, through the relevance filter,
+relevance.py):
+
+* a QuantizedModel listed, added, deleted, or changed in what the operator acts on (spec
+  generation, deletion, labels, annotations; not status) — ``relevance.model_relevant``;
+* any change of a Job, Deployment or LeaderWorkerSet labelled ``app.kubernetes.io/managed-by=
+  fewerbits``: its QuantizedModel owners (``ownerReferences``);
 * a GPU-relevant Node change or a QuantizationPolicy spec change: every model, once, debounced;
-* the periodic resync: a steady model (Ready at its generation) every ``steady_period_seconds``,
-  others every ``resync_seconds``, spread over the period (``next_resync``).
+* the periodic resync: a steady model every ``steady_period_seconds``, others every
+  ``resync_seconds``, spread over the period (resync.py);
+* leadership gained: every model once (the previous leader may have left anything half-way; each
+  step is idempotent and content-addressed, so nothing is done twice).
 
-``workers`` threads drain the queue (workqueue.py): a key is queued once however many events
-name it, never reconciled by two threads at once, and re-run once if it changed meanwhile; a
-failing reconcile is retried with back-off. Reads go through Kube's watched caches (kube.py,
-informer.py), so a reconcile at rest costs the reads no watch serves (a Secret, a Service, Pods).
+``workers`` threads drain the queue: a key is queued once however many events name it, never
+reconciled by two threads at once, and re-run once if it changed meanwhile; a failing reconcile is
+retried with back-off. Reads go through kopf's indexes (indexes.py, kube.py).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
+import os
+import socket
 import threading
 import time
-import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Mapping
 
 from prometheus_client import start_http_server
 
 from . import metrics
 from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
+from .indexes import IndexView
 from .kube import Kube
 from .metricsprobe import MetricsProbe
-from .queueing import queued_entries, slot_changed
+from .queueing import job_holds_slot, queued_entries
+from .relevance import RelevanceFilter, any_change, model_relevant, node_relevant, policy_relevant
 from .render import LABEL_COMPONENT
 from .reconcile import Reconciler
+from .resync import model_steady, next_resync
 from .settings import OperatorSettings, get_settings
 from . import nodecache, retention
 from .execute import execute_references, execute_retention
@@ -54,113 +59,148 @@ MAX_BACKOFF_SECONDS = 60.0
 """Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
 STOP_SECONDS = 10.0
 """On SIGTERM, how long running reconciles may take to finish before the process exits."""
+VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies")
 
 
-def next_resync(key: Key, now: float, period: float) -> float:
-    """When a key is next due: the first time after ``now + period/2`` at the key's own phase of
-    the period (from a stable hash of its name). Keys spread evenly over the period whatever the
-    moment they were last reconciled (300 models applied at once do not come back at once), and
-    two resyncs of one key are 0.5-1.5 periods apart, one period on average."""
-    phase = (zlib.crc32(f"{key[0]}/{key[1]}".encode()) % 100_000) / 100_000 * period
-    earliest = now + period / 2
-    cycles = (earliest - phase) // period + 1
-    return phase + cycles * period
-
-
-def model_steady(obj: dict[str, Any]) -> bool:
-    """Ready=True for the current generation: only a watched change can move it."""
-    md, status = obj.get("metadata") or {}, obj.get("status") or {}
-    if status.get("observedGeneration") != md.get("generation"):
-        return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+def job_projection(job: dict[str, Any]) -> Any:
+    """A Job's version (every change) and whether it holds a quantization slot (queueing.py)."""
+    return (any_change(job), job_holds_slot(job))
 
 
 class Operator:
     def __init__(self, clock=time.monotonic) -> None:
         self.reconciler: Reconciler | None = None
         self.settings: OperatorSettings | None = None
+        self.kube: Kube | None = None
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue(clock)
+        self.views = {name: IndexView(name) for name in VIEWS}
+        self.filters = {"models": RelevanceFilter(model_relevant), "jobs": RelevanceFilter(job_projection),
+                        "deployments": RelevanceFilter(any_change), "leaderworkersets": RelevanceFilter(any_change),
+                        "nodes": RelevanceFilter(node_relevant), "policies": RelevanceFilter(policy_relevant)}
+        self.elector = None
+        self.identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+        self.stop_flag = threading.Event()
+        """Set to end kopf (and the process): leadership lost."""
+        self.lost_leadership = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._steady: dict[Key, bool] = {}
-        """Models known to exist, and whether each is steady (see model_steady)."""
+        """Models known to exist, and whether each is steady (resync.model_steady)."""
         self._failures: dict[Key, int] = {}
         self._all_due: float | None = None
         self._next_list = 0.0
         self._model_namespaces: set[tuple[str, str, int]] | None = None
         """Models (namespace, name, queued Jobs) at the last list: policy status is recomputed when
         they change."""
-        self._health: ThreadingHTTPServer | None = None
+        self._leading_threads: list[threading.Thread] = []
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ kopf's lifecycle (handlers.py)
 
-    def run(self) -> int:
-        """The process: start, serve until SIGTERM or SIGINT, stop. Returns the exit status."""
-        done = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: done.set())
-        self.start()
-        while not done.wait(1.0):
-            pass
-        log.info("stopping: waiting up to %.0fs for running reconciles", STOP_SECONDS)
-        self.stop()
-        self.join(STOP_SECONDS)
-        return 0
-
-    def start(self, settings: OperatorSettings | None = None, kube: Kube | None = None) -> None:
+    def on_startup(self, kopf_settings: Any, indexes: Mapping[str, Any], settings: OperatorSettings | None = None,
+                   kube: Kube | None = None) -> None:
+        """kopf's ``on.startup``: its settings, the indexes, the Kube client, the standby's threads."""
         s = self.settings = settings or get_settings()
-        kube = kube or Kube()
-        self.reconciler = Reconciler(kube, ObjectStore(timeout=s.storage_timeout_seconds, allow_private=s.allow_private_endpoints), s)
+        configure_kopf(kopf_settings, s)
+        for name, view in self.views.items():
+            if name in indexes:
+                view.attach(indexes[name])
+        self.kube = kube or Kube()
+        self.kube.use_views(s.namespaces, self.views, namespace_ttl_seconds=s.resync_seconds)
+        self.reconciler = Reconciler(self.kube, ObjectStore(timeout=s.storage_timeout_seconds,
+                                                     allow_private=s.allow_private_endpoints), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
+        self._start_activator()
+        if s.leader_election:
+            from kubernetes import client
+
+            from .leader import LeaseElector
+            self.elector = LeaseElector(client.CoordinationV1Api(self.kube.api), s.leader_election_namespace,
+                                        s.leader_election_lease, self.identity,
+                                        lease_seconds=s.leader_lease_seconds, renew_seconds=s.leader_renew_seconds,
+                                        retry_seconds=s.leader_retry_seconds)
+            metrics.LEADER.labels(identity=self.identity).set(0)
+            self._spawn(lambda: self.elector.run(self._stop, self.start_leading, self.stop_leading),
+                        "fewerbits-leader-election")
+        else:
+            self.start_leading()
+        log.info("fewerbits operator started as %s (namespaces: %s, %d workers, resync every %ss, steady models "
+                 "every %ss, leader election %s)", self.identity, ", ".join(s.namespaces) or "all", s.workers,
+                 s.resync_seconds, s.steady_period_seconds, "on" if s.leader_election else "off")
+
+    def on_cleanup(self) -> None:
+        """kopf's ``on.cleanup`` (SIGTERM): stop the threads, let running reconciles finish, hand
+        the Lease over."""
+        log.info("stopping: waiting up to %.0fs for running reconciles", STOP_SECONDS)
+        self.stop()
+        self.join(STOP_SECONDS)
+        if self.elector is not None:
+            self.elector.release()
+
+    def probe(self) -> str:
+        """kopf's ``on.probe`` (the liveness endpoint): raises while a thread died."""
+        ok, why = self.healthy()
+        if not ok:
+            raise RuntimeError(why)
+        return why
+
+    def start_leading(self) -> None:
+        """Leadership gained (or no election): the writing threads start, every model is looked at."""
+        s = self.settings
+        assert s is not None and self.kube is not None
+        metrics.LEADER.labels(identity=self.identity).set(1)
+        before = len(self._threads)
         self.start_workers(s.workers)
         self._spawn(self._resync_loop, "fewerbits-resync")
         self._spawn(self._retention_loop, "fewerbits-retention")
         self._spawn(self._references_loop, "fewerbits-node-cache-references")
-        # Models, their Jobs and Deployments, Nodes and policies from watches (each LIST of models
-        # enqueues every model); namespace labels kept for one resync period.
-        self._threads += kube.start_caches(
-            self._stop, namespaces=s.namespaces, on_model_change=self._model_changed,
-            on_models_listed=self._models_listed, on_child_change=self._child_changed,
-            on_node_change=self._node_changed, on_policy_change=self._policy_changed,
-            namespace_ttl_seconds=s.resync_seconds)
-        activator = None
-        if s.activator_port:
-            from .activator import Activator
-            activator = Activator(kube, queue=s.activator_queue, timeout=s.activator_timeout_seconds)
         source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
                   if s.autoscaler_metrics_source == "prometheus"
                   else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
-        # Pods without metrics behind an InferencePool, for the models the autoscaler does not scrape.
-        probe = MetricsProbe(kube, source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
+        # Pods without metrics behind an InferencePool, for the models the autoscaler does not scrape
+        # (it writes status: the leader's).
+        probe = MetricsProbe(self.kube, source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
         self._spawn(lambda: probe.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-metrics-probe")
         if s.autoscaler_enabled:
-            scaler = Autoscaler(kube, source, namespaces=s.namespaces,
+            activator = getattr(self, "activator", None)
+            scaler = Autoscaler(self.kube, source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
                                 held=activator.last_held if activator is not None else None)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
-        if activator is not None:
-            from .activator import serve as serve_activator
-            try:
-                self._activator = serve_activator(activator, s.activator_port)
-            except OSError as e:  # the port taken: scale from zero is off, everything else works
-                log.error("activator not started on port %d: %s", s.activator_port, e)
-            if s.activator_service:  # every replica, leader or not: see atzero.py
-                from .atzero import ZeroRouter
-                router = ZeroRouter(kube, s.activator_service, namespaces=s.namespaces)
-                self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
-        if s.health_port:
-            try:
-                self._health = serve_health(s.health_port, self.healthy)
-            except OSError as e:  # the port taken: the probe fails and says so, the operator still works
-                log.error("liveness endpoint not started on port %d: %s", s.health_port, e)
-        log.info("fewerbits operator started (namespaces: %s, %d workers, resync every %ss, steady models "
-                 "every %ss)", ", ".join(s.namespaces) or "all", s.workers, s.resync_seconds, s.steady_period_seconds)
+        self._leading_threads = self._threads[before:]
+        self.request_all()
+
+    def stop_leading(self) -> None:
+        """Leadership lost: stop acting at once and end the process (kopf's stop flag); the pod
+        restarts as a standby (client-go's rule: a leader that lost its lease exits)."""
+        metrics.LEADER.labels(identity=self.identity).set(0)
+        self.lost_leadership = True
+        self.stop()
+        self.stop_flag.set()
+
+    def _start_activator(self) -> None:
+        """The scale-from-zero activator (activator.py) serves in every replica: it holds requests
+        and wakes a variant through the scale subresource."""
+        s = self.settings
+        assert s is not None and self.kube is not None
+        self.activator = None
+        if not s.activator_port:
+            return
+        from .activator import Activator, serve as serve_activator
+        self.activator = Activator(self.kube, queue=s.activator_queue, timeout=s.activator_timeout_seconds)
+        try:
+            self._activator_server = serve_activator(self.activator, s.activator_port)
+        except OSError as e:  # the port taken: scale from zero is off, everything else works
+            log.error("activator not started on port %d: %s", s.activator_port, e)
+        if s.activator_service:  # every replica, leader or not: see atzero.py
+            from .atzero import ZeroRouter
+            router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces)
+            self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
 
     def start_workers(self, n: int) -> None:
         for i in range(n):
@@ -173,26 +213,48 @@ class Operator:
         self._threads.append(t)
 
     def healthy(self) -> tuple[bool, str]:
-        """Alive while every thread started (workers, resync, autoscaler, every watch loop) runs."""
-        late = getattr(self.reconciler.kube, "late_threads", []) if self.reconciler is not None else []
-        dead = [t.name for t in [*self._threads, *late] if not t.is_alive()]
+        """Alive while every thread started (workers, resync, autoscaler, the election) runs."""
         if self._stop.is_set():
             return False, "stopping"
+        dead = [t.name for t in self._threads if not t.is_alive()]
         return (not dead, "ok" if not dead else "stopped: " + ", ".join(dead))
 
     def stop(self) -> None:
         self._stop.set()
         self.queue.shut_down()
-        if self._health is not None:
-            self._health.shutdown()
-            self._health = None
 
     def join(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
 
-    # ------------------------------------------------------------ triggers (never raise, never block)
+    # ------------------------------------------------------------ triggers: kopf's on.event (never raise, never block)
+
+    def on_event(self, kind: str, event_type: str | None, body: dict[str, Any]) -> None:
+        """One watch event (kopf delivers none before every index listed once): through the
+        relevance filter to the triggers below."""
+        for view in self.views.values():
+            view.mark_synced()
+        change = self.filters[kind].observe(event_type, body)
+        if kind == "models":
+            self._model_event(event_type, body, change)
+        elif change is None:
+            return
+        elif kind in ("jobs", "deployments", "leaderworkersets"):
+            self._child_changed(kind, body, change)
+        elif kind == "nodes":
+            md = body.get("metadata") or {}
+            log.info("node %s %s: re-planning every model", md.get("name"), "added" if change[0] is None
+                     else "removed" if change[1] is None else "changed (labels/allocatable)")
+            self.request_all()
+        elif kind == "policies":
+            self.request_all()
+            if self._leading():
+                self._write_policy_status()
+
+    def _leading(self) -> bool:
+        return self.elector is None or self.elector.leading.is_set()
 
     def enqueue(self, namespace: str, name: str, changed: bool = False) -> None:
         """A model to reconcile now. ``changed``: its spec changed or it is new, so it is not steady."""
@@ -215,49 +277,36 @@ class Operator:
             if self._all_due is None:
                 self._all_due = self.clock() + ALL_DEBOUNCE_SECONDS
 
-    def _model_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        md = (new or old or {}).get("metadata") or {}
+    def _model_event(self, event_type: str | None, body: dict[str, Any], change: Any) -> None:
+        md = body.get("metadata") or {}
         key = (md.get("namespace"), md.get("name"))
-        if new is None:  # deleted: one last reconcile forgets its metrics; no resync after it
+        if event_type == "DELETED":  # one last reconcile forgets its metrics; no resync after it
             with self._lock:
                 self._steady.pop(key, None)
                 self._failures.pop(key, None)
             self.queue.add(key)
-            return
-        self.enqueue(*key, changed=True)
+        elif event_type is None:  # kopf's listing (start-up, a re-list): nothing watched it meanwhile
+            with self._lock:
+                self._steady[key] = model_steady(body)
+            self.queue.add(key)
+        elif change is not None:
+            self.enqueue(*key, changed=True)
 
-    def _models_listed(self, models: list[dict[str, Any]]) -> None:
-        """After every LIST of models (start-up, a re-list after the watch broke): reconcile each
-        once, as nothing watched them meanwhile."""
-        listed = {(o["metadata"]["namespace"], o["metadata"]["name"]): model_steady(o) for o in models}
-        with self._lock:
-            self._steady.update(listed)
-        log.info("%d models listed: reconciling each once", len(listed))
-        self.queue.add_many(listed)
-
-    def _child_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        self.enqueue_owners(new or old or {})
-        labels = ((new or old or {}).get("metadata") or {}).get("labels") or {}
-        if labels.get(LABEL_COMPONENT) != "server" and slot_changed(old, new):  # a Job, not a Deployment
-            self._enqueue_queued()
+    def _child_changed(self, kind: str, body: dict[str, Any], change: tuple[Any, Any]) -> None:
+        self.enqueue_owners(body)
+        labels = (body.get("metadata") or {}).get("labels") or {}
+        if kind == "jobs" and labels.get(LABEL_COMPONENT) != "server":
+            old, new = change
+            if old is None or new is None or old[1] != new[1]:  # queueing.slot_changed on the projections
+                self._enqueue_queued()
 
     def _enqueue_queued(self) -> None:
         """A quantization Job started, finished or went: every model waiting for a slot looks
         again (its place in the queue moved, or a slot is free), not only at its next resync."""
-        if self.reconciler is None or self.settings is None:
+        if self.kube is None or self.settings is None or not self.views["models"].synced():
             return
-        for m in self.reconciler.kube.list_models_where(self.settings.namespaces, queued_entries):
+        for m in self.kube.list_models_where(self.settings.namespaces, queued_entries):
             self.queue.add((m["metadata"]["namespace"], m["metadata"]["name"]))
-
-    def _node_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        name = ((new or old or {}).get("metadata") or {}).get("name")
-        log.info("node %s %s: re-planning every model", name,
-                 "added" if old is None else "removed" if new is None else "changed (labels/allocatable)")
-        self.request_all()
-
-    def _policy_changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        self.request_all()
-        self._write_policy_status()
 
     def _write_policy_status(self) -> None:
         """Each policy's Valid condition and conflicts (policy_status.py decides; written only
@@ -266,7 +315,7 @@ class Operator:
 
         from .policy_status import namespace_models, policy_statuses, status_writes
 
-        kube = self.reconciler.kube if self.reconciler is not None else None
+        kube = self.kube
         if kube is None or self.settings is None:
             return
         try:
@@ -397,27 +446,27 @@ class Operator:
                 self.queue.add_after(key, self._resync_delay(key, steady))
 
 
-def serve_health(port: int, healthy) -> ThreadingHTTPServer:
-    """``GET /healthz`` on ``port``: 200 while ``healthy()`` says so, else 503 with the reason (the
-    chart's livenessProbe; a stopped worker or watch loop gets the pod restarted)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 — the http.server API
-            if self.path.split("?")[0] != "/healthz":
-                self.send_error(404)
-                return
-            ok, why = healthy()
-            body = why.encode()
-            self.send_response(200 if ok else 503)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args: Any) -> None:  # the kubelet probes every few seconds: no log line each
-            pass
+def configure_kopf(k: Any, s: OperatorSettings) -> None:
+    """kopf's own settings: nothing written to any object, no CRD list/watch, watch timeouts and
+    back-off."""
+    from .kopf_storage import NoDiffBase, NoProgress
 
-    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="fewerbits-health", daemon=True).start()
-    return server
+    k.persistence.progress_storage = NoProgress()
+    k.persistence.diffbase_storage = NoDiffBase()
+    k.persistence.finalizer = "fewerbits.io/unused"  # never added: no handler needs one; named to be recognised
+    k.posting.enabled = False  # no k8s Events from kopf (ours go through kube.post_event)
+    k.scanning.disabled = True  # no CustomResourceDefinition or Namespace list/watch (RBAC stays minimal)
+    k.watching.server_timeout = s.watch_timeout_seconds
+    k.watching.client_timeout = s.watch_timeout_seconds + 30
+    k.watching.connect_timeout = 30
+    k.watching.reconnect_backoff = 1.0
+    k.networking.error_backoffs = (1, 2, 4, 8, 16, 32, 60)
+    # The children are listed and watched by their label on the API server (the handlers' `labels=`
+    # alone would filter in this process, after every Job and Deployment in scope came over the wire).
+    from .handlers import KINDS, MANAGED
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    for group, _, plural, labels in KINDS.values():
+        if labels == MANAGED:
+            k.watching.label_selectors[group, plural] = selector

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from typing import Literal
 
@@ -87,10 +88,26 @@ class OperatorSettings(BaseSettings):
     """CPU request of each vLLM pod."""
     vllm_memory_request: str = "8Gi"
     """Memory request of each vLLM pod."""
+    leader_election: bool = False
+    """Elect one active replica on a `coordination.k8s.io` Lease (leader.py); the others keep
+    kopf's indexes warm and write nothing. The chart turns it on (it runs 2 replicas)."""
+    leader_election_namespace: str = Field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or "default")
+    """Namespace of the Lease (default: the pod's own, `POD_NAMESPACE`)."""
+    leader_election_lease: str = "fewerbits-operator"
+    """Name of the Lease."""
+    leader_lease_seconds: float = Field(default=15.0, ge=2)
+    """A leader not renewed for this long (as a standby observed it) is replaced."""
+    leader_renew_seconds: float = Field(default=5.0, gt=0)
+    """How often the leader renews the Lease (one GET and one PUT)."""
+    leader_retry_seconds: float = Field(default=2.0, gt=0)
+    """How often a standby reads the Lease."""
+    watch_timeout_seconds: int = Field(default=300, ge=10, le=3600)
+    """kopf's watch requests end after this (`settings.watching.server_timeout`) and resume from
+    the last resourceVersion."""
     metrics_port: int = 8080
     """Port of the Prometheus metrics endpoint (0: off)."""
     health_port: int = 8081
-    """Port of the liveness endpoint (/healthz)."""
+    """Port of the liveness endpoint (/healthz: kopf's, with the runtime's probe)."""
     autoscaler_enabled: bool = True
     """Run the autoscaler loop (models opt in with `spec.autoscaling.enabled`)."""
     autoscaler_period_seconds: float = 15.0

@@ -28,6 +28,7 @@ CHART = ROOT / "charts" / "fewerbits"
 CRD_BASES = ROOT / "crds" / "bases"
 DASHBOARD = ROOT / "dashboards" / "fewerbits.json"
 RELEASE, NAMESPACE = "fb", "fewerbits-system"
+LEASE_ROLE = f"{RELEASE}-fewerbits-leader-election"
 KUBE_VERSION = versions.version("kubernetes")
 DIGEST = "sha256:" + "ab" * 32
 
@@ -100,7 +101,7 @@ def operator_deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def env_of(dep: dict[str, Any]) -> dict[str, str]:
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    return {e["name"]: e["value"] for e in c["env"]}
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}  # not POD_NAME (downward API)
 
 
 # ------------------------------------------------------------------ lint and render
@@ -248,14 +249,14 @@ def test_rbac_namespaced_scope(helm: list[str]):
     sa = f"{RELEASE}-fewerbits"
     (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == CLUSTER_RULES
-    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] != ACTIVATOR_ROLE]
+    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] not in (ACTIVATOR_ROLE, LEASE_ROLE)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
     for role in roles:
         assert _grants(role) == NAMESPACED_RULES
     (activator,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == ACTIVATOR_ROLE]
     assert activator["metadata"]["namespace"] == NAMESPACE and _grants(activator) == ACTIVATOR_RULES
     bindings = by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding")
-    assert len(bindings) == 4
+    assert len(bindings) == 5  # the two namespaces', the cluster reads', the activator's, the Lease's
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == '["ml-a","ml-b"]'
@@ -274,14 +275,15 @@ def test_the_pickers_cluster_role_reads_pods_and_pools_only_and_is_bound_by_noth
 
 def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]):
     objs = render(helm, [])
-    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objs, "Role")] == [
-        (f"{RELEASE}-fewerbits", NAMESPACE), (ACTIVATOR_ROLE, NAMESPACE)]
+    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objs, "Role")
+            if r["metadata"]["name"] != LEASE_ROLE] == [(f"{RELEASE}-fewerbits", NAMESPACE), (ACTIVATOR_ROLE, NAMESPACE)]
     assert json.loads(env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"]) == [NAMESPACE]
 
 
 def test_rbac_cluster_scope(helm: list[str]):
     objs = render(helm, MODES["cluster"])
-    assert by_kind(objs, "Role") == [] and by_kind(objs, "RoleBinding") == []
+    assert [r["metadata"]["name"] for r in by_kind(objs, "Role")] == [LEASE_ROLE]
+    assert [b["metadata"]["name"] for b in by_kind(objs, "RoleBinding")] == [LEASE_ROLE]
     (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES
     (binding,) = by_kind(objs, "ClusterRoleBinding")
@@ -321,9 +323,18 @@ def test_operator_deployment(helm: list[str]):
     objs = render(helm, [])
     dep = operator_deployment(objs)
     assert dep["metadata"]["namespace"] == NAMESPACE
-    assert dep["spec"]["replicas"] == 1, "no leader election: one replica"
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}, "two operators must never overlap"
+    assert dep["spec"]["replicas"] == 2, "two replicas, one active (the Lease holder)"
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                       "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
     pod = dep["spec"]["template"]["spec"]
+    assert env_of(dep)["FEWERBITS_LEADER_ELECTION"] == "true"
+    assert env_of(dep)["FEWERBITS_LEADER_ELECTION_LEASE"] == f"{RELEASE}-fewerbits"
+    assert env_of(dep)["FEWERBITS_LEADER_ELECTION_NAMESPACE"] == NAMESPACE
+    (anti,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    (pdb,) = by_kind(objs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
     assert pod["automountServiceAccountToken"] is True
     (sa,) = by_kind(objs, "ServiceAccount")
     assert sa["automountServiceAccountToken"] is False
@@ -336,6 +347,29 @@ def test_operator_deployment(helm: list[str]):
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_lease_role_is_the_one_lease_in_the_release_namespace(helm: list[str]):
+    """get and update on the Lease by name; create cannot be limited to a name. Off with election off."""
+    objs = render(helm, [])
+    (role,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == LEASE_ROLE]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [f"{RELEASE}-fewerbits"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+    (binding,) = [b for b in by_kind(objs, "RoleBinding") if b["metadata"]["name"] == LEASE_ROLE]
+    assert binding["roleRef"]["name"] == LEASE_ROLE and binding["metadata"]["namespace"] == NAMESPACE
+    one = render(helm, ["replicas=1", "leaderElection.enabled=false"])
+    assert not [r for r in by_kind(one, "Role") if r["metadata"]["name"] == LEASE_ROLE]
+    assert by_kind(one, "PodDisruptionBudget") == []
+    assert env_of(operator_deployment(one))["FEWERBITS_LEADER_ELECTION"] == "false"
+
+
+def test_two_replicas_without_election_do_not_render(helm: list[str]):
+    out = run_helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION,
+                   "--set", "leaderElection.enabled=false", check=False)
+    assert out.returncode != 0 and "replicas > 1 needs leaderElection.enabled" in out.stderr
 
 
 def test_image_by_digest(helm: list[str]):
@@ -371,8 +405,11 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
         if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
-                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE", "FEWERBITS_ACTIVATOR_SERVICE"):
-            continue  # release namespace (and name); image tags (and the image's tools) follow the chart's appVersion
+                   "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE", "FEWERBITS_ACTIVATOR_SERVICE",
+                   "FEWERBITS_LEADER_ELECTION", "FEWERBITS_LEADER_ELECTION_NAMESPACE", "FEWERBITS_LEADER_ELECTION_LEASE"):
+            # release namespace (and name); image tags (and the image's tools) follow the chart's appVersion; the
+            # chart elects (it runs 2 replicas) on a Lease named after the release, a process run by hand does not
+            continue
         if default is None:
             assert key not in env, f"{key}: unset means None"
             continue

@@ -1,25 +1,32 @@
-"""The LeaderWorkerSet cache starts when the API appears (kube.py): at start-up when the CRD is
-installed, else at the first ``lws_available`` that finds it served, with no operator restart.
-API discovery is a stand-in the test switches; no cluster."""
+"""A LeaderWorkerSet CRD installed after the operator started (kube.py ``lws_available``): kopf
+resolves what it watches once at start-up (``settings.scanning.disabled``: no CRD watch, so no
+CRD list/watch RBAC), so that CRD is not watched until the next restart. Meanwhile the operator
+still serves multi-node variants: ``lws_available`` says the API is served (observe and decide see
+it at once), and ``list_lws`` reads the API server instead of the never-filled index. Served at
+start-up, the index is read. API discovery is a stand-in the test switches; no cluster."""
 
 from __future__ import annotations
 
-import threading
 from unittest import mock
 
+from kopf._core.engines.indexing import OperatorIndexer
 from kubernetes import client as k
 from kubernetes.client.rest import ApiException
 
-from fewerbits_operator.informer import TTLCache
+from fewerbits_operator.indexes import index_entry
 from fewerbits_operator.kube import Kube
 from fewerbits_operator.lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from fewerbits_operator.runner import Operator
+from fewerbits_operator.ttlcache import TTLCache
 
 MANAGED = {"app.kubernetes.io/managed-by": "fewerbits", "fewerbits.io/model": "m"}
+LWS = {"metadata": {"namespace": "t-a", "name": "m-h100x8", "uid": "u", "resourceVersion": "2", "labels": MANAGED,
+                    "ownerReferences": [{"kind": "QuantizedModel", "name": "m"}]}}
 
 
-def kube_with_discovery(served: list[bool]) -> Kube:
-    """A Kube whose API discovery serves LeaderWorkerSets while ``served[0]`` (not remembered)."""
+def kube_with_discovery(served: list[bool]) -> tuple[Kube, Operator]:
+    """A Kube whose API discovery serves LeaderWorkerSets while ``served[0]`` (not remembered),
+    reading through an operator's views as runner.on_startup wires them."""
     kube = Kube(api=k.ApiClient(k.Configuration()))
     kube.core, kube.custom, kube.batch, kube.apps = (mock.MagicMock() for _ in range(4))
     kube._served = TTLCache(0)
@@ -30,51 +37,32 @@ def kube_with_discovery(served: list[bool]) -> Kube:
         return k.V1APIResourceList(group_version=f"{group}/{version}", resources=[k.V1APIResource(
             kind="LeaderWorkerSet", name=LWS_PLURAL, namespaced=True, singular_name="leaderworkerset", verbs=["list"])])
     kube.custom.get_api_resources.side_effect = discovery
-    return kube
+    op = Operator()
+    for view in op.views.values():
+        view.attach(OperatorIndexer().index)
+        view.mark_synced()
+    kube.use_views(["t-*"], op.views)
+    return kube, op
 
 
-def stopped() -> threading.Event:
-    stop = threading.Event()
-    stop.set()  # the loops return at once: which caches exist and whom they tell is checked
-    return stop
-
-
-def test_a_crd_installed_after_start_is_watched_without_a_restart() -> None:
-    served, changes = [False], []
-    kube = kube_with_discovery(served)
-    kube.start_caches(stopped(), namespaces=["t-*"], on_child_change=lambda old, new: changes.append(new),
-                      wait_seconds=0)
-    assert kube.lws is None and not kube.lws_available() and kube.lws is None
+def test_a_crd_installed_after_start_is_served_by_live_reads_until_a_restart() -> None:
+    served = [False]
+    kube, _ = kube_with_discovery(served)
+    assert not kube.lws_available()
     served[0] = True  # the CRD is installed
     assert kube.lws_available()
-    assert kube.lws is not None and [t.name for t in kube.late_threads] == ["fewerbits-cache-leaderworkersets"]
-    first = kube.lws
-    assert kube.lws_available() and kube.lws is first and len(kube.late_threads) == 1  # started once
-    # Wired as at start-up: a LeaderWorkerSet's change reaches the runner, and lists read the cache.
-    cache = kube.lws.caches[None]
-    cache.replace([], "1")
-    lws = {"metadata": {"namespace": "t-a", "name": "m-h100x8", "resourceVersion": "2", "labels": MANAGED}}
-    assert cache.apply("ADDED", lws) and changes == [lws]
-    kube.custom.list_namespaced_custom_object.reset_mock()
+    kube.custom.list_namespaced_custom_object.return_value = {"items": [LWS]}
+    assert [o["metadata"]["name"] for o in kube.list_lws("t-a", "fewerbits.io/model=m")] == ["m-h100x8"]
+    kube.custom.list_namespaced_custom_object.assert_called_once()  # live: kopf does not watch it
+
+
+def test_served_at_start_up_it_is_read_from_kopfs_index() -> None:
+    kube, op = kube_with_discovery([True])
+    indexer = OperatorIndexer()
+    op.views["leaderworkersets"].attach(indexer.index)
+    indexer.replace(("t-a", "m-h100x8", "u"), index_entry(LWS))
+    assert kube.lws_available()
     assert [o["metadata"]["name"] for o in kube.list_lws("t-a", "fewerbits.io/model=m")] == ["m-h100x8"]
     kube.custom.list_namespaced_custom_object.assert_not_called()
-
-
-def test_served_at_start_up_it_starts_with_the_other_caches() -> None:
-    kube = kube_with_discovery([True])
-    threads = kube.start_caches(stopped(), namespaces=["ml-a", "ml-b"], wait_seconds=0)
-    assert kube.lws is not None and sorted(kube.lws.caches) == ["ml-a", "ml-b"]
-    assert sum(t.name.startswith("fewerbits-cache-leaderworkersets") for t in threads) == 2
-    assert kube.lws_available() and kube.late_threads == []
-
-
-def test_a_cache_started_later_counts_for_liveness() -> None:
-    op = Operator()
-    dead = threading.Thread(target=lambda: None, name="fewerbits-cache-leaderworkersets")
-    dead.start()
-    dead.join()
-    op.reconciler = mock.MagicMock()
-    op.reconciler.kube.late_threads = []
-    assert op.healthy() == (True, "ok")
-    op.reconciler.kube.late_threads = [dead]
-    assert op.healthy() == (False, "stopped: fewerbits-cache-leaderworkersets")
+    op.on_event("leaderworkersets", "ADDED", LWS)  # its events reach the owning model
+    assert op.queue.get(timeout=0) == ("t-a", "m")

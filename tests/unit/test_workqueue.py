@@ -8,7 +8,8 @@ import time
 import pytest
 
 from fewerbits_operator import runner as runner_mod
-from fewerbits_operator.runner import Operator, model_steady, next_resync
+from fewerbits_operator.resync import model_steady, next_resync
+from fewerbits_operator.runner import Operator
 from fewerbits_operator.settings import OperatorSettings
 from fewerbits_operator.workqueue import WorkQueue, run_worker
 
@@ -308,8 +309,8 @@ def test_node_or_policy_changes_reconcile_every_model_once_after_a_debounce():
     rec.kube.models = [model("a", f"m{i}", True) for i in range(5)]
     op._next_list = clock.now + 30  # as the resync loop starts it
     for i in range(40):  # a pool of 40 nodes added
-        op._node_changed(None, {"metadata": {"name": f"h100-{i}"}})
-    op._policy_changed({"spec": {}}, None)
+        op.on_event("nodes", "ADDED", {"metadata": {"name": f"h100-{i}"}})
+    op.on_event("policies", "ADDED", {"metadata": {"name": "p"}, "spec": {}})
     op.resync_tick()
     assert rec.kube.lists == 0  # debounced
     clock.now += runner_mod.ALL_DEBOUNCE_SECONDS

@@ -1,14 +1,14 @@
 {{/*
 The operator's RBAC rules, written once and used by both scopes. Every rule says why it exists and
 cites the code that needs it (operator/fewerbits_operator/kube.py is the one module that talks to
-the API server; its watched caches are informer.WatchCache loops started by Kube.start_caches). No
+the API server; its reads go through kopf indexes (indexes.py), and kopf (handlers.py) lists and watches). No
 wildcards; Secrets are never listed or watched. tests/unit/test_chart.py checks both, and
 e2e/tests/test_chart_install.py asks the API server for every grant.
 */}}
 
 {{/* Rules on namespaced resources: a Role per watched namespace, or the cluster-wide ClusterRole. */}}
 {{- define "fewerbits.rbac.namespacedRules" -}}
-# QuantizedModels: a watched cache lists and watches them (Kube.start_caches; its events and each
+# QuantizedModels: a watched cache lists and watches them (kopf: handlers.py; its events and each
 # list enqueue reconciles, runner.py), serving Kube.list_models and Kube.get_model; get reads one
 # by name while the cache is behind the operator's own last write (Kube.get_model, also for the
 # autoscaler's Kube.patch_serving_status). No create, update, patch or delete: the operator never
@@ -136,7 +136,7 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 {{/* Reads of cluster-scoped resources: needed in both scopes. */}}
 {{- define "fewerbits.rbac.clusterRules" -}}
 # QuantizationPolicies are cluster-scoped: a watched cache serves reconcile the one that applies
-# (Kube.list_policies, informer.WatchCache) and re-reconciles every model when one changes. No get:
+# (Kube.list_policies, a kopf index) and re-reconciles every model when one changes. No get:
 # nothing reads one policy by name.
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizationpolicies"]
@@ -147,7 +147,7 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   resources: ["quantizationpolicies/status"]
   verbs: ["patch"]
 # GPU inventory: a watched cache of Nodes gives the planner their GPU Feature Discovery labels and
-# allocatable GPUs (Kube.list_nodes, informer.WatchCache); list and watch instead of a list per reconcile.
+# allocatable GPUs (Kube.list_nodes, a kopf index); list and watch instead of a list per reconcile.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["list", "watch"]

@@ -1,0 +1,114 @@
+"""Two operator replicas, one active, on the real control plane (leader.py, runner.py): the active
+one is killed (SIGKILL: no hand-over) while one model's quantization Job runs and another model is
+being scaled; the standby takes the Lease and acts within 30 s (the chart's Lease settings: 15 s
+lease, 5 s renew, 2 s retry), no Job is created twice, no status is lost, and each replica's
+Prometheus metrics say which one leads. The two operators are the real process
+(``python -m fewerbits_operator``) started by the harness, as the session's operator is."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+import pytest
+from kubernetes import client
+
+from e2e import demo
+from tests.integration.operator_harness import Models, OperatorProcess
+
+pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
+
+GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
+TAKEOVER_SECONDS = 30
+
+
+def leader_gauge(op: OperatorProcess) -> float | None:
+    try:
+        text = op.metrics()
+    except OSError:
+        return None
+    m = re.search(r'^fewerbits_leader\{identity="[^"]+"\} ([0-9.]+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def jobs_created(op: OperatorProcess) -> float:
+    m = re.search(r"^fewerbits_quantization_jobs_created_total ([0-9.]+)$", op.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.fixture
+def fo_namespace(cluster):
+    """An `fo-` namespace, watched by this module's two operators only (the session's watches `t-*`)."""
+    name = f"fo-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": name}})
+    demo.create_s3_secret(cluster, name, "s3-credentials")
+    yield name
+    core.delete_namespace(name)
+
+
+def test_the_standby_takes_over_within_30s_without_doing_anything_twice(cluster, crds_installed, gpu_pool,
+                                                                        test_model_uri, fo_namespace, tmp_path):
+    gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
+    ns = fo_namespace
+    env = {"FEWERBITS_NAMESPACES": f'["{ns}"]', "FEWERBITS_LEADER_ELECTION": "true",
+           "FEWERBITS_LEADER_ELECTION_NAMESPACE": ns, "FEWERBITS_LEADER_ELECTION_LEASE": "fewerbits-operator",
+           "FEWERBITS_LEADER_LEASE_SECONDS": "15", "FEWERBITS_LEADER_RENEW_SECONDS": "5",
+           "FEWERBITS_LEADER_RETRY_SECONDS": "2", "FEWERBITS_AUTOSCALER_ENABLED": "false",
+           "FEWERBITS_ACTIVATOR_PORT": "0"}
+    a = OperatorProcess(cluster.kubeconfig, tmp_path / "a.log", env_extra={**env, "POD_NAME": "replica-a"}).start()
+    b: OperatorProcess | None = None
+    try:
+        models = Models(cluster.api_client(), a)
+        models.wait("replica a to lead", lambda: leader_gauge(a) == 1.0, timeout=60)
+        b = OperatorProcess(cluster.kubeconfig, tmp_path / "b.log", env_extra={**env, "POD_NAME": "replica-b"}).start()
+        models.wait("replica b to stand by", lambda: leader_gauge(b) == 0.0, timeout=60)
+
+        spec = lambda prefix: demo.test_model_spec(cluster.s3.endpoint, test_model_uri, "s3-credentials",  # noqa: E731
+                                                   f"{ns}-{prefix}")
+        models.apply(ns, "scaling", spec("scaling"))
+        models.wait_condition(ns, "scaling", "Ready", timeout=300)
+        models.apply(ns, "quantizing", spec("quantizing"))  # its own prefix: a Job of its own
+        batch = client.BatchV1Api(cluster.api_client())
+        running = models.wait("the second model's Job", lambda: [
+            j for j in batch.list_namespaced_job(ns).items
+            if any(r.name == "quantizing" for r in j.metadata.owner_references or [])], timeout=120)
+        job_uid = running[0].metadata.uid
+        before = models.get(ns, "scaling")["status"]
+        created_by_a = jobs_created(a)
+        assert leader_gauge(b) == 0.0 and jobs_created(b) == 0  # the standby wrote nothing
+
+        a.kill()  # SIGKILL: no clean release, the lease must expire
+        killed = time.monotonic()
+        models.patch_spec(ns, "scaling", {"serving": {"replicas": 2}})
+        models.operator = b
+        models.wait("replica b to lead", lambda: leader_gauge(b) == 1.0, timeout=TAKEOVER_SECONDS)
+        apps = client.AppsV1Api(cluster.api_client())
+        models.wait("the scaled Deployment", lambda: any(
+            (d.spec.replicas or 0) == 2 for d in apps.list_namespaced_deployment(
+                ns, label_selector="fewerbits.io/model=scaling").items),
+            timeout=max(1.0, TAKEOVER_SECONDS - (time.monotonic() - killed)), namespace=ns, name="scaling")
+        acted_after = time.monotonic() - killed
+        assert acted_after <= TAKEOVER_SECONDS
+
+        # The quantization goes on from where it was: the same Job (same uid), none created again.
+        models.wait_condition(ns, "quantizing", "Ready", timeout=300)
+        jobs = [j for j in batch.list_namespaced_job(ns).items
+                if any(r.name == "quantizing" for r in j.metadata.owner_references or [])]
+        assert [j.metadata.uid for j in jobs] == [job_uid]
+        assert jobs_created(b) == 0 and created_by_a >= 1
+        # No status lost: the scaled model keeps its artifacts and conditions, now at generation 2.
+        after = models.get(ns, "scaling")
+        assert after["status"]["artifacts"] == before["artifacts"]
+        assert {c["type"] for c in before["conditions"]} <= {c["type"] for c in after["status"]["conditions"]}
+        models.wait("the scaled model's status at its new generation", lambda: (
+            models.get(ns, "scaling")["status"].get("observedGeneration") == after["metadata"]["generation"]),
+            timeout=60, namespace=ns, name="scaling")
+        lease = client.CoordinationV1Api(cluster.api_client()).read_namespaced_lease("fewerbits-operator", ns)
+        assert lease.spec.holder_identity == "replica-b" and lease.spec.lease_transitions >= 1
+        print(f"takeover: the new leader acted {acted_after:.1f}s after the leader was killed")
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()

@@ -1,0 +1,118 @@
+"""Leader election on a Lease (leader.py): two candidates, one leader; the standby takes over only
+after the lease went unrenewed for its duration on the standby's own clock, at once after a clean
+release; a leader that finds another holder stops. ``LeaseStore`` stands in for the API server's
+Lease endpoint (read, create, replace conditional on resourceVersion: 409 on a stale write); the
+integration test tests/integration/test_failover.py runs the same code against a real one."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from fewerbits_operator.leader import LeaseElector
+
+
+class LeaseStore:
+    """The stand-in for coordination.k8s.io/v1 leases of one namespace."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, client.V1Lease] = {}
+        self.rv = 0
+        self.writes = 0
+
+    def read_namespaced_lease(self, name, namespace, **_):
+        if name not in self.leases:
+            raise ApiException(status=404)
+        return copy.deepcopy(self.leases[name])
+
+    def create_namespaced_lease(self, namespace, body, **_):
+        if body.metadata.name in self.leases:
+            raise ApiException(status=409)
+        return self._store(body)
+
+    def replace_namespaced_lease(self, name, namespace, body, **_):
+        if body.metadata.resource_version != self.leases[name].metadata.resource_version:
+            raise ApiException(status=409)
+        return self._store(body)
+
+    def _store(self, body):
+        self.rv += 1
+        self.writes += 1
+        body = copy.deepcopy(body)
+        body.metadata.resource_version = str(self.rv)
+        self.leases[body.metadata.name] = body
+        return body
+
+
+def candidates(store: LeaseStore, now: list[float]) -> tuple[LeaseElector, LeaseElector]:
+    make = lambda ident: LeaseElector(store, "ops", "fewerbits", ident, lease_seconds=15,  # noqa: E731
+                                      clock=lambda: now[0])
+    return make("a"), make("b")
+
+
+def test_one_of_two_candidates_leads_and_the_other_waits_for_the_lease_to_expire():
+    store, now = LeaseStore(), [0.0]
+    a, b = candidates(store, now)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    now[0] = 10
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()  # renewed: b saw the record change
+    now[0] = 24  # 14 s after b last saw a renewal: not yet
+    assert not b.try_acquire_or_renew()
+    now[0] = 26  # a stopped renewing (killed) 16 s ago, as b observed it
+    assert b.try_acquire_or_renew()
+    lease = store.leases["fewerbits"]
+    assert lease.spec.holder_identity == "b" and lease.spec.lease_transitions == 1
+    assert not a.try_acquire_or_renew() and a.holder == "b"  # a, back, finds b holding it
+
+
+def test_a_conflicting_write_loses_the_race():
+    store, now = LeaseStore(), [0.0]
+    a, b = candidates(store, now)
+    a.try_acquire_or_renew()
+    now[0] = 20
+    assert not b.try_acquire_or_renew()  # b sees a's record for the first time now: not expired for b
+    stale = store.read_namespaced_lease("fewerbits", "ops")
+    a.try_acquire_or_renew()  # a renews in between
+    stale.spec.holder_identity = "b"
+    try:
+        store.replace_namespaced_lease("fewerbits", "ops", stale)
+        raise AssertionError("a write at an old resourceVersion must conflict")
+    except ApiException as e:
+        assert e.status == 409
+
+
+def test_a_clean_release_hands_over_at_the_next_poll():
+    store, now = LeaseStore(), [0.0]
+    a, b = candidates(store, now)
+    a.try_acquire_or_renew()
+    a.leading.set()
+    a.release()
+    assert store.leases["fewerbits"].spec.holder_identity is None and not a.leading.is_set()
+    assert b.try_acquire_or_renew()
+
+
+def test_the_loop_calls_back_on_gaining_and_on_losing_the_lease():
+    store, now = LeaseStore(), [0.0]
+    a, b = candidates(store, now)
+    a.retry_seconds = a.renew_seconds = 0.01
+    events: list[str] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def on_started():
+        events.append("started")
+        started.set()
+
+    t = threading.Thread(target=a.run, args=(stop, on_started, lambda: events.append("stopped")))
+    t.start()
+    assert started.wait(5)
+    lease = store.read_namespaced_lease("fewerbits", "ops")  # someone takes it by force
+    lease.spec.holder_identity = "b"
+    lease.spec.renew_time = "later"
+    store.replace_namespaced_lease("fewerbits", "ops", lease)
+    t.join(5)
+    stop.set()
+    assert not t.is_alive() and events == ["started", "stopped"] and not a.leading.is_set()
