@@ -34,18 +34,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from fewerbits_api.canary import (
-    CANARY_CONTRACT_ENV,
-    CanaryContract,
-    CanaryTermination,
-    ServingQualityResult,
-    serving_config_hash,
-)
+from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingQualityResult, serving_config_hash
 from fewerbits_api.conditions import Reason
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT
 from fewerbits_api.quantizedmodel import CanaryStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
 
-from .observed import ContainerTermination, JobFacts, JobState
+from .actions import Action, CreateDeployment, CreateJob, DeleteDeployment, DeleteJob, Event, WorkloadKind
+from .observed import CanaryFacts, CanaryLeftovers, JobState
 from .planner.vllm_args import plan_args
 from .render import (
     ANNOTATION_SPEC_HASH,
@@ -62,6 +57,9 @@ from .render import (
     storage_credential_env,
 )
 from .settings import OperatorSettings
+from .terminations import canary_job_error, pod_failure
+
+__all__ = ["CanaryFacts", "CanaryLeftovers", "DeleteJob"]  # re-exported: facts in observed.py, actions in actions.py
 
 LABEL_CANARY = f"{DOMAIN}/canary-of"
 """On a canary Deployment and its pods, instead of ``fewerbits.io/model``: the model judged."""
@@ -76,10 +74,6 @@ WAITING_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageN
                               "ErrImageNeverPull"})
 """A canary container waiting for one of these will not become ready by itself."""
 
-LEFTOVERS = "*leftovers*"
-"""Key of ``Observed.canaries`` listing canary Deployments no variant needs (never a pool name)."""
-LEFTOVER_LWS = "*leftover-lws*"
-"""Key of ``Observed.canaries`` listing canary LeaderWorkerSets no variant needs (never a pool name)."""
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 """Set by LeaderWorkerSet on each pod of a group: ``0`` on the leader."""
 
@@ -138,32 +132,6 @@ def canary_wanted(spec: QuantizedModelSpec, variant: PlanVariant, current: Mappi
 # ------------------------------------------------------------------ facts (observe reads them)
 
 
-@dataclass(frozen=True)
-class CanaryFacts:
-    """What observe read of one variant's canary for its current served configuration."""
-
-    config_hash: str
-    result: ServingQualityResult | None = None
-    """The stored verdict (``<key>/serving/<hash>.json``)."""
-    result_error: str | None = None
-    """Storage could not be read now."""
-    deployment: Mapping[str, Any] | None = None
-    """The canary Deployment (or LeaderWorkerSet, ``kind`` set), when it exists."""
-    pod_ip: str | None = None
-    """The canary pod's IP: a LeaderWorkerSet group's leader's."""
-    pod_ready: bool = False
-    """The canary pod is Ready: for a LeaderWorkerSet, every pod of its group (leader included)."""
-    terminations: tuple[ContainerTermination, ...] = ()
-    """The canary pods' failed containers."""
-    waiting: tuple[str, ...] = ()
-    """``pod container: reason: message`` of containers waiting on something that will not pass."""
-    unschedulable: str | None = None
-    """The scheduler's message while the canary pod cannot be placed."""
-    job: JobFacts | None = None
-    job_message: str | None = None
-    """The evaluation Job's termination message (a ``CanaryTermination``), when it ended."""
-
-
 # ------------------------------------------------------------------ renderers
 
 
@@ -206,7 +174,8 @@ def render_canary_lws(desired: Mapping[str, Any], model: str, pool: str, chash: 
 
 def render_canary(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
     """The canary of the variant's desired object: a Deployment's, or a LeaderWorkerSet's."""
-    render = render_canary_lws if desired.get("kind") == "LeaderWorkerSet" else render_canary_deployment
+    render = render_canary_lws if WorkloadKind.of(desired) is WorkloadKind.LEADER_WORKER_SET \
+        else render_canary_deployment
     return render(desired, model, pool, chash)
 
 
@@ -267,14 +236,6 @@ def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVaria
 # ------------------------------------------------------------------ the decision
 
 
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete a canary's evaluation Job once its verdict is read (its pods go with it)."""
-
-    namespace: str
-    name: str
-
-
 @dataclass
 class CanaryDecision:
     """What one variant's canary decided this pass."""
@@ -282,10 +243,11 @@ class CanaryDecision:
     may_serve: bool
     """The variant may be rolled out with this configuration (passed, or no canary is wanted)."""
     status: CanaryStatus | None = None
-    creates: list[Any] = field(default_factory=list)
-    deletes: list[Any] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    """(type, reason, message)."""
+    creates: list[Action] = field(default_factory=list)
+    """The canary's Deployment (or LeaderWorkerSet) and its evaluation Job."""
+    deletes: list[Action] = field(default_factory=list)
+    """The canary and its Job once judged, or a canary of an earlier configuration."""
+    events: list[Event] = field(default_factory=list)
     condition_reason: str = Reason.CANARY_PASSED
 
 
@@ -300,7 +262,7 @@ def _seconds_between(earlier: str | None, later: str) -> float | None:
     return (b - a).total_seconds()
 
 
-def pod_problem(f: CanaryFacts, pod_failure: Any) -> str | None:
+def pod_problem(f: CanaryFacts) -> str | None:
     """Why the canary pod will not become ready by itself, or None."""
     if why := pod_failure(f.terminations):
         return why
@@ -321,11 +283,10 @@ def result_text(r: ServingQualityResult) -> str:
 
 def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, desired: Mapping[str, Any],
                   current: Mapping[str, Any] | None, chash: str, artifact_key: str, facts: CanaryFacts | None,
-                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings,
-                  pod_failure: Any, job_failure_text: Any) -> CanaryDecision:
+                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings
+                  ) -> CanaryDecision:
     """One variant's canary step. ``desired`` is the variant's Deployment as it would be rolled
-    out; ``current`` what serves now. ``pod_failure``/``job_failure_text``: decide's readers of
-    container terminations (passed in: this module sits below decide)."""
+    out; ``current`` what serves now."""
     kept = old if old is not None and old.configHash == chash else None
     if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
         return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
@@ -340,18 +301,18 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
 
     def event(kind: str, reason: str, message: str) -> None:
         if kept is None or kept.phase != out.status.phase:  # type: ignore[union-attr]
-            out.events.append((kind, reason, f"variant {variant.pool}: {message}"))
+            out.events.append(Event(kind, reason, f"variant {variant.pool}: {message}"))
 
     def remove_canary() -> None:
         if f.deployment is not None:
-            out.deletes.append((f.deployment.get("kind") or "Deployment", cname))
+            out.deletes.append(DeleteDeployment(owner.namespace, cname, WorkloadKind.of(f.deployment)))
 
     job_name = canary_job_name(owner.name, variant.pool, chash)
     if f.result is not None:
         r = f.result
         remove_canary()
         if f.job is not None:
-            out.deletes.append(("Job", job_name))
+            out.deletes.append(DeleteJob(owner.namespace, job_name))
         text = result_text(r)
         extra = dict(job=job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
                      seconds=r.seconds)
@@ -372,7 +333,7 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
         return out
     if f.job is not None:
         if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
-            why = _job_error(f, job_failure_text)
+            why = canary_job_error(f.job, f.job_message)
             remove_canary()
             out.status = status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
                                           f"again when Job {job_name} expires ({settings.canary_retry_seconds} s)",
@@ -399,9 +360,9 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
         out.condition_reason = Reason.CANARY_PENDING
         return out
     if f.deployment is None:
-        out.creates.append(render_canary(desired, owner.name, variant.pool, chash))
+        out.creates.append(CreateDeployment(render_canary(desired, owner.name, variant.pool, chash)))
         out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)"
-                            if desired["kind"] != "LeaderWorkerSet" else
+                            if WorkloadKind.of(desired) is WorkloadKind.DEPLOYMENT else
                             f"canary LeaderWorkerSet {cname} starting (1 group of {variant.nodesPerReplica} pods, "
                             "no traffic)")
         out.condition_reason = Reason.CANARY_PENDING
@@ -410,7 +371,7 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
                                          "variant takes traffic only after its verdict")
         return out
     age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), now)
-    problem = pod_problem(f, pod_failure)
+    problem = pod_problem(f)
     if problem is None and not f.pod_ready and age is not None and age > settings.canary_ready_seconds:
         problem = (f"not ready after {int(age)} s (canary_ready_seconds {settings.canary_ready_seconds})" +
                    (f": {f.unschedulable}" if f.unschedulable else ""))
@@ -427,26 +388,13 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
                             (f" ({f.unschedulable})" if f.unschedulable else ""))
         out.condition_reason = Reason.CANARY_PENDING
         return out
-    out.creates.append(render_canary_job(owner, spec, variant, artifact_key, chash, f.pod_ip, gate, settings))
+    out.creates.append(CreateJob(render_canary_job(owner, spec, variant, artifact_key, chash, f.pod_ip, gate, settings)))
     out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip})", job=job_name)
     out.condition_reason = Reason.CANARY_EVALUATING
     event("Normal", "CanaryEvaluating", f"canary pod ready; Job {job_name} evaluates it through its serving API "
                                         f"(at most {spec.serving.canary.limits.maxRequests} requests, "
                                         f"{spec.serving.canary.limits.concurrency} at once)")
     return out
-
-
-def _job_error(f: CanaryFacts, job_failure_text: Any) -> str:
-    if f.job_message:
-        try:
-            t = CanaryTermination.model_validate_json(f.job_message)
-            return f"{t.outcome}: {t.reason}" if t.reason else t.outcome
-        except ValueError:
-            pass
-    assert f.job is not None
-    if f.job.state is JobState.SUCCEEDED:
-        return "the Job ended without writing its result"
-    return job_failure_text(f.job)
 
 
 # ------------------------------------------------------------------ the condition

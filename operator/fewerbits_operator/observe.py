@@ -23,6 +23,7 @@ from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quality import eval_identity
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
+from .actions import WorkloadKind
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .claims import Claim
 from .canary_observe import read_canaries
@@ -34,6 +35,7 @@ from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
 from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
+from .terminations import evictions, terminations  # noqa: F401  (evictions: re-exported for tests)
 from .pincache import PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
@@ -76,32 +78,6 @@ def read_policies(raws: list[dict[str, Any]], labels: Mapping[str, str]
             broken.append(BrokenPolicy(pname, "; ".join(format_validation_error(e))[:600], may_select(raw, labels)))
             log.warning("invalid QuantizationPolicy %s: %s", pname, str(e).splitlines()[0])
     return tuple(valid), tuple(broken)
-
-
-def terminations(pods: list[dict[str, Any]], *, init: bool = True) -> tuple[ContainerTermination, ...]:
-    """Failed container terminations of ``pods``, newest pod first."""
-    out: list[ContainerTermination] = []
-    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
-        ps = pod.get("status") or {}
-        statuses = ((ps.get("initContainerStatuses") or []) if init else []) + (ps.get("containerStatuses") or [])
-        for cs in statuses:
-            state = cs.get("state") or {}
-            term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
-            if not term:
-                continue
-            out.append(ContainerTermination(
-                pod=pod["metadata"]["name"], container=str(cs.get("name")),
-                exit_code=int(term.get("exitCode") or 0), reason=str(term.get("reason") or ""),
-                message=str(term.get("message") or ""),
-                running_ready="running" in state and bool(cs.get("ready"))))
-    return tuple(out)
-
-
-def evictions(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
-    """(pod, message) of the evicted ``pods`` (status.reason Evicted), newest first."""
-    return tuple((p["metadata"]["name"], str((p.get("status") or {}).get("message") or ""))
-                 for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
-                 if (p.get("status") or {}).get("reason") == "Evicted")
 
 
 def job_limits(job: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +181,8 @@ class Observer:
             facts["lws_available"] = available = self.kube.lws_available()
             if available:
                 for lws in self.kube.list_lws(ns, f"{LABEL_MODEL}={name}"):
-                    deployments[lws["metadata"]["name"]] = {**lws, "kind": "LeaderWorkerSet"}
+                    # A list's items carry no kind: say it, so every reader tells the two apart.
+                    deployments[lws["metadata"]["name"]] = {**lws, "kind": WorkloadKind.LEADER_WORKER_SET.value}
         facts["deployments"] = _freeze(deployments)
         if the_plan.variants:
             facts["service"] = self.kube.get_service(ns, name)
@@ -228,8 +205,9 @@ class Observer:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
         facts["pod_terminations"] = _freeze(short)
         # The serving canary (canary.py): only for variants whose served configuration has no verdict yet.
-        facts["canaries"] = _freeze(read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
-                                                  facts.get("data_pin"), storage_creds, terminations))
+        canaries, facts["canary_leftovers"] = read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
+                                                            facts.get("data_pin"), storage_creds)
+        facts["canaries"] = _freeze(canaries)
         return Observed(**facts)
 
     def _picker_facts(self, ns: str, name: str) -> picker.PickerFacts:
