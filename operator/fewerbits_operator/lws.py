@@ -34,13 +34,9 @@ from .render import (
     spec_hash,
     startup_budget_seconds,
 )
+from .apis import LWS_API_VERSION, LWS_CRD, LWS_GROUP, LWS_PLURAL, LWS_VERSION  # noqa: F401  (re-exported)
 from .settings import OperatorSettings
 
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-LWS_VERSION = "v1"
-LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
-LWS_PLURAL = "leaderworkersets"
-LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
 INSTALL_LWS = (
     "install LeaderWorkerSet (https://lws.sigs.k8s.io, CRD leaderworkersets.leaderworkerset.x-k8s.io): this "
     "variant's replica spans {nodes} nodes; single-node variants are served as usual")

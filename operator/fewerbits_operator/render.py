@@ -20,8 +20,6 @@ from fewerbits_api.jobcontract import (
     ENV_HF_TOKEN,
     ENV_SOURCE_ACCESS_KEY,
     ENV_SOURCE_SECRET_KEY,
-    ENV_STORAGE_ACCESS_KEY,
-    ENV_STORAGE_SECRET_KEY,
     JobSource,
     QuantJobContract,
 )
@@ -44,7 +42,7 @@ from fewerbits_api.quantizedmodel import (
 
 from .artifacts import PlannedArtifact
 from .jobresources import job_resources, pool_placement
-from .nodecache import serving_load, stream_model_uri
+from .serving_load import MODELS_DIR, secret_env, serving_load, storage_credential_env, stream_model_uri
 from .planner.vllm_args import plan_args
 from .queueing import kueue_labels
 from .settings import OperatorSettings
@@ -60,7 +58,6 @@ ANNOTATION_ARTIFACT_KEY = f"{DOMAIN}/artifact-key"
 ANNOTATION_FORMAT = f"{DOMAIN}/format"
 
 VLLM_PORT = 8000
-MODELS_DIR = "/models"
 LAUNCHER_DIR = "/fewerbits/launcher"
 
 # Pod security: what the `restricted` Pod Security Standard asks, for every pod we create.
@@ -119,8 +116,7 @@ def deployment_name(model: str, pool: str) -> str:
 # ------------------------------------------------------------------ credentials (Secret refs only)
 
 
-def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+_secret_env = secret_env
 
 
 def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
@@ -134,15 +130,6 @@ def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
             _secret_env(ENV_SOURCE_SECRET_KEY, source.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
         ]
     return []
-
-
-def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
-    if not storage.credentialsSecret:
-        return []
-    return [
-        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, SECRET_ACCESS_KEY_ID),
-        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
-    ]
 
 
 # ------------------------------------------------------------------ quantization Job

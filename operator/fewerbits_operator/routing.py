@@ -22,15 +22,22 @@ from typing import Any, Mapping
 
 from fewerbits_api.conditions import Reason
 
+from .apis import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    INFERENCE_POOL_VERSION,
+)
 from .actions import CreateInferencePool, PatchInferencePool  # noqa: F401  (the pool's writes)
 from .observed import RoutingFacts  # noqa: F401  (what observe reads for routing)
 from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels
 
-GROUP = "inference.networking.k8s.io"
-VERSION = "v1"
-PLURAL = "inferencepools"
-KIND = "InferencePool"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP = INFERENCE_POOL_GROUP
+VERSION = INFERENCE_POOL_VERSION
+PLURAL = INFERENCE_POOL_PLURAL
+KIND = INFERENCE_POOL_KIND
+API_VERSION = INFERENCE_POOL_API_VERSION
 EPP_GRPC_PORT = 9002
 """The EPP's ext-proc port (its default, ``--grpc-port``)."""
 

@@ -34,6 +34,7 @@ from prometheus_client import start_http_server
 
 from . import metrics
 from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
+from .autoscaler.kube_io import KubeAutoscalerIO
 from .kube import Kube
 from .queueing import queued_entries, slot_changed
 from .render import LABEL_COMPONENT
@@ -136,7 +137,7 @@ class Operator:
             source = (PrometheusSource(s.autoscaler_prometheus_url, timeout=s.autoscaler_scrape_timeout_seconds)
                       if s.autoscaler_metrics_source == "prometheus"
                       else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
-            scaler = Autoscaler(kube, source, namespaces=s.namespaces,
+            scaler = Autoscaler(KubeAutoscalerIO(kube), source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
                                 held=activator.last_held if activator is not None else None)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
