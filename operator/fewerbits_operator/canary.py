@@ -41,7 +41,7 @@ from fewerbits_api.quantizedmodel import CanaryStatus, PlanVariant, QualityGateS
 
 from .actions import Action, CreateDeployment, CreateJob, DeleteDeployment, DeleteJob, Event, WorkloadKind
 from .observed import CanaryFacts, CanaryLeftovers, JobState
-from .planner.vllm_args import plan_args
+from .planner.vllm_args import plan_args, served_model_name
 from .render import (
     ANNOTATION_SPEC_HASH,
     CONTAINER_SECURITY,
@@ -88,10 +88,6 @@ def canary_deployment_name(deployment: str) -> str:
 def canary_job_name(model: str, pool: str, config_hash: str) -> str:
     """``fewerbits-canary-<24 hex>``: one Job per model, pool and served configuration."""
     return JOB_PREFIX + hashlib.sha256(f"{model}/{pool}/{config_hash}".encode()).hexdigest()[:24]
-
-
-def served_model_name(spec: QuantizedModelSpec, model: str) -> str:
-    return spec.serving.servedModelName or model
 
 
 def serving_config(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,

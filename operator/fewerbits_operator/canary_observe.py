@@ -12,11 +12,11 @@ At rest (every variant serving its configuration) nothing is read.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from fewerbits_api.canary import ServingQualityResult
 
-from .artifacts import artifact_format, planned_artifacts
+from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
 from .actions import WorkloadKind
 from .canary import (
     LABEL_CANARY,
@@ -97,11 +97,12 @@ def _group_facts(pods: list[dict[str, Any]], size: int) -> dict[str, Any]:
 
 
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
-                  deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any
-                  ) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
+                  deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
+                  planned: Sequence[PlannedArtifact] | None = None) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
     """By pool, for the variants that still need a verdict for their served configuration; and
     the model's canaries no variant needs (a canary whose variant was planned away, or turned off
-    mid-evaluation), so they are removed."""
+    mid-evaluation), so they are removed. ``planned``: the plan's artifacts as observe computed
+    them (computed here from ``the_plan`` and ``data_pin`` when not given)."""
     canaries = {d["metadata"]["name"]: d for d in observer.kube.list_deployments(ns, f"{LABEL_CANARY}={name}")}
     canary_lws: dict[str, Any] = {}
     lws_served = hasattr(observer.kube, "lws_available") and observer.kube.lws_available()
@@ -111,7 +112,9 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
                       for d in observer.kube.list_lws(ns, f"{LABEL_CANARY}={name}")}
     out: dict[str, CanaryFacts] = {}
     needed: set[tuple[WorkloadKind, str]] = set()
-    keys = {p.format: p.key for p in planned_artifacts(spec, the_plan, data_pin)} \
+    if planned is None and spec.serving.canary.enabled:
+        planned = planned_artifacts(spec, the_plan, data_pin)
+    keys = {p.format: p.key for p in planned or ()} \
         if spec.serving.canary.enabled else {}
     for pv in the_plan.variants if spec.serving.canary.enabled else ():
         key = keys.get(artifact_format(pv))

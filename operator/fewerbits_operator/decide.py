@@ -52,7 +52,7 @@ from .datapins import CALIBRATION_FIELD, EVAL_FIELD, calibration_status, s3_cali
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .jobfailure import classify as classify_job_failure
-from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, size_plan_jobs
+from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, plan_job_sizes
 from .lws import INSTALL_LWS, lws_status, render_lws
 from .actions import (  # noqa: F401  (re-exported: the writes decide asks for)
     ACTION_TYPES,
@@ -86,7 +86,7 @@ from .render import (
     render_job,
     render_service,
 )
-from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed  # noqa: F401
+from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed, Planning, PlanVerdict  # noqa: F401
 from .terminations import job_failure_text, pod_failure, termination_text  # noqa: F401  (re-exported)
 from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from .evaljob import render_eval_job
@@ -272,15 +272,6 @@ def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | No
 # ------------------------------------------------------------------ Planned
 
 
-@dataclass(frozen=True)
-class PlanVerdict:
-    plan: PlanStatus | None
-    """None: nothing can be planned (the condition says why)."""
-    ok: bool
-    reason: str
-    message: str
-
-
 def plan_summary(the_plan: PlanStatus) -> str:
     rejected = f"; {len(the_plan.rejected)} pool(s) rejected (see status.plan.rejected)" if the_plan.rejected else ""
     return ", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
@@ -296,7 +287,15 @@ def _target_text(target: Any) -> str:
 
 
 def current_plan(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
-    """This pass's plan, and what the Planned condition says of it (before pools gone are known)."""
+    """This pass's plan, and what the Planned condition says of it (before pools gone are known):
+    the one observe computed (``Observed.planning``, from the same facts), else computed here."""
+    if obs.planning is not None:
+        return obs.planning.plan, obs.planning.verdict
+    return plan_of(obs, acc)
+
+
+def plan_of(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
+    """The planner run on the observed shape and pools (``current_plan`` says when)."""
     spec = acc.spec
     assert spec is not None
     old = obs.old_status
@@ -380,11 +379,9 @@ def job_sizing(obs: Observed, acc: Acceptance, the_plan: PlanStatus, settings: O
         return JobSizing(jobs, {j.format: j for j in jobs})
     combined = acc.effective.policy
     rules = combined.rules
-    jobs, problems = size_plan_jobs(obs.shape, the_plan, obs.pools or (),
-                                    inputs_from(acc.spec, rules.quantizationJob, rules, settings.job_volume_threshold_gib))
-    refusals: dict[QuantFormat, str] = {}
-    for problem in problems:
-        refusals[QuantFormat(problem.split(":", 1)[0])] = problem
+    jobs, unsized = plan_job_sizes(obs.shape, the_plan, obs.pools or (),
+                                   inputs_from(acc.spec, rules.quantizationJob, rules, settings.job_volume_threshold_gib))
+    refusals = {fmt: f"{fmt.value}: {why}" for fmt, why in unsized.items()}
     for j in jobs:
         if over := cap_violations(j, rules.maxQuantizationJobGPUs, rules.maxQuantizationJobMemoryGiB,
                                   combined.rule_sources):
@@ -408,6 +405,8 @@ class ArtifactVerdict:
     """Its Job failed (kept after the Job's TTL removes it)."""
     unavailable: str | None = None
     """Storage could not be read now (transient)."""
+    unavailable_reason: str = Reason.STORAGE_UNAVAILABLE
+    """The Quantized reason it gives: the storage, or the S3 calibration object."""
     waiting: str | None = None
     """What it waits for."""
     pending: bool = False
@@ -660,7 +659,8 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     planned = as_published(planned, facts)
     previous = previous_artifact(obs, planned.key)
     if facts.storage_error is not None:
-        return ArtifactVerdict(planned, unavailable=facts.storage_error)
+        return ArtifactVerdict(planned, unavailable=facts.storage_error,
+                               unavailable_reason=facts.storage_error_reason or Reason.STORAGE_UNAVAILABLE)
     if facts.manifest is not None:
         v = applied(published_step(obs, planned, facts, previous, settings), st, actions)
         decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
@@ -759,7 +759,7 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
     elif failed := [v for v in verdicts if v.failed]:
         job_failed = [v for v in failed if v.failure is not None]
         reason = failure_reason(job_failed) if job_failed else Reason.STORAGE_UNAVAILABLE
-        if not job_failed and all((v.unavailable or "").startswith(CALIBRATION_FIELD) for v in failed):
+        if not job_failed and all(v.unavailable_reason == Reason.CALIBRATION_DATA_UNAVAILABLE for v in failed):
             reason = Reason.CALIBRATION_DATA_UNAVAILABLE
         hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
                 if job_failed else "")
@@ -1282,7 +1282,8 @@ def quantized_step(obs: Observed, acc: Acceptance, the_plan: PlanStatus, sizing:
         facts = obs.artifacts.get(planned.key, ArtifactFacts(storage_error="storage was not read"))
         if data_uri and obs.data_pin is None and planned.inputs.calibrationDataset == data_uri:
             # Named before any Job starts: without its ETag the key would not name the data.
-            facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
+            facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}",
+                                  storage_error_reason=Reason.CALIBRATION_DATA_UNAVAILABLE)
         v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing, admission)
         judge(v, gate, eff.gate())
         verdicts.append(v)

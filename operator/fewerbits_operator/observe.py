@@ -34,7 +34,7 @@ from .evaljob import eval_job_name
 from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
-from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
+from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed, Planning
 from .terminations import evictions, terminations  # noqa: F401  (evictions: re-exported for tests)
 from .pincache import PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
@@ -135,7 +135,8 @@ class Observer:
             facts["shape"] = shape_from_config(cfg, where=f"{spec.source.uri} config.json")
         except (ModelConfigError, ShapeError) as e:
             facts["config_error"] = str(e)
-        the_plan, _ = current_plan(Observed(**facts), eff)
+        the_plan, verdict = current_plan(Observed(**facts), eff)
+        facts["planning"] = Planning(the_plan, verdict)  # decide reuses it: the planner runs once a pass
         if data_uri := s3_calibration_uri(spec, the_plan):
             try:
                 facts["data_pin"] = self.pins.pin(
@@ -145,7 +146,8 @@ class Observer:
                 facts["data_error"] = str(e)
 
         artifacts: dict[str, ArtifactFacts] = {}
-        for planned in planned_artifacts(spec, the_plan, facts.get("data_pin")):
+        wanted = planned_artifacts(spec, the_plan, facts.get("data_pin"))  # once per pass: reused below
+        for planned in wanted:
             try:
                 manifest = self.store.get_manifest(spec.storage, planned.key, storage_creds)
             except StorageError as e:
@@ -167,7 +169,7 @@ class Observer:
             artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
         facts["artifacts"] = _freeze(artifacts)
         # Only when a Job is about to be created: a custom S3 dataset it could not read is named now.
-        needing_job = [p.format for p in planned_artifacts(spec, the_plan)
+        needing_job = [p.format for p in wanted
                        if (f := artifacts.get(p.key)) is not None and f.storage_error is None
                        and f.manifest is None and f.job is None]
         facts["dataset_errors"] = _freeze({
@@ -206,7 +208,7 @@ class Observer:
         facts["pod_terminations"] = _freeze(short)
         # The serving canary (canary.py): only for variants whose served configuration has no verdict yet.
         canaries, facts["canary_leftovers"] = read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
-                                                            facts.get("data_pin"), storage_creds)
+                                                            facts.get("data_pin"), storage_creds, wanted)
         facts["canaries"] = _freeze(canaries)
         return Observed(**facts)
 

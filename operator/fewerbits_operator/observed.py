@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from fewerbits_api.artifact import Manifest
 from fewerbits_api.canary import ServingQualityResult
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_api.quantizedmodel import QuantizedModelStatus
+from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelStatus
 
 from .claims import Claim
 from .datapins import DataPin
@@ -68,6 +68,9 @@ class ArtifactFacts:
     manifest: Manifest | None = None
     storage_error: str | None = None
     """Storage could not be read (the manifest's presence is unknown)."""
+    storage_error_reason: str | None = None
+    """The condition reason the error gives, when not StorageUnavailable (the S3 calibration
+    object unread: CalibrationDataUnavailable)."""
     job: JobFacts | None = None
     claim_present: bool = False
     """``<key>/.claim`` exists (read only while there is no manifest and no Job of this model's)."""
@@ -134,6 +137,26 @@ class RoutingFacts:
     """The InferencePool of the model's name, if any."""
     picker: PickerFacts | None = None
     """The endpoint picker's objects, read once the CRD is served."""
+
+
+@dataclass(frozen=True)
+class PlanVerdict:
+    """What the Planned condition says of a plan (decide.current_plan)."""
+
+    plan: PlanStatus | None
+    """None: nothing can be planned (the condition says why)."""
+    ok: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The pass's plan and its verdict, computed once: observe needs it to know what to read
+    (artifact keys, canaries), and decide reuses it instead of running the planner again."""
+
+    plan: PlanStatus
+    verdict: PlanVerdict
 
 
 @dataclass(frozen=True)
@@ -208,3 +231,5 @@ class Observed:
     only for those)."""
     canary_leftovers: CanaryLeftovers = CanaryLeftovers()
     """The model's canaries no variant needs: deleted."""
+    planning: Planning | None = None
+    """The plan as observe computed it from these facts (None: decide plans)."""

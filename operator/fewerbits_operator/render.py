@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.jobcontract import (
@@ -43,7 +43,7 @@ from fewerbits_api.quantizedmodel import (
 from .artifacts import PlannedArtifact
 from .jobresources import job_resources, pool_placement
 from .serving_load import MODELS_DIR, secret_env, serving_load, storage_credential_env, stream_model_uri
-from .planner.vllm_args import plan_args
+from .planner.vllm_args import plan_args, served_model_name
 from .queueing import kueue_labels
 from .settings import OperatorSettings
 
@@ -144,8 +144,10 @@ def render_job(
     settings: OperatorSettings,
     size: QuantizationJobSize | None = None,
     pool_selector: dict[str, str] | list[dict[str, str]] | None = None,
+    mode: Literal["quantize", "evaluate"] = "quantize",
 ) -> dict[str, Any]:
     """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last).
+    ``mode: evaluate``: the same Job measures a published artifact again (evaljob.py).
     ``size``: the Job's sizing from the plan (requests, limits, work volume, deadline, pool
     ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
     first); without it, the operator's fixed requests and the placement's GPUs."""
@@ -171,6 +173,7 @@ def render_job(
         qualityGate=gate,
         evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
+        mode=mode,
     )
     resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
     if placement.gpus and size is None:
@@ -271,7 +274,7 @@ def render_deployment(
     labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
     model_dir = f"{MODELS_DIR}/{artifact_key}"
     # From the plan's typed fields, never from the display copy in status (plan_args owns them).
-    vllm_args = plan_args(variant, spec.serving.servedModelName or owner.name)
+    vllm_args = plan_args(variant, served_model_name(spec, owner.name))
     command = [
         "python3", "-m", "fewerbits_runtime", "launch",
         "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",

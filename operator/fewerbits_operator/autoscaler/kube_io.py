@@ -24,7 +24,25 @@ class KubeAutoscalerIO:
         self.kube = kube
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.kube, name)  # list_models, list_pods, read_scale, patch_scale, post_event ...
+        return getattr(self.kube, name)  # the client's other attributes (its API objects, counters)
+
+    def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
+        return self.kube.list_models(namespaces)
+
+    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.kube.list_deployments(namespace, selector)
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return self.kube.list_pods(namespace, selector)
+
+    def read_scale(self, namespace: str, name: str) -> int | None:
+        return self.kube.read_scale(namespace, name)
+
+    def patch_scale(self, namespace: str, name: str, replicas: int) -> None:
+        self.kube.patch_scale(namespace, name, replicas)
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.kube.post_event(obj, type_, reason, message)
 
     def patch_serving_status(self, namespace: str, name: str, updates: dict[str, dict[str, Any]]) -> None:
         """Only the autoscaler's fields of ``status.serving`` entries, merged into a fresh read and
