@@ -28,7 +28,7 @@ config at start only).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from .actions import CreatePickerObject, UpdatePickerObject  # noqa: F401  (the picker's writes)
 from .observed import PickerFacts  # noqa: F401  (what observe reads of the picker)

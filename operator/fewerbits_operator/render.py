@@ -37,7 +37,6 @@ from fewerbits_api.quantizedmodel import (
     QuantizationJobSize,
     QuantizedModelSpec,
     SourceSpec,
-    StorageSpec,
 )
 
 from .artifacts import PlannedArtifact
