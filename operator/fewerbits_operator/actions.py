@@ -2,7 +2,7 @@
 
 ``decide`` (and the steps below it: canary.py, routing.py, picker.py) returns these; ``execute``
 applies them, one executor per type (``execute.EXECUTORS``; a unit test fails when a type of
-``Action`` has none). This module imports nothing of the operator: everything that decides sits
+``Action`` has none). This module imports only apis.py of the operator: everything that decides sits
 above it, the one writer too.
 
 ``WorkloadKind`` is the serving object of a variant, chosen from the plan (one node per replica: a
@@ -19,12 +19,14 @@ from typing import Any, Mapping, Union
 
 from fewerbits_api.quantizedmodel import StorageSpec
 
+from .apis import LWS_KIND
+
 
 class WorkloadKind(str, Enum):
     """The API kind that serves a variant (its ``kind``, so it compares equal to the kind string)."""
 
     DEPLOYMENT = "Deployment"
-    LEADER_WORKER_SET = "LeaderWorkerSet"
+    LEADER_WORKER_SET = LWS_KIND
 
     @classmethod
     def for_nodes(cls, nodes_per_replica: int) -> WorkloadKind:

@@ -34,7 +34,7 @@ from .render import (
     spec_hash,
     startup_budget_seconds,
 )
-from .apis import LWS_API_VERSION, LWS_CRD, LWS_GROUP, LWS_PLURAL, LWS_VERSION  # noqa: F401  (re-exported)
+from .apis import LWS_API_VERSION, LWS_CRD, LWS_GROUP, LWS_KIND, LWS_PLURAL, LWS_VERSION  # noqa: F401  (re-exported)
 from .settings import OperatorSettings
 
 INSTALL_LWS = (
@@ -141,7 +141,7 @@ def render_lws(
     labels = dict(base["metadata"]["labels"])
     return _fresh({
         "apiVersion": LWS_API_VERSION,
-        "kind": "LeaderWorkerSet",
+        "kind": LWS_KIND,
         "metadata": {
             "name": lws_name(owner.name, variant.pool),
             "namespace": owner.namespace,
