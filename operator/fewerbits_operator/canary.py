@@ -277,6 +277,172 @@ def result_text(r: ServingQualityResult) -> str:
             f"(min {worst.minRecoveryPercent:g}%), KV cache {r.kvCacheDtype}")
 
 
+@dataclass(frozen=True)
+class CanaryPass:
+    """What one variant's canary step reads: the variant, its desired object and configuration
+    hash, the canary's facts, and the status kept from the last pass for this configuration."""
+
+    owner: Owner
+    spec: QuantizedModelSpec
+    variant: PlanVariant
+    desired: Mapping[str, Any]
+    chash: str
+    artifact_key: str
+    facts: CanaryFacts
+    kept: CanaryStatus | None
+    now: str
+    settings: OperatorSettings
+    gate: QualityGateSpec
+
+    @property
+    def canary_name(self) -> str:
+        return canary_deployment_name(self.desired["metadata"]["name"])
+
+    @property
+    def job_name(self) -> str:
+        return canary_job_name(self.owner.name, self.variant.pool, self.chash)
+
+    def status(self, phase: str, reason: str, **more: Any) -> CanaryStatus:
+        """The status of this phase: ``since`` kept while the phase is the same."""
+        since = self.kept.since if self.kept is not None and self.kept.phase == phase else self.now
+        return CanaryStatus(configHash=self.chash, artifactKey=self.artifact_key, kvCacheDtype=self.variant.kvCacheDtype,
+                            phase=phase, reason=reason[:1024], since=since, **more)
+
+    def decision(self, status: CanaryStatus, reason: str, *, may_serve: bool = False,
+                 event: tuple[str, str, str] | None = None, creates: tuple[Action, ...] = (),
+                 deletes: tuple[Action, ...] = ()) -> CanaryDecision:
+        """The step's decision; its event only on a change of phase (one per transition)."""
+        events = []
+        if event is not None and (self.kept is None or self.kept.phase != status.phase):
+            kind, why, message = event
+            events.append(Event(kind, why, f"variant {self.variant.pool}: {message}"))
+        return CanaryDecision(may_serve, status, list(creates), list(deletes), events, reason)
+
+    def remove_canary(self) -> tuple[Action, ...]:
+        f = self.facts
+        if f.deployment is None:
+            return ()
+        return (DeleteDeployment(self.owner.namespace, self.canary_name, WorkloadKind.of(f.deployment)),)
+
+
+def verdict_step(c: CanaryPass) -> CanaryDecision | None:
+    """A stored verdict: passed, the variant takes traffic; failed, it does not. The canary and
+    its Job go."""
+    r = c.facts.result
+    if r is None:
+        return None
+    deletes = c.remove_canary() + ((DeleteJob(c.owner.namespace, c.job_name),) if c.facts.job is not None else ())
+    text = result_text(r)
+    extra = dict(job=c.job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
+                 seconds=r.seconds)
+    if r.passed:
+        return c.decision(c.status("Passed", text, **extra), Reason.CANARY_PASSED, may_serve=True, deletes=deletes,
+                          event=("Normal", "CanaryPassed",
+                                 f"served configuration {c.chash[:12]} passed ({text}); taking traffic"))
+    return c.decision(c.status("Failed", text, **extra), Reason.CANARY_FAILED, deletes=deletes,
+                      event=("Warning", "CanaryFailed",
+                             f"served configuration {c.chash[:12]} failed: {text}; not rolled out"))
+
+
+KEPT_PHASE_REASONS = {"Evaluating": Reason.CANARY_EVALUATING, "Error": Reason.CANARY_ERROR}
+
+
+def unreadable_step(c: CanaryPass) -> CanaryDecision | None:
+    """The verdict cannot be read now: what was said stands."""
+    if c.facts.result_error is None:
+        return None
+    status = c.kept or c.status("Pending", f"the verdict cannot be read now: {c.facts.result_error}")
+    return c.decision(status, KEPT_PHASE_REASONS.get(status.phase, Reason.CANARY_PENDING))
+
+
+def evaluation_job_step(c: CanaryPass) -> CanaryDecision | None:
+    """The evaluation Job exists: it evaluates, or it ended without a verdict (fail closed)."""
+    f = c.facts
+    if f.job is None:
+        return None
+    if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
+        why = canary_job_error(f.job, f.job_message)
+        status = c.status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
+                                   f"again when Job {c.job_name} expires ({c.settings.canary_retry_seconds} s)",
+                          job=c.job_name)
+        return c.decision(status, Reason.CANARY_ERROR, deletes=c.remove_canary(),
+                          event=("Warning", "CanaryError", status.reason))
+    return c.decision(c.status("Evaluating", f"Job {c.job_name} evaluates the canary pod ({f.pod_ip or 'pod'})",
+                               job=c.job_name), Reason.CANARY_EVALUATING)
+
+
+def backoff_step(c: CanaryPass) -> CanaryDecision | None:
+    """An error is tried again only after ``canary_retry_seconds``."""
+    kept = c.kept
+    if kept is None or kept.phase != "Error":
+        return None
+    waited = _seconds_between(kept.since, c.now)
+    if waited is None or waited >= c.settings.canary_retry_seconds:
+        return None
+    return c.decision(kept, Reason.CANARY_NOT_READY if kept.job is None else Reason.CANARY_ERROR,
+                      deletes=c.remove_canary())
+
+
+def start_step(c: CanaryPass) -> CanaryDecision | None:
+    """No canary of this configuration: one of an earlier configuration goes (the next pass starts
+    this one's), or this one's starts."""
+    f = c.facts
+    if f.deployment is not None and \
+            (f.deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SERVING_CONFIG) != c.chash:
+        return c.decision(c.status("Pending", "replacing the canary of an earlier configuration"),
+                          Reason.CANARY_PENDING, deletes=c.remove_canary())
+    if f.deployment is not None:
+        return None
+    cname = c.canary_name
+    starting = (f"canary Deployment {cname} starting (1 pod, no traffic)"
+                if WorkloadKind.of(c.desired) is WorkloadKind.DEPLOYMENT else
+                f"canary LeaderWorkerSet {cname} starting (1 group of {c.variant.nodesPerReplica} pods, no traffic)")
+    return c.decision(
+        c.status("Pending", starting), Reason.CANARY_PENDING,
+        creates=(CreateDeployment(render_canary(c.desired, c.owner.name, c.variant.pool, c.chash)),),
+        event=("Normal", "CanaryStarted", f"canary {cname} started for served configuration {c.chash[:12]} "
+                                          f"(artifact {c.artifact_key[:12]}, KV cache {c.variant.kvCacheDtype}); the "
+                                          "variant takes traffic only after its verdict"))
+
+
+def pod_step(c: CanaryPass) -> CanaryDecision | None:
+    """The canary's pod(s): never ready (an error, tried again later), or not ready yet."""
+    f = c.facts
+    assert f.deployment is not None
+    age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), c.now)
+    problem = pod_problem(f)
+    if problem is None and not f.pod_ready and age is not None and age > c.settings.canary_ready_seconds:
+        problem = (f"not ready after {int(age)} s (canary_ready_seconds {c.settings.canary_ready_seconds})" +
+                   (f": {f.unschedulable}" if f.unschedulable else ""))
+    if problem is not None and not f.pod_ready:
+        status = c.status("Error", f"the canary pod never became ready: {problem}; what served keeps serving, "
+                                   f"tried again in {c.settings.canary_retry_seconds} s or on a spec change")
+        return c.decision(status, Reason.CANARY_NOT_READY, deletes=c.remove_canary(),
+                          event=("Warning", "CanaryNotReady", status.reason))
+    if not f.pod_ready or not f.pod_ip:
+        return c.decision(c.status("Pending", f"waiting for canary pod{'s' if c.variant.nodesPerReplica > 1 else ''} "
+                                              f"of {c.canary_name} to be ready" +
+                                   (f" ({f.unschedulable})" if f.unschedulable else "")), Reason.CANARY_PENDING)
+    return None
+
+
+def evaluate_step(c: CanaryPass) -> CanaryDecision:
+    """The canary is ready: the evaluation Job starts."""
+    assert c.facts.pod_ip is not None
+    limits = c.spec.serving.canary.limits
+    return c.decision(
+        c.status("Evaluating", f"Job {c.job_name} evaluates the canary pod ({c.facts.pod_ip})", job=c.job_name),
+        Reason.CANARY_EVALUATING,
+        creates=(CreateJob(render_canary_job(c.owner, c.spec, c.variant, c.artifact_key, c.chash, c.facts.pod_ip,
+                                             c.gate, c.settings)),),
+        event=("Normal", "CanaryEvaluating", f"canary pod ready; Job {c.job_name} evaluates it through its serving "
+                                             f"API (at most {limits.maxRequests} requests, {limits.concurrency} at once)"))
+
+
+CANARY_STEPS = (verdict_step, unreadable_step, evaluation_job_step, backoff_step, start_step, pod_step)
+"""In order: the first that decides, decides; else ``evaluate_step``."""
+
+
 def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, desired: Mapping[str, Any],
                   current: Mapping[str, Any] | None, chash: str, artifact_key: str, facts: CanaryFacts | None,
                   old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings
@@ -286,111 +452,12 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
     kept = old if old is not None and old.configHash == chash else None
     if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
         return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
-    cname = canary_deployment_name(desired["metadata"]["name"])
-    f = facts or CanaryFacts(chash, result_error="the canary was not read")
-    base = dict(configHash=chash, artifactKey=artifact_key, kvCacheDtype=variant.kvCacheDtype)
-    out = CanaryDecision(False)
-
-    def status(phase: str, reason: str, **more: Any) -> CanaryStatus:
-        since = kept.since if kept is not None and kept.phase == phase else now
-        return CanaryStatus(**base, phase=phase, reason=reason[:1024], since=since, **more)
-
-    def event(kind: str, reason: str, message: str) -> None:
-        if kept is None or kept.phase != out.status.phase:  # type: ignore[union-attr]
-            out.events.append(Event(kind, reason, f"variant {variant.pool}: {message}"))
-
-    def remove_canary() -> None:
-        if f.deployment is not None:
-            out.deletes.append(DeleteDeployment(owner.namespace, cname, WorkloadKind.of(f.deployment)))
-
-    job_name = canary_job_name(owner.name, variant.pool, chash)
-    if f.result is not None:
-        r = f.result
-        remove_canary()
-        if f.job is not None:
-            out.deletes.append(DeleteJob(owner.namespace, job_name))
-        text = result_text(r)
-        extra = dict(job=job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
-                     seconds=r.seconds)
-        if r.passed:
-            out.may_serve = True
-            out.status = status("Passed", text, **extra)
-            out.condition_reason = Reason.CANARY_PASSED
-            event("Normal", "CanaryPassed", f"served configuration {chash[:12]} passed ({text}); taking traffic")
-        else:
-            out.status = status("Failed", text, **extra)
-            out.condition_reason = Reason.CANARY_FAILED
-            event("Warning", "CanaryFailed", f"served configuration {chash[:12]} failed: {text}; not rolled out")
-        return out
-    if f.result_error is not None:
-        out.status = kept or status("Pending", f"the verdict cannot be read now: {f.result_error}")
-        out.condition_reason = Reason.CANARY_PENDING if out.status.phase == "Pending" else \
-            {"Evaluating": Reason.CANARY_EVALUATING, "Error": Reason.CANARY_ERROR}.get(out.status.phase, Reason.CANARY_PENDING)
-        return out
-    if f.job is not None:
-        if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
-            why = canary_job_error(f.job, f.job_message)
-            remove_canary()
-            out.status = status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
-                                          f"again when Job {job_name} expires ({settings.canary_retry_seconds} s)",
-                                job=job_name)
-            out.condition_reason = Reason.CANARY_ERROR
-            event("Warning", "CanaryError", out.status.reason)
-            return out
-        out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip or 'pod'})",
-                            job=job_name)
-        out.condition_reason = Reason.CANARY_EVALUATING
-        return out
-    if kept is not None and kept.phase == "Error":
-        waited = _seconds_between(kept.since, now)
-        if waited is not None and waited < settings.canary_retry_seconds:
-            remove_canary()
-            out.status = kept
-            out.condition_reason = Reason.CANARY_NOT_READY if kept.job is None else Reason.CANARY_ERROR
-            return out
-    if f.deployment is not None and \
-            (f.deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SERVING_CONFIG) != chash:
-        # A canary of an earlier configuration: it goes; the next pass starts this one's.
-        remove_canary()
-        out.status = status("Pending", "replacing the canary of an earlier configuration")
-        out.condition_reason = Reason.CANARY_PENDING
-        return out
-    if f.deployment is None:
-        out.creates.append(CreateDeployment(render_canary(desired, owner.name, variant.pool, chash)))
-        out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)"
-                            if WorkloadKind.of(desired) is WorkloadKind.DEPLOYMENT else
-                            f"canary LeaderWorkerSet {cname} starting (1 group of {variant.nodesPerReplica} pods, "
-                            "no traffic)")
-        out.condition_reason = Reason.CANARY_PENDING
-        event("Normal", "CanaryStarted", f"canary {cname} started for served configuration {chash[:12]} "
-                                         f"(artifact {artifact_key[:12]}, KV cache {variant.kvCacheDtype}); the "
-                                         "variant takes traffic only after its verdict")
-        return out
-    age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), now)
-    problem = pod_problem(f)
-    if problem is None and not f.pod_ready and age is not None and age > settings.canary_ready_seconds:
-        problem = (f"not ready after {int(age)} s (canary_ready_seconds {settings.canary_ready_seconds})" +
-                   (f": {f.unschedulable}" if f.unschedulable else ""))
-    if problem is not None and not f.pod_ready:
-        remove_canary()
-        out.status = status("Error", f"the canary pod never became ready: {problem}; what served keeps serving, "
-                                     f"tried again in {settings.canary_retry_seconds} s or on a spec change")
-        out.condition_reason = Reason.CANARY_NOT_READY
-        event("Warning", "CanaryNotReady", out.status.reason)
-        return out
-    if not f.pod_ready or not f.pod_ip:
-        out.status = status("Pending", f"waiting for canary pod{'s' if variant.nodesPerReplica > 1 else ''} "
-                                       f"of {cname} to be ready" +
-                            (f" ({f.unschedulable})" if f.unschedulable else ""))
-        out.condition_reason = Reason.CANARY_PENDING
-        return out
-    out.creates.append(CreateJob(render_canary_job(owner, spec, variant, artifact_key, chash, f.pod_ip, gate, settings)))
-    out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip})", job=job_name)
-    out.condition_reason = Reason.CANARY_EVALUATING
-    event("Normal", "CanaryEvaluating", f"canary pod ready; Job {job_name} evaluates it through its serving API "
-                                        f"(at most {spec.serving.canary.limits.maxRequests} requests, "
-                                        f"{spec.serving.canary.limits.concurrency} at once)")
-    return out
+    c = CanaryPass(owner, spec, variant, desired, chash, artifact_key,
+                   facts or CanaryFacts(chash, result_error="the canary was not read"), kept, now, settings, gate)
+    for step in CANARY_STEPS:
+        if (decided := step(c)) is not None:
+            return decided
+    return evaluate_step(c)
 
 
 # ------------------------------------------------------------------ the condition
