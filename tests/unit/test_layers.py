@@ -200,3 +200,15 @@ def test_the_checker_sees_cycles_and_local_imports():
     """The graph reader itself: a function-local import is an edge, and a cycle is found."""
     assert "autoscaler.capacity" in GRAPH["settings"][1]  # settings' local import is seen
     assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]
+
+
+SCREEN = 60
+"""Lines a function of the reconcile core's decision modules may span (one screen)."""
+
+
+@pytest.mark.parametrize("module", ["decide", "canary", "observe", "execute"])
+def test_the_decision_functions_fit_on_a_screen(module):
+    tree = ast.parse(MODULES[module].read_text())
+    long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > SCREEN]
+    assert long == []
