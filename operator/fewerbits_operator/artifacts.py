@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from fewerbits_api.artifact import ArtifactKeyInputs, Manifest
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
-from fewerbits_api.datasets import is_builtin_dataset_uri, named_dataset_hash
+from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri, named_dataset_hash
 
-from .datapins import DataPin, key_hash
+from .datapins import DataPin, artifact_format, key_hash  # noqa: F401  (artifact_format re-exported)
 
 # Jobs are named by key and destination, so two models asking for the same bytes in the same
 # storage location share one Job, and a model publishing elsewhere gets its own.
@@ -74,14 +74,6 @@ def job_name(key: str, storage_uri: str, storage_endpoint: str | None = None) ->
     the old Job ends on its own and its TTL removes it. At worst one duplicate quantization per
     Job in flight at the upgrade, once."""
     return f"{JOB_PREFIX}{key[:JOB_KEY_CHARS]}-{destination_digest(storage_uri, storage_endpoint)}"
-
-
-def artifact_format(variant: PlanVariant) -> QuantFormat:
-    """The format of the artifact a variant serves. A source that already is the variant's format
-    (``servedAsIs``) is published unchanged, as a `none` artifact: no quantization, no
-    calibration, but the same content-addressed copy, manifest and integrity checks as any other
-    artifact, pinned by the source revision."""
-    return QuantFormat.NONE if variant.servedAsIs else variant.format
 
 
 def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | None = None,

@@ -34,19 +34,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from fewerbits_api.canary import (
-    CANARY_CONTRACT_ENV,
-    CanaryContract,
-    CanaryTermination,
-    ServingQualityResult,
-    serving_config_hash,
-)
+from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingQualityResult, serving_config_hash
 from fewerbits_api.conditions import Reason
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT
 from fewerbits_api.quantizedmodel import CanaryStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
 
-from .observed import ContainerTermination, JobFacts, JobState
-from .planner.vllm_args import plan_args
+from .actions import Action, CreateDeployment, CreateJob, DeleteDeployment, DeleteJob, Event, WorkloadKind
+from .observed import CanaryFacts, CanaryLeftovers, JobState
+from .planner.vllm_args import plan_args, served_model_name
 from .render import (
     ANNOTATION_SPEC_HASH,
     CONTAINER_SECURITY,
@@ -63,6 +58,9 @@ from .render import (
     storage_credential_env,
 )
 from .settings import OperatorSettings
+from .terminations import canary_job_error, pod_failure
+
+__all__ = ["CanaryFacts", "CanaryLeftovers", "DeleteJob"]  # re-exported: facts in observed.py, actions in actions.py
 
 LABEL_CANARY = f"{DOMAIN}/canary-of"
 """On a canary Deployment and its pods, instead of ``fewerbits.io/model``: the model judged."""
@@ -77,10 +75,6 @@ WAITING_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageN
                               "ErrImageNeverPull"})
 """A canary container waiting for one of these will not become ready by itself."""
 
-LEFTOVERS = "*leftovers*"
-"""Key of ``Observed.canaries`` listing canary Deployments no variant needs (never a pool name)."""
-LEFTOVER_LWS = "*leftover-lws*"
-"""Key of ``Observed.canaries`` listing canary LeaderWorkerSets no variant needs (never a pool name)."""
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 """Set by LeaderWorkerSet on each pod of a group: ``0`` on the leader."""
 
@@ -95,10 +89,6 @@ def canary_deployment_name(deployment: str) -> str:
 def canary_job_name(model: str, pool: str, config_hash: str) -> str:
     """``fewerbits-canary-<24 hex>``: one Job per model, pool and served configuration."""
     return JOB_PREFIX + hashlib.sha256(f"{model}/{pool}/{config_hash}".encode()).hexdigest()[:24]
-
-
-def served_model_name(spec: QuantizedModelSpec, model: str) -> str:
-    return spec.serving.servedModelName or model
 
 
 def serving_config(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
@@ -137,32 +127,6 @@ def canary_wanted(spec: QuantizedModelSpec, variant: PlanVariant, current: Mappi
 
 
 # ------------------------------------------------------------------ facts (observe reads them)
-
-
-@dataclass(frozen=True)
-class CanaryFacts:
-    """What observe read of one variant's canary for its current served configuration."""
-
-    config_hash: str
-    result: ServingQualityResult | None = None
-    """The stored verdict (``<key>/serving/<hash>.json``)."""
-    result_error: str | None = None
-    """Storage could not be read now."""
-    deployment: Mapping[str, Any] | None = None
-    """The canary Deployment (or LeaderWorkerSet, ``kind`` set), when it exists."""
-    pod_ip: str | None = None
-    """The canary pod's IP: a LeaderWorkerSet group's leader's."""
-    pod_ready: bool = False
-    """The canary pod is Ready: for a LeaderWorkerSet, every pod of its group (leader included)."""
-    terminations: tuple[ContainerTermination, ...] = ()
-    """The canary pods' failed containers."""
-    waiting: tuple[str, ...] = ()
-    """``pod container: reason: message`` of containers waiting on something that will not pass."""
-    unschedulable: str | None = None
-    """The scheduler's message while the canary pod cannot be placed."""
-    job: JobFacts | None = None
-    job_message: str | None = None
-    """The evaluation Job's termination message (a ``CanaryTermination``), when it ended."""
 
 
 # ------------------------------------------------------------------ renderers
@@ -207,7 +171,8 @@ def render_canary_lws(desired: Mapping[str, Any], model: str, pool: str, chash: 
 
 def render_canary(desired: Mapping[str, Any], model: str, pool: str, chash: str) -> dict[str, Any]:
     """The canary of the variant's desired object: a Deployment's, or a LeaderWorkerSet's."""
-    render = render_canary_lws if desired.get("kind") == "LeaderWorkerSet" else render_canary_deployment
+    render = render_canary_lws if WorkloadKind.of(desired) is WorkloadKind.LEADER_WORKER_SET \
+        else render_canary_deployment
     return render(desired, model, pool, chash)
 
 
@@ -269,14 +234,6 @@ def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVaria
 # ------------------------------------------------------------------ the decision
 
 
-@dataclass(frozen=True)
-class DeleteJob:
-    """Delete a canary's evaluation Job once its verdict is read (its pods go with it)."""
-
-    namespace: str
-    name: str
-
-
 @dataclass
 class CanaryDecision:
     """What one variant's canary decided this pass."""
@@ -284,10 +241,11 @@ class CanaryDecision:
     may_serve: bool
     """The variant may be rolled out with this configuration (passed, or no canary is wanted)."""
     status: CanaryStatus | None = None
-    creates: list[Any] = field(default_factory=list)
-    deletes: list[Any] = field(default_factory=list)
-    events: list[tuple[str, str, str]] = field(default_factory=list)
-    """(type, reason, message)."""
+    creates: list[Action] = field(default_factory=list)
+    """The canary's Deployment (or LeaderWorkerSet) and its evaluation Job."""
+    deletes: list[Action] = field(default_factory=list)
+    """The canary and its Job once judged, or a canary of an earlier configuration."""
+    events: list[Event] = field(default_factory=list)
     condition_reason: str = Reason.CANARY_PASSED
 
 
@@ -302,7 +260,7 @@ def _seconds_between(earlier: str | None, later: str) -> float | None:
     return (b - a).total_seconds()
 
 
-def pod_problem(f: CanaryFacts, pod_failure: Any) -> str | None:
+def pod_problem(f: CanaryFacts) -> str | None:
     """Why the canary pod will not become ready by itself, or None."""
     if why := pod_failure(f.terminations):
         return why
@@ -321,134 +279,187 @@ def result_text(r: ServingQualityResult) -> str:
             f"(min {worst.minRecoveryPercent:g}%), KV cache {r.kvCacheDtype}")
 
 
+@dataclass(frozen=True)
+class CanaryPass:
+    """What one variant's canary step reads: the variant, its desired object and configuration
+    hash, the canary's facts, and the status kept from the last pass for this configuration."""
+
+    owner: Owner
+    spec: QuantizedModelSpec
+    variant: PlanVariant
+    desired: Mapping[str, Any]
+    chash: str
+    artifact_key: str
+    facts: CanaryFacts
+    kept: CanaryStatus | None
+    now: str
+    settings: OperatorSettings
+    gate: QualityGateSpec
+
+    @property
+    def canary_name(self) -> str:
+        return canary_deployment_name(self.desired["metadata"]["name"])
+
+    @property
+    def job_name(self) -> str:
+        return canary_job_name(self.owner.name, self.variant.pool, self.chash)
+
+    def status(self, phase: str, reason: str, **more: Any) -> CanaryStatus:
+        """The status of this phase: ``since`` kept while the phase is the same."""
+        since = self.kept.since if self.kept is not None and self.kept.phase == phase else self.now
+        return CanaryStatus(configHash=self.chash, artifactKey=self.artifact_key, kvCacheDtype=self.variant.kvCacheDtype,
+                            phase=phase, reason=reason[:1024], since=since, **more)
+
+    def decision(self, status: CanaryStatus, reason: str, *, may_serve: bool = False,
+                 event: tuple[str, str, str] | None = None, creates: tuple[Action, ...] = (),
+                 deletes: tuple[Action, ...] = ()) -> CanaryDecision:
+        """The step's decision; its event only on a change of phase (one per transition)."""
+        events = []
+        if event is not None and (self.kept is None or self.kept.phase != status.phase):
+            kind, why, message = event
+            events.append(Event(kind, why, f"variant {self.variant.pool}: {message}"))
+        return CanaryDecision(may_serve, status, list(creates), list(deletes), events, reason)
+
+    def remove_canary(self) -> tuple[Action, ...]:
+        f = self.facts
+        if f.deployment is None:
+            return ()
+        return (DeleteDeployment(self.owner.namespace, self.canary_name, WorkloadKind.of(f.deployment)),)
+
+
+def verdict_step(c: CanaryPass) -> CanaryDecision | None:
+    """A stored verdict: passed, the variant takes traffic; failed, it does not. The canary and
+    its Job go."""
+    r = c.facts.result
+    if r is None:
+        return None
+    deletes = c.remove_canary() + ((DeleteJob(c.owner.namespace, c.job_name),) if c.facts.job is not None else ())
+    text = result_text(r)
+    extra = dict(job=c.job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
+                 seconds=r.seconds)
+    if r.passed:
+        return c.decision(c.status("Passed", text, **extra), Reason.CANARY_PASSED, may_serve=True, deletes=deletes,
+                          event=("Normal", "CanaryPassed",
+                                 f"served configuration {c.chash[:12]} passed ({text}); taking traffic"))
+    return c.decision(c.status("Failed", text, **extra), Reason.CANARY_FAILED, deletes=deletes,
+                      event=("Warning", "CanaryFailed",
+                             f"served configuration {c.chash[:12]} failed: {text}; not rolled out"))
+
+
+KEPT_PHASE_REASONS = {"Evaluating": Reason.CANARY_EVALUATING, "Error": Reason.CANARY_ERROR}
+
+
+def unreadable_step(c: CanaryPass) -> CanaryDecision | None:
+    """The verdict cannot be read now: what was said stands."""
+    if c.facts.result_error is None:
+        return None
+    status = c.kept or c.status("Pending", f"the verdict cannot be read now: {c.facts.result_error}")
+    return c.decision(status, KEPT_PHASE_REASONS.get(status.phase, Reason.CANARY_PENDING))
+
+
+def evaluation_job_step(c: CanaryPass) -> CanaryDecision | None:
+    """The evaluation Job exists: it evaluates, or it ended without a verdict (fail closed)."""
+    f = c.facts
+    if f.job is None:
+        return None
+    if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
+        why = canary_job_error(f.job, f.job_message)
+        status = c.status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
+                                   f"again when Job {c.job_name} expires ({c.settings.canary_retry_seconds} s)",
+                          job=c.job_name)
+        return c.decision(status, Reason.CANARY_ERROR, deletes=c.remove_canary(),
+                          event=("Warning", "CanaryError", status.reason))
+    return c.decision(c.status("Evaluating", f"Job {c.job_name} evaluates the canary pod ({f.pod_ip or 'pod'})",
+                               job=c.job_name), Reason.CANARY_EVALUATING)
+
+
+def backoff_step(c: CanaryPass) -> CanaryDecision | None:
+    """An error is tried again only after ``canary_retry_seconds``."""
+    kept = c.kept
+    if kept is None or kept.phase != "Error":
+        return None
+    waited = _seconds_between(kept.since, c.now)
+    if waited is None or waited >= c.settings.canary_retry_seconds:
+        return None
+    return c.decision(kept, Reason.CANARY_NOT_READY if kept.job is None else Reason.CANARY_ERROR,
+                      deletes=c.remove_canary())
+
+
+def start_step(c: CanaryPass) -> CanaryDecision | None:
+    """No canary of this configuration: one of an earlier configuration goes (the next pass starts
+    this one's), or this one's starts."""
+    f = c.facts
+    if f.deployment is not None and \
+            (f.deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SERVING_CONFIG) != c.chash:
+        return c.decision(c.status("Pending", "replacing the canary of an earlier configuration"),
+                          Reason.CANARY_PENDING, deletes=c.remove_canary())
+    if f.deployment is not None:
+        return None
+    cname = c.canary_name
+    starting = (f"canary Deployment {cname} starting (1 pod, no traffic)"
+                if WorkloadKind.of(c.desired) is WorkloadKind.DEPLOYMENT else
+                f"canary LeaderWorkerSet {cname} starting (1 group of {c.variant.nodesPerReplica} pods, no traffic)")
+    return c.decision(
+        c.status("Pending", starting), Reason.CANARY_PENDING,
+        creates=(CreateDeployment(render_canary(c.desired, c.owner.name, c.variant.pool, c.chash)),),
+        event=("Normal", "CanaryStarted", f"canary {cname} started for served configuration {c.chash[:12]} "
+                                          f"(artifact {c.artifact_key[:12]}, KV cache {c.variant.kvCacheDtype}); the "
+                                          "variant takes traffic only after its verdict"))
+
+
+def pod_step(c: CanaryPass) -> CanaryDecision | None:
+    """The canary's pod(s): never ready (an error, tried again later), or not ready yet."""
+    f = c.facts
+    assert f.deployment is not None
+    age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), c.now)
+    problem = pod_problem(f)
+    if problem is None and not f.pod_ready and age is not None and age > c.settings.canary_ready_seconds:
+        problem = (f"not ready after {int(age)} s (canary_ready_seconds {c.settings.canary_ready_seconds})" +
+                   (f": {f.unschedulable}" if f.unschedulable else ""))
+    if problem is not None and not f.pod_ready:
+        status = c.status("Error", f"the canary pod never became ready: {problem}; what served keeps serving, "
+                                   f"tried again in {c.settings.canary_retry_seconds} s or on a spec change")
+        return c.decision(status, Reason.CANARY_NOT_READY, deletes=c.remove_canary(),
+                          event=("Warning", "CanaryNotReady", status.reason))
+    if not f.pod_ready or not f.pod_ip:
+        return c.decision(c.status("Pending", f"waiting for canary pod{'s' if c.variant.nodesPerReplica > 1 else ''} "
+                                              f"of {c.canary_name} to be ready" +
+                                   (f" ({f.unschedulable})" if f.unschedulable else "")), Reason.CANARY_PENDING)
+    return None
+
+
+def evaluate_step(c: CanaryPass) -> CanaryDecision:
+    """The canary is ready: the evaluation Job starts."""
+    assert c.facts.pod_ip is not None
+    limits = c.spec.serving.canary.limits
+    return c.decision(
+        c.status("Evaluating", f"Job {c.job_name} evaluates the canary pod ({c.facts.pod_ip})", job=c.job_name),
+        Reason.CANARY_EVALUATING,
+        creates=(CreateJob(render_canary_job(c.owner, c.spec, c.variant, c.artifact_key, c.chash, c.facts.pod_ip,
+                                             c.gate, c.settings)),),
+        event=("Normal", "CanaryEvaluating", f"canary pod ready; Job {c.job_name} evaluates it through its serving "
+                                             f"API (at most {limits.maxRequests} requests, {limits.concurrency} at once)"))
+
+
+CANARY_STEPS = (verdict_step, unreadable_step, evaluation_job_step, backoff_step, start_step, pod_step)
+"""In order: the first that decides, decides; else ``evaluate_step``."""
+
+
 def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, desired: Mapping[str, Any],
                   current: Mapping[str, Any] | None, chash: str, artifact_key: str, facts: CanaryFacts | None,
-                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings,
-                  pod_failure: Any, job_failure_text: Any) -> CanaryDecision:
+                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings
+                  ) -> CanaryDecision:
     """One variant's canary step. ``desired`` is the variant's Deployment as it would be rolled
-    out; ``current`` what serves now. ``pod_failure``/``job_failure_text``: decide's readers of
-    container terminations (passed in: this module sits below decide)."""
+    out; ``current`` what serves now."""
     kept = old if old is not None and old.configHash == chash else None
     if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
         return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
-    cname = canary_deployment_name(desired["metadata"]["name"])
-    f = facts or CanaryFacts(chash, result_error="the canary was not read")
-    base = dict(configHash=chash, artifactKey=artifact_key, kvCacheDtype=variant.kvCacheDtype)
-    out = CanaryDecision(False)
-
-    def status(phase: str, reason: str, **more: Any) -> CanaryStatus:
-        since = kept.since if kept is not None and kept.phase == phase else now
-        return CanaryStatus(**base, phase=phase, reason=reason[:1024], since=since, **more)
-
-    def event(kind: str, reason: str, message: str) -> None:
-        if kept is None or kept.phase != out.status.phase:  # type: ignore[union-attr]
-            out.events.append((kind, reason, f"variant {variant.pool}: {message}"))
-
-    def remove_canary() -> None:
-        if f.deployment is not None:
-            out.deletes.append((f.deployment.get("kind") or "Deployment", cname))
-
-    job_name = canary_job_name(owner.name, variant.pool, chash)
-    if f.result is not None:
-        r = f.result
-        remove_canary()
-        if f.job is not None:
-            out.deletes.append(("Job", job_name))
-        text = result_text(r)
-        extra = dict(job=job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
-                     seconds=r.seconds)
-        if r.passed:
-            out.may_serve = True
-            out.status = status("Passed", text, **extra)
-            out.condition_reason = Reason.CANARY_PASSED
-            event("Normal", "CanaryPassed", f"served configuration {chash[:12]} passed ({text}); taking traffic")
-        else:
-            out.status = status("Failed", text, **extra)
-            out.condition_reason = Reason.CANARY_FAILED
-            event("Warning", "CanaryFailed", f"served configuration {chash[:12]} failed: {text}; not rolled out")
-        return out
-    if f.result_error is not None:
-        out.status = kept or status("Pending", f"the verdict cannot be read now: {f.result_error}")
-        out.condition_reason = Reason.CANARY_PENDING if out.status.phase == "Pending" else \
-            {"Evaluating": Reason.CANARY_EVALUATING, "Error": Reason.CANARY_ERROR}.get(out.status.phase, Reason.CANARY_PENDING)
-        return out
-    if f.job is not None:
-        if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
-            why = _job_error(f, job_failure_text)
-            remove_canary()
-            out.status = status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
-                                          f"again when Job {job_name} expires ({settings.canary_retry_seconds} s)",
-                                job=job_name)
-            out.condition_reason = Reason.CANARY_ERROR
-            event("Warning", "CanaryError", out.status.reason)
-            return out
-        out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip or 'pod'})",
-                            job=job_name)
-        out.condition_reason = Reason.CANARY_EVALUATING
-        return out
-    if kept is not None and kept.phase == "Error":
-        waited = _seconds_between(kept.since, now)
-        if waited is not None and waited < settings.canary_retry_seconds:
-            remove_canary()
-            out.status = kept
-            out.condition_reason = Reason.CANARY_NOT_READY if kept.job is None else Reason.CANARY_ERROR
-            return out
-    if f.deployment is not None and \
-            (f.deployment.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_SERVING_CONFIG) != chash:
-        # A canary of an earlier configuration: it goes; the next pass starts this one's.
-        remove_canary()
-        out.status = status("Pending", "replacing the canary of an earlier configuration")
-        out.condition_reason = Reason.CANARY_PENDING
-        return out
-    if f.deployment is None:
-        out.creates.append(render_canary(desired, owner.name, variant.pool, chash))
-        out.status = status("Pending", f"canary Deployment {cname} starting (1 pod, no traffic)"
-                            if desired["kind"] != "LeaderWorkerSet" else
-                            f"canary LeaderWorkerSet {cname} starting (1 group of {variant.nodesPerReplica} pods, "
-                            "no traffic)")
-        out.condition_reason = Reason.CANARY_PENDING
-        event("Normal", "CanaryStarted", f"canary {cname} started for served configuration {chash[:12]} "
-                                         f"(artifact {artifact_key[:12]}, KV cache {variant.kvCacheDtype}); the "
-                                         "variant takes traffic only after its verdict")
-        return out
-    age = _seconds_between(f.deployment.get("metadata", {}).get("creationTimestamp"), now)
-    problem = pod_problem(f, pod_failure)
-    if problem is None and not f.pod_ready and age is not None and age > settings.canary_ready_seconds:
-        problem = (f"not ready after {int(age)} s (canary_ready_seconds {settings.canary_ready_seconds})" +
-                   (f": {f.unschedulable}" if f.unschedulable else ""))
-    if problem is not None and not f.pod_ready:
-        remove_canary()
-        out.status = status("Error", f"the canary pod never became ready: {problem}; what served keeps serving, "
-                                     f"tried again in {settings.canary_retry_seconds} s or on a spec change")
-        out.condition_reason = Reason.CANARY_NOT_READY
-        event("Warning", "CanaryNotReady", out.status.reason)
-        return out
-    if not f.pod_ready or not f.pod_ip:
-        out.status = status("Pending", f"waiting for canary pod{'s' if variant.nodesPerReplica > 1 else ''} "
-                                       f"of {cname} to be ready" +
-                            (f" ({f.unschedulable})" if f.unschedulable else ""))
-        out.condition_reason = Reason.CANARY_PENDING
-        return out
-    out.creates.append(render_canary_job(owner, spec, variant, artifact_key, chash, f.pod_ip, gate, settings))
-    out.status = status("Evaluating", f"Job {job_name} evaluates the canary pod ({f.pod_ip})", job=job_name)
-    out.condition_reason = Reason.CANARY_EVALUATING
-    event("Normal", "CanaryEvaluating", f"canary pod ready; Job {job_name} evaluates it through its serving API "
-                                        f"(at most {spec.serving.canary.limits.maxRequests} requests, "
-                                        f"{spec.serving.canary.limits.concurrency} at once)")
-    return out
-
-
-def _job_error(f: CanaryFacts, job_failure_text: Any) -> str:
-    if f.job_message:
-        try:
-            t = CanaryTermination.model_validate_json(f.job_message)
-            return f"{t.outcome}: {t.reason}" if t.reason else t.outcome
-        except ValueError:
-            pass
-    assert f.job is not None
-    if f.job.state is JobState.SUCCEEDED:
-        return "the Job ended without writing its result"
-    return job_failure_text(f.job)
+    c = CanaryPass(owner, spec, variant, desired, chash, artifact_key,
+                   facts or CanaryFacts(chash, result_error="the canary was not read"), kept, now, settings, gate)
+    for step in CANARY_STEPS:
+        if (decided := step(c)) is not None:
+            return decided
+    return evaluate_step(c)
 
 
 # ------------------------------------------------------------------ the condition

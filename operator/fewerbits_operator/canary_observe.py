@@ -12,26 +12,25 @@ At rest (every variant serving its configuration) nothing is read.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from fewerbits_api.canary import ServingQualityResult
 
-from .artifacts import artifact_format, planned_artifacts
+from .artifacts import PlannedArtifact, artifact_format, planned_artifacts
+from .actions import WorkloadKind
 from .canary import (
     LABEL_CANARY,
-    LEFTOVER_LWS,
-    LEFTOVERS,
     LWS_WORKER_INDEX,
     WAITING_FAILURES,
-    CanaryFacts,
     canary_deployment_name,
     canary_job_name,
     canary_wanted,
     config_hash,
 )
-from .observed import ArtifactFacts
+from .observed import ArtifactFacts, CanaryFacts, CanaryLeftovers
 from .render import LABEL_VARIANT, deployment_name
 from .storage import StorageError
+from .terminations import json_message, terminations
 
 _VERDICTS: dict[tuple[Any, ...], ServingQualityResult] = {}
 _LOCK = threading.Lock()
@@ -50,7 +49,7 @@ def _verdict(store: Any, storage: Any, key: str, chash: str, creds: Any) -> Serv
     return None
 
 
-def _pod_facts(pods: list[dict[str, Any]], terminations: Any) -> dict[str, Any]:
+def _pod_facts(pods: list[dict[str, Any]]) -> dict[str, Any]:
     newest = sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
     out: dict[str, Any] = {"terminations": terminations(newest)}
     waiting = []
@@ -81,11 +80,11 @@ def _ready(pod: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
-def _group_facts(pods: list[dict[str, Any]], terminations: Any, size: int) -> dict[str, Any]:
+def _group_facts(pods: list[dict[str, Any]], size: int) -> dict[str, Any]:
     """A canary LeaderWorkerSet group's pods: the leader's IP (worker index 0: the pod that serves
     the OpenAI API), ready only when all ``size`` pods of the group are Ready (the leader answers
     only once its workers joined, and a worker lost takes the group down)."""
-    out = _pod_facts(pods, terminations)
+    out = _pod_facts(pods)
     out.pop("pod_ip", None)
     out.pop("pod_ready", None)
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
@@ -99,22 +98,23 @@ def _group_facts(pods: list[dict[str, Any]], terminations: Any, size: int) -> di
 
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
                   deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
-                  terminations: Any) -> dict[str, CanaryFacts]:
-    """By pool, for the variants that still need a verdict for their served configuration; under
-    ``LEFTOVERS``, the names of the model's canary Deployments no variant needs (a canary whose
-    variant was planned away, or turned off mid-evaluation), so they are removed; under
-    ``LEFTOVER_LWS``, the same of its canary LeaderWorkerSets."""
+                  planned: Sequence[PlannedArtifact] | None = None) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
+    """By pool, for the variants that still need a verdict for their served configuration; and
+    the model's canaries no variant needs (a canary whose variant was planned away, or turned off
+    mid-evaluation), so they are removed. ``planned``: the plan's artifacts as observe computed
+    them (computed here from ``the_plan`` and ``data_pin`` when not given)."""
     canaries = {d["metadata"]["name"]: d for d in observer.kube.list_deployments(ns, f"{LABEL_CANARY}={name}")}
     canary_lws: dict[str, Any] = {}
     lws_served = hasattr(observer.kube, "lws_available") and observer.kube.lws_available()
     if lws_served:
         # Multi-node variants' canaries (from the LeaderWorkerSet cache; discovery is remembered 10 s).
-        canary_lws = {d["metadata"]["name"]: {**d, "kind": "LeaderWorkerSet"}
+        canary_lws = {d["metadata"]["name"]: {**d, "kind": WorkloadKind.LEADER_WORKER_SET.value}
                       for d in observer.kube.list_lws(ns, f"{LABEL_CANARY}={name}")}
-    out: dict[str, Any] = {}
-    needed: set[tuple[bool, str]] = set()  # (a LeaderWorkerSet, name)
-    out[LEFTOVERS] = needed  # filled below; replaced by the leftovers at the end
-    keys = {p.format: p.key for p in planned_artifacts(spec, the_plan, data_pin)} \
+    out: dict[str, CanaryFacts] = {}
+    needed: set[tuple[WorkloadKind, str]] = set()
+    if planned is None and spec.serving.canary.enabled:
+        planned = planned_artifacts(spec, the_plan, data_pin)
+    keys = {p.format: p.key for p in planned or ()} \
         if spec.serving.canary.enabled else {}
     for pv in the_plan.variants if spec.serving.canary.enabled else ():
         key = keys.get(artifact_format(pv))
@@ -125,10 +125,11 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         chash = config_hash(spec, pv, key, name, observer.settings)
         if not canary_wanted(spec, pv, deployments.get(dname), chash):
             continue
-        lws = pv.nodesPerReplica > 1
+        kind = WorkloadKind.for_nodes(pv.nodesPerReplica)
+        lws = kind is WorkloadKind.LEADER_WORKER_SET
         if lws and not lws_served:
             continue  # refused by decide (no LeaderWorkerSet API): nothing to judge
-        needed.add((lws, canary_deployment_name(dname)))
+        needed.add((kind, canary_deployment_name(dname)))
         read: dict[str, Any] = {}
         try:
             read["result"] = _verdict(observer.store, spec.storage, key, chash, creds)
@@ -141,20 +142,19 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         if cdep is not None:
             read["deployment"] = cdep
             pods = observer.kube.list_pods(ns, f"{LABEL_CANARY}={name},{LABEL_VARIANT}={pv.pool}")
-            if cdep.get("kind") == "LeaderWorkerSet":
+            if WorkloadKind.of(cdep) is WorkloadKind.LEADER_WORKER_SET:
                 size = int(((cdep.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
-                read.update(_group_facts(pods, terminations, size))
+                read.update(_group_facts(pods, size))
             else:
-                read.update(_pod_facts(pods, terminations))
-            needed.add((cdep.get("kind") == "LeaderWorkerSet", cname))
+                read.update(_pod_facts(pods))
+            needed.add((WorkloadKind.of(cdep), cname))
         job = observer.kube.get_job(ns, canary_job_name(name, pv.pool, chash))
         if job is not None:
             jf = observer._job(ns, job)
             read["job"] = jf
-            msgs = [t.message for t in jf.terminations if t.message.strip().startswith("{")]
-            if msgs:
-                read["job_message"] = msgs[0]
+            if (message := json_message(jf.terminations)) is not None:
+                read["job_message"] = message
         out[pv.pool] = CanaryFacts(chash, **read)
-    out[LEFTOVERS] = tuple(sorted(n for n in canaries if (False, n) not in needed))
-    out[LEFTOVER_LWS] = tuple(sorted(n for n in canary_lws if (True, n) not in needed))
-    return out
+    return out, CanaryLeftovers(
+        deployments=tuple(sorted(n for n in canaries if (WorkloadKind.DEPLOYMENT, n) not in needed)),
+        leader_worker_sets=tuple(sorted(n for n in canary_lws if (WorkloadKind.LEADER_WORKER_SET, n) not in needed)))

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fewerbits_api.datasets import is_builtin_dataset_uri
-from fewerbits_api.formats import FORMAT_FACTS
-from fewerbits_api.quantizedmodel import CalibrationDataStatus, PlanStatus, QuantizedModelSpec
+from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
+from fewerbits_api.quantizedmodel import CalibrationDataStatus, PlanStatus, PlanVariant, QuantizedModelSpec
 
 CALIBRATION_FIELD = "spec.quantization.calibration.dataset"
 EVAL_FIELD = "spec.quantization.qualityGate.evalDataset"
@@ -44,10 +44,17 @@ def hub_revision(uri: str) -> str | None:
     return rev if at and rev else None
 
 
+def artifact_format(variant: PlanVariant) -> QuantFormat:
+    """The format of the artifact a variant serves. A source that already is the variant's format
+    (``servedAsIs``) is published unchanged, as a `none` artifact: no quantization, no
+    calibration, but the same content-addressed copy, manifest and integrity checks as any other
+    artifact, pinned by the source revision. (artifacts.py re-exports it; it lives here, below
+    artifacts.py, because the calibration pins need it too.)"""
+    return QuantFormat.NONE if variant.servedAsIs else variant.format
+
+
 def uses_calibration_data(spec: QuantizedModelSpec, plan: PlanStatus) -> bool:
     """Whether any artifact of the plan is made with calibration data."""
-    from .artifacts import artifact_format  # artifacts imports this module
-
     return any(FORMAT_FACTS[artifact_format(v)].needs_calibration_data for v in plan.variants)
 
 

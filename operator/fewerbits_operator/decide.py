@@ -18,10 +18,9 @@ artifact in ``job``. Condition messages are written for people and never read ba
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 from fewerbits_api import conditions as C
 from fewerbits_api.conditions import Condition, Reason, set_condition
@@ -30,6 +29,7 @@ from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SE
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import (
     AUTOSCALER_FIELDS,
+    PlanVariant,
     ArtifactFailure,
     ArtifactQueue,
     ArtifactStatus,
@@ -52,8 +52,29 @@ from .datapins import CALIBRATION_FIELD, EVAL_FIELD, calibration_status, s3_cali
 from .effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
 from .planner import PlanRequest, plan, unmatched_targets
 from .jobfailure import classify as classify_job_failure
-from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, size_plan_jobs
+from .planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, plan_job_sizes
 from .lws import INSTALL_LWS, lws_status, render_lws
+from .actions import (  # noqa: F401  (re-exported: the writes decide asks for)
+    ACTION_TYPES,
+    Action,
+    AddJobOwner,
+    ClaimArtifact,
+    CreateDeployment,
+    CreateInferencePool,
+    CreateJob,
+    CreatePickerObject,
+    CreateService,
+    DeleteDeployment,
+    DeleteJob,
+    Event,
+    PatchInferencePool,
+    PatchService,
+    ReplaceDeployment,
+    UpdatePickerObject,
+    WorkloadKind,
+)
+from . import canary as canary_mod
+from .canary import CanaryDecision
 from .render import (
     ANNOTATION_ARTIFACT_KEY,
     ANNOTATION_SPEC_HASH,
@@ -65,12 +86,13 @@ from .render import (
     render_job,
     render_service,
 )
-from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed
+from .observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed, Planning, PlanVerdict  # noqa: F401
+from .terminations import job_failure_text, pod_failure, termination_text  # noqa: F401  (re-exported)
 from .queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from .evaljob import render_eval_job
 from .quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
 from . import picker, routing
-from .routing import CreateInferencePool, PatchInferencePool, capacity_placement
+from .routing import capacity_placement
 from .settings import OperatorSettings
 
 EFFECTIVE_SPEC_CHANGED = "EffectiveSpecChanged"
@@ -93,82 +115,6 @@ MAX_NAME = 40
 
 
 # ------------------------------------------------------------------ the outcome
-
-
-@dataclass(frozen=True)
-class CreateJob:
-    job: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class AddJobOwner:
-    """Several models asking for one artifact share its Job; each becomes an owner, so the Job
-    goes only when the last of them does."""
-
-    namespace: str
-    name: str
-    owner_refs: tuple[Mapping[str, Any], ...]
-
-
-@dataclass(frozen=True)
-class CreateDeployment:
-    deployment: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ReplaceDeployment:
-    """Replace at the resourceVersion in the object; a conflict (scaled meanwhile) retries the
-    whole reconcile from a fresh read."""
-
-    deployment: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class DeleteDeployment:
-    namespace: str
-    name: str
-    kind: str = "Deployment"
-    """``LeaderWorkerSet`` for a multi-node variant's (lws.py)."""
-
-
-@dataclass(frozen=True)
-class CreateService:
-    service: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class PatchService:
-    namespace: str
-    name: str
-    patch: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ClaimArtifact:
-    """Claim ``<storage>/<key>/.claim`` create-only before creating the Job (claims.py); when
-    another writer wins, execute raises StatusConflict and the pass observes the claim."""
-
-    namespace: str
-    storage: StorageSpec
-    key: str
-    body: bytes
-    take_over: bool = False
-    """The claim there is stale: delete it first."""
-
-
-Action = Union[CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment, DeleteDeployment, CreateService,
-               PatchService, ClaimArtifact, CreateInferencePool, PatchInferencePool, picker.CreatePickerObject,
-               picker.UpdatePickerObject]
-
-
-@dataclass(frozen=True)
-class Event:
-    """A core/v1 Event to post on the model: ``type`` is Normal or Warning, ``reason`` a CamelCase
-    word, ``message`` at most 1024 characters."""
-
-    type: str
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -327,15 +273,6 @@ def effective_changes(old: EffectivePolicies | None, new: EffectivePolicies | No
 # ------------------------------------------------------------------ Planned
 
 
-@dataclass(frozen=True)
-class PlanVerdict:
-    plan: PlanStatus | None
-    """None: nothing can be planned (the condition says why)."""
-    ok: bool
-    reason: str
-    message: str
-
-
 def plan_summary(the_plan: PlanStatus) -> str:
     rejected = f"; {len(the_plan.rejected)} pool(s) rejected (see status.plan.rejected)" if the_plan.rejected else ""
     return ", ".join(f"{v.pool}: {v.format.value} tp={v.tensorParallelSize} kv={v.kvCacheDtype}"
@@ -351,7 +288,15 @@ def _target_text(target: Any) -> str:
 
 
 def current_plan(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
-    """This pass's plan, and what the Planned condition says of it (before pools gone are known)."""
+    """This pass's plan, and what the Planned condition says of it (before pools gone are known):
+    the one observe computed (``Observed.planning``, from the same facts), else computed here."""
+    if obs.planning is not None:
+        return obs.planning.plan, obs.planning.verdict
+    return plan_of(obs, acc)
+
+
+def plan_of(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
+    """The planner run on the observed shape and pools (``current_plan`` says when)."""
     spec = acc.spec
     assert spec is not None
     old = obs.old_status
@@ -435,11 +380,9 @@ def job_sizing(obs: Observed, acc: Acceptance, the_plan: PlanStatus, settings: O
         return JobSizing(jobs, {j.format: j for j in jobs})
     combined = acc.effective.policy
     rules = combined.rules
-    jobs, problems = size_plan_jobs(obs.shape, the_plan, obs.pools or (),
-                                    inputs_from(acc.spec, rules.quantizationJob, rules, settings.job_volume_threshold_gib))
-    refusals: dict[QuantFormat, str] = {}
-    for problem in problems:
-        refusals[QuantFormat(problem.split(":", 1)[0])] = problem
+    jobs, unsized = plan_job_sizes(obs.shape, the_plan, obs.pools or (),
+                                   inputs_from(acc.spec, rules.quantizationJob, rules, settings.job_volume_threshold_gib))
+    refusals = {fmt: f"{fmt.value}: {why}" for fmt, why in unsized.items()}
     for j in jobs:
         if over := cap_violations(j, rules.maxQuantizationJobGPUs, rules.maxQuantizationJobMemoryGiB,
                                   combined.rule_sources):
@@ -463,6 +406,8 @@ class ArtifactVerdict:
     """Its Job failed (kept after the Job's TTL removes it)."""
     unavailable: str | None = None
     """Storage could not be read now (transient)."""
+    unavailable_reason: str = Reason.STORAGE_UNAVAILABLE
+    """The Quantized reason it gives: the storage, or the S3 calibration object."""
     waiting: str | None = None
     """What it waits for."""
     pending: bool = False
@@ -493,37 +438,6 @@ class ArtifactVerdict:
     @property
     def failed(self) -> bool:
         return self.failure is not None or self.unavailable is not None or self.refused is not None
-
-
-def termination_text(t: ContainerTermination) -> str:
-    """A container's termination as one line: the runtime's JSON message when it wrote one."""
-    msg = t.message.strip()
-    try:
-        doc = json.loads(msg) if msg.startswith("{") else None
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict):
-        parts = [str(doc.get("reason") or t.reason or "Error"), str(doc.get("message") or "")]
-        return f"exit {t.exit_code}, " + ": ".join(p for p in parts if p)[:600]
-    last = msg.splitlines()[-1][:600] if msg else ""
-    return f"exit {t.exit_code}, {t.reason or 'Error'}" + (f": {last}" if last else "")
-
-
-def job_failure_text(job: JobFacts) -> str:
-    """The failed pod's termination message (the quantjob's JSON summary), else the Job's."""
-    for t in job.terminations:
-        msg = t.message.strip()
-        if not msg:
-            continue
-        try:
-            summary = json.loads(msg)
-        except ValueError:
-            return f"Job {job.name} failed: {msg.splitlines()[-1][:500]}"
-        if isinstance(summary, dict):
-            parts = [summary.get("stage") and f"stage {summary['stage']}", summary.get("reason"), summary.get("message")]
-            return f"Job {job.name} failed: " + ": ".join(str(p) for p in parts if p)[:800]
-    cond = job.failed_condition or {}
-    return f"Job {job.name} failed: {cond.get('reason', '')}: {cond.get('message', '')}".strip()
 
 
 def pending_text(job_name: str) -> str:
@@ -746,7 +660,8 @@ def decide_artifact(obs: Observed, acc: Acceptance, planned: PlannedArtifact, fa
     planned = as_published(planned, facts)
     previous = previous_artifact(obs, planned.key)
     if facts.storage_error is not None:
-        return ArtifactVerdict(planned, unavailable=facts.storage_error)
+        return ArtifactVerdict(planned, unavailable=facts.storage_error,
+                               unavailable_reason=facts.storage_error_reason or Reason.STORAGE_UNAVAILABLE)
     if facts.manifest is not None:
         v = applied(published_step(obs, planned, facts, previous, settings), st, actions)
         decide_evaluation(obs, acc, planned, facts, placement, settings, st, actions, v)
@@ -846,7 +761,7 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
     elif failed := [v for v in verdicts if v.failed]:
         job_failed = [v for v in failed if v.failure is not None]
         reason = failure_reason(job_failed) if job_failed else Reason.STORAGE_UNAVAILABLE
-        if not job_failed and all((v.unavailable or "").startswith(CALIBRATION_FIELD) for v in failed):
+        if not job_failed and all(v.unavailable_reason == Reason.CALIBRATION_DATA_UNAVAILABLE for v in failed):
             reason = Reason.CALIBRATION_DATA_UNAVAILABLE
         hint = ("; a failed Job is not re-run for the same generation: fix the cause, then edit the spec"
                 if job_failed else "")
@@ -886,17 +801,185 @@ def quantized_conditions(verdicts: list[ArtifactVerdict], gate: float, st: Statu
             or "waiting for the quantized artifacts")
 
 
-# ------------------------------------------------------------------ Deployed and Ready
+# ------------------------------------------------------------------ Deployed and Ready, step by step
+#
+# decide_serving composes small steps, like decide_artifact: each planned variant's workload (its
+# replicas, its canary gate, the create or replace), the removals, the routing, the serving status
+# and the three conditions. Each returns what it decided and writes nothing itself; decide_serving
+# appends their writes and events in the order the steps run.
 
 
-def pod_failure(terms: tuple[ContainerTermination, ...]) -> str | None:
-    """Why a variant's pods fail, from their containers' last termination (the runtime's JSON
-    termination message: fetch integrity, access denied, GPU mismatch), or None."""
-    for t in terms:
-        if t.exit_code == 0 or t.running_ready:
-            continue  # succeeded, or restarted and healthy again
-        return f"pod {t.pod} container {t.container}: {termination_text(t)}"
-    return None
+@dataclass(frozen=True)
+class VariantWorkload:
+    """What one planned variant's serving object (a Deployment, or a LeaderWorkerSet: the plan's
+    ``WorkloadKind``) became this pass."""
+
+    variant: PlanVariant
+    name: str
+    current: Mapping[str, Any] | None = None
+    """What serves the variant after this pass's writes (None: nothing yet)."""
+    up_to_date: bool = False
+    """Its object is what is wanted (rolled out only once its status says so too)."""
+    canary: CanaryDecision | None = None
+    """Its canary's decision, when the canary is on."""
+    no_lws: bool = False
+    """It spans nodes and the cluster serves no LeaderWorkerSet: refused, the rest serves."""
+    deletes: tuple[Action, ...] = ()
+    creates: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class Removals:
+    """The serving objects no planned variant needs: canaries left over, variants planned away."""
+
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class RoutingStep:
+    """The Service, and the InferencePool with its picker when the model routes through one."""
+
+    actions: tuple[Action, ...] = ()
+    conflict: str | None = None
+    """A Service of the model's name that it does not own: nothing is exposed."""
+    problem: tuple[str, str] | None = None
+    """(reason, message): routing through an InferencePool is refused; the Service serves."""
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class ServingStep:
+    """The serving status: an entry per variant that serves or is judged, and whether every one
+    is rolled out."""
+
+    serving: tuple[VariantServingStatus, ...] = ()
+    rolled_out: bool = True
+
+    @property
+    def replicas(self) -> str | None:
+        if not self.serving:
+            return None
+        return f"{sum(s.readyReplicas for s in self.serving)}/{sum(s.replicas for s in self.serving)}"
+
+
+@dataclass(frozen=True)
+class ConditionVerdict:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+RENDERERS = {WorkloadKind.DEPLOYMENT: render_deployment, WorkloadKind.LEADER_WORKER_SET: render_lws}
+"""The renderer of each kind of serving object."""
+
+
+def replicas_for(spec: QuantizedModelSpec, current: Mapping[str, Any] | None) -> int:
+    """The replicas to render: the autoscaler owns them once the object exists (autoscaling on)."""
+    if spec.autoscaling.enabled and current is not None:
+        return int((current.get("spec") or {}).get("replicas") or 0)
+    if spec.autoscaling.enabled:
+        return max(1, spec.autoscaling.minReplicas)
+    return spec.serving.replicas
+
+
+def canary_gate(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict, desired: dict[str, Any],
+                current: Mapping[str, Any] | None, settings: OperatorSettings) -> CanaryDecision | None:
+    """A new served configuration takes traffic only after its canary's verdict (canary.py); the
+    configuration's hash is stamped on ``desired``. None: the canary is off."""
+    spec = acc.spec
+    assert spec is not None
+    if not spec.serving.canary.enabled:
+        return None
+    owner = Owner(obs.name, obs.namespace, obs.uid)
+    chash = canary_mod.config_hash(spec, pv, art.planned.key, owner.name, settings)
+    desired["metadata"]["annotations"][canary_mod.ANNOTATION_SERVING_CONFIG] = chash
+    old = next((s.canary for s in obs.old_status.serving if s.variant == pv.pool), None)
+    return canary_mod.decide_canary(
+        owner=owner, spec=spec, variant=pv, desired=desired, current=current, chash=chash,
+        artifact_key=art.planned.key, facts=obs.canaries.get(pv.pool), old=old, gate=acc.effective.gate(),
+        now=obs.now, settings=settings)
+
+
+def needs_replace(current: Mapping[str, Any], desired: Mapping[str, Any], autoscaled: bool, replicas: int) -> bool:
+    """The object serves another pod spec, other replicas (the operator's, autoscaling off), or
+    lacks the served configuration's hash the canary put on the desired one."""
+    have = current["metadata"].get("annotations") or {}
+    want = desired["metadata"]["annotations"]
+    return have.get(ANNOTATION_SPEC_HASH) != want[ANNOTATION_SPEC_HASH] or \
+        (not autoscaled and (current.get("spec") or {}).get("replicas") != replicas) or \
+        canary_mod.ANNOTATION_SERVING_CONFIG in want and canary_mod.ANNOTATION_SERVING_CONFIG not in have
+
+
+def rollout(namespace: str, pv: PlanVariant, art: ArtifactVerdict, desired: dict[str, Any],
+            current: Mapping[str, Any] | None, autoscaled: bool, replicas: int) -> VariantWorkload:
+    """Create the variant's object, replace it when it differs, or keep it. The plan moved between
+    one node and several: the old kind goes, the new one comes."""
+    dname = desired["metadata"]["name"]
+    deletes: tuple[Action, ...] = ()
+    if current is not None and WorkloadKind.of(current) is not WorkloadKind.of(desired):
+        deletes, current = (DeleteDeployment(namespace, dname, WorkloadKind.of(current)),), None
+    if current is None:
+        return VariantWorkload(pv, dname, desired, True, deletes=deletes, creates=(CreateDeployment(desired),),
+                               events=(Event("Normal", "DeploymentCreated",
+                                             f"Deployment {dname} serves {pv.format.value} on pool {pv.pool}"),))
+    if not needs_replace(current, desired, autoscaled, replicas):
+        return VariantWorkload(pv, dname, current, True, deletes=deletes)
+    desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    # Just replaced: rolled out only once its status says so.
+    return VariantWorkload(pv, dname, {**desired, "status": current.get("status") or {}}, False, deletes=deletes,
+                           creates=(ReplaceDeployment(desired),),
+                           events=(Event("Normal", "RollingOut", f"Deployment {dname} updated (artifact "
+                                                                 f"{art.planned.key[:12]}, {pv.format.value})"),))
+
+
+def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict,
+                     settings: OperatorSettings) -> VariantWorkload:
+    """One planned variant: refused (no LeaderWorkerSet), kept as it serves (no deployable artifact,
+    its pool gone, its canary without a verdict), or rolled out."""
+    spec = acc.spec
+    assert spec is not None
+    dname = deployment_name(obs.name, pv.pool)
+    current = obs.deployments.get(dname)
+    kind = WorkloadKind.for_nodes(pv.nodesPerReplica)
+    if kind is WorkloadKind.LEADER_WORKER_SET and not obs.lws_available:
+        return VariantWorkload(pv, dname, no_lws=True)
+    pool = next((p for p in obs.pools or () if p.name == pv.pool), None)
+    if not art.deployable or pool is None:
+        return VariantWorkload(pv, dname, current)  # keep what serves (an older artifact) until one passes
+    replicas = replicas_for(spec, current)
+    desired = RENDERERS[kind](Owner(obs.name, obs.namespace, obs.uid), spec, pv, dict(pool.node_selector),
+                              pool.cc_str, art.planned.key, art.manifest.totalBytes if art.manifest else None,
+                              replicas, settings)
+    gate = canary_gate(obs, acc, pv, art, desired, current, settings)
+    judged = VariantWorkload(pv, dname, current, canary=gate) if gate is None else VariantWorkload(
+        pv, dname, current, canary=gate, deletes=tuple(gate.deletes), creates=tuple(gate.creates),
+        events=tuple(gate.events))
+    if gate is not None and not gate.may_serve:
+        return judged  # what serves keeps serving, untouched, until the verdict
+    out = rollout(obs.namespace, pv, art, desired, current, spec.autoscaling.enabled, replicas)
+    return dataclasses.replace(out, canary=gate, deletes=judged.deletes + out.deletes,
+                               creates=judged.creates + out.creates, events=judged.events + out.events)
+
+
+def removals(obs: Observed, the_plan: PlanStatus, gone: list[tuple[str, str]]) -> Removals:
+    """Canaries no variant needs, and the objects of variants no longer planned (a pool gone from
+    the cluster keeps its object: pools_gone)."""
+    ns = obs.namespace
+    left = obs.canary_leftovers
+    actions: list[Action] = [DeleteDeployment(ns, n) for n in left.deployments]
+    actions += [DeleteDeployment(ns, n, WorkloadKind.LEADER_WORKER_SET) for n in left.leader_worker_sets]
+    wanted = {deployment_name(obs.name, v.pool) for v in the_plan.variants}
+    events = []
+    for dname in sorted(set(obs.deployments) - wanted - {d for _, d in gone}):
+        obj = obs.deployments[dname]
+        pool = (obj["metadata"].get("labels") or {}).get(LABEL_VARIANT)
+        actions.append(DeleteDeployment(ns, dname, WorkloadKind.of(obj)))
+        events.append(Event("Normal", "DeploymentRemoved",
+                            f"Deployment {dname}: pool {pool} is no longer planned for this model"))
+    return Removals(tuple(actions), tuple(events))
 
 
 def service_actions(obs: Observed, owner: Owner) -> tuple[list[Action], str | None]:
@@ -918,235 +1001,224 @@ def service_actions(obs: Observed, owner: Owner) -> tuple[list[Action], str | No
     return [], None
 
 
+def inference_pool_step(obs: Observed, owner: Owner, settings: OperatorSettings
+                        ) -> tuple[list[Action], tuple[str, str] | None]:
+    """The InferencePool and its endpoint picker (picker.py): scoring on KV and queue, or an even
+    spread while a variant's pods expose no metrics."""
+    actions: list[Action] = []
+    pool_actions, problem = routing.pool_actions(obs.routing, owner)
+    actions.extend(pool_actions)
+    if problem is None and obs.routing is not None:
+        picker_actions, conflict = picker.picker_actions(obs.routing.picker, owner, settings.epp_image,
+                                                         settings.epp_cluster_role,
+                                                         picker.unmetered_variants(obs.old_status.serving))
+        actions.extend(picker_actions)
+        problem = (routing.REASON_CONFLICT, conflict) if conflict else None
+    return actions, problem
+
+
+def routing_step(obs: Observed, spec: QuantizedModelSpec, planned: bool, settings: OperatorSettings) -> RoutingStep:
+    """The Service (something planned), the InferencePool when asked for, else the picker's
+    Deployment left from when it was."""
+    owner = Owner(obs.name, obs.namespace, obs.uid)
+    routed = routing.routing_of(spec.serving) == routing.INFERENCE_POOL
+    if not planned:
+        gone = picker.leftover(obs.routing.picker, owner) if not routed and obs.routing is not None else None
+        return RoutingStep((DeleteDeployment(*gone),) if gone else ())
+    actions, conflict = service_actions(obs, owner)
+    problem = None
+    if routed and not conflict:
+        pool_actions, problem = inference_pool_step(obs, owner, settings)
+        actions.extend(pool_actions)
+    elif not routed and obs.routing is not None and (gone := picker.leftover(obs.routing.picker, owner)):
+        actions.append(DeleteDeployment(*gone))
+    return RoutingStep(tuple(actions), conflict, problem, None if conflict else endpoint(owner))
+
+
+def rolled_out(workload: Mapping[str, Any], up_to_date: bool) -> bool:
+    """The object is what is wanted and its controller has rolled every replica out."""
+    ds = workload.get("status") or {}
+    replicas = int((workload.get("spec") or {}).get("replicas") or 0)
+    if WorkloadKind.of(workload) is WorkloadKind.DEPLOYMENT:
+        seen = int(ds.get("observedGeneration") or 0) >= int(workload["metadata"].get("generation") or 0)
+    else:
+        seen = lws_status(workload)[3]
+    return up_to_date and seen and int(ds.get("updatedReplicas") or 0) >= replicas and \
+        int(ds.get("replicas") or 0) == replicas
+
+
+def serving_status(obs: Observed, workloads: list[VariantWorkload]) -> ServingStep:
+    """An entry per variant that has an object (or a canary judging its first one); the
+    autoscaler's fields kept from the last pass."""
+    old = {s.variant: s for s in obs.old_status.serving}
+    serving: list[VariantServingStatus] = []
+    done = True
+    for w in workloads:
+        pv, d = w.variant, w.current
+        cstatus = w.canary.status if w.canary is not None else None
+        if d is None:
+            done = False
+            if cstatus is not None:  # a new variant under its canary: no Deployment yet
+                serving.append(VariantServingStatus(variant=pv.pool, deployment=w.name, canary=cstatus,
+                                                    nodesPerReplica=pv.nodesPerReplica))
+            continue
+        done = done and rolled_out(d, w.up_to_date)
+        entry = VariantServingStatus(
+            variant=pv.pool, deployment=w.name, replicas=int((d.get("spec") or {}).get("replicas") or 0),
+            readyReplicas=int((d.get("status") or {}).get("readyReplicas") or 0),
+            artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY),
+            nodesPerReplica=pv.nodesPerReplica, canary=cstatus)
+        if (prev := old.get(pv.pool)) is not None:
+            entry = entry.model_copy(update={k: getattr(prev, k) for k in AUTOSCALER_FIELDS})
+        serving.append(entry)
+    return ServingStep(tuple(serving), done)
+
+
+def serving_quality_condition(spec: QuantizedModelSpec, blocked: list[PlanVariant],
+                              canaries: Mapping[str, CanaryDecision]) -> ConditionVerdict:
+    """ServingQualityPassed: the canaries' verdicts (canary.condition), or blocked before them."""
+    if blocked and not canaries and spec.serving.canary.enabled:
+        return ConditionVerdict(C.SERVING_QUALITY_PASSED, False, Reason.BLOCKED,
+                                "no artifact to serve yet (see QualityGatePassed)")
+    return ConditionVerdict(C.SERVING_QUALITY_PASSED, *canary_mod.condition(canaries, spec.serving.canary.enabled))
+
+
+def held_condition(canaries: Mapping[str, CanaryDecision]) -> ConditionVerdict | None:
+    """Deployed while a canary holds its variant back: blocked by a verdict, or waiting for one."""
+    held = [pool for pool, cd in canaries.items() if not cd.may_serve]
+    if not held:
+        return None
+    failed = [p for p in held if canaries[p].condition_reason not in (Reason.CANARY_PENDING,
+                                                                      Reason.CANARY_EVALUATING)]
+    return ConditionVerdict(C.DEPLOYED, False, Reason.BLOCKED if failed else Reason.ROLLING_OUT,
+                            f"not rolled out on {', '.join(held)}: " +
+                            ("its canary gave no passing verdict" if failed else "waiting for its canary's verdict") +
+                            " (see ServingQualityPassed); what served keeps serving")
+
+
+def rolled_out_condition(obs: Observed, spec: QuantizedModelSpec, step: ServingStep) -> ConditionVerdict:
+    """Deployed once nothing holds a variant back: rolled out (said when some pods expose no
+    metrics), or rolling out."""
+    owner = obs.name
+    if step.rolled_out and (unmetered := picker.unmetered_variants(obs.old_status.serving)):
+        # Served and never dropped; said on the model (the autoscaler's event says it too).
+        routed = routing.routing_of(spec.serving) == routing.INFERENCE_POOL
+        return ConditionVerdict(
+            C.DEPLOYED, True, Reason.METRICS_UNAVAILABLE,
+            f"{len(step.serving)} Deployment(s) rolled out behind Service {owner}; variant(s) "
+            f"{', '.join(unmetered)} have ready pods that expose no vLLM metrics (a wrong image or an old vLLM): "
+            + ("the endpoint picker spreads requests evenly over every pod until they report"
+               if routed else "they are served, and not scaled down until they report"))
+    if step.rolled_out:
+        return ConditionVerdict(C.DEPLOYED, True, Reason.DEPLOYMENTS_CREATED,
+                                f"{len(step.serving)} Deployment(s) rolled out behind Service {owner}")
+    return ConditionVerdict(C.DEPLOYED, False, Reason.ROLLING_OUT, "; ".join(
+        f"{s.deployment}: {s.readyReplicas}/{s.replicas} ready" for s in step.serving) or "creating Deployments")
+
+
+def deployed_condition(obs: Observed, spec: QuantizedModelSpec, workloads: list[VariantWorkload],
+                       blocked: list[PlanVariant], gate_failed: bool, canaries: Mapping[str, CanaryDecision],
+                       route: RoutingStep, step: ServingStep) -> ConditionVerdict:
+    """Deployed, in this order: a variant refused (no LeaderWorkerSet), one blocked on its artifact,
+    one held by its canary, routing refused, then how the rollout stands."""
+    if no_lws := [w.variant for w in workloads if w.no_lws]:
+        return ConditionVerdict(C.DEPLOYED, False, Reason.LEADER_WORKER_SET_MISSING, "; ".join(
+            f"{v.pool}: " + INSTALL_LWS.format(nodes=v.nodesPerReplica) for v in no_lws))
+    if blocked:
+        return ConditionVerdict(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
+                                f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
+                                ("its artifact failed the quality gate" if gate_failed else
+                                 "its artifact is not published yet"))
+    if (held := held_condition(canaries)) is not None:
+        return held
+    if route.problem:
+        # Served through the Service meanwhile (Ready says so); what was asked of routing is refused.
+        return ConditionVerdict(C.DEPLOYED, False, *route.problem)
+    return rolled_out_condition(obs, spec, step)
+
+
+def ready_condition(obs: Observed, the_plan: PlanStatus, step: ServingStep, endpoint_: str | None
+                    ) -> ConditionVerdict:
+    """Ready: every planned variant has a ready replica and no pod failing; else what serves, and
+    why the rest does not (their pods' termination messages)."""
+    serving = step.serving
+    ready = [s for s in serving if s.readyReplicas > 0]
+    failing = [f"{s.variant}: {why}" for s in serving if s.readyReplicas < s.replicas
+               for why in [pod_failure(obs.pod_terminations.get(s.variant, ()))] if why]
+    everywhere = bool(serving) and len(ready) == len(the_plan.variants)
+    if everywhere and not failing:
+        return ConditionVerdict(C.READY, True, Reason.ALL_VARIANTS_READY,
+                                f"{len(ready)} variant(s) serving at {endpoint_}")
+    if failing:
+        return ConditionVerdict(C.READY, everywhere, Reason.PODS_FAILING,
+                                (f"serving on {', '.join(s.variant for s in ready)}; " if ready else
+                                 "nothing is served; ") + "; ".join(failing))
+    if ready:
+        names = {s.variant for s in ready}
+        return ConditionVerdict(C.READY, False, Reason.SOME_VARIANTS_READY,
+                                f"serving on {', '.join(s.variant for s in ready)}; waiting for "
+                                f"{', '.join(v.pool for v in the_plan.variants if v.pool not in names)}")
+    return ConditionVerdict(C.READY, False, Reason.NO_REPLICAS_READY, "no replica is ready yet")
+
+
+def serving_conditions(obs: Observed, spec: QuantizedModelSpec, the_plan: PlanStatus,
+                       by_format: Mapping[QuantFormat, ArtifactVerdict], workloads: list[VariantWorkload],
+                       route: RoutingStep, step: ServingStep, endpoint_: str | None) -> tuple[ConditionVerdict, ...]:
+    """ServingQualityPassed, Deployed and Ready of a pass that planned variants."""
+    canaries = {w.variant.pool: w.canary for w in workloads if w.canary is not None}
+    blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
+    quality = serving_quality_condition(spec, blocked, canaries)
+    if route.conflict:
+        return (quality, ConditionVerdict(C.DEPLOYED, False, Reason.SERVICE_CONFLICT, route.conflict),
+                ConditionVerdict(C.READY, False, Reason.SERVICE_CONFLICT, route.conflict))
+    gate_failed = any(by_format[artifact_format(v)].passed is False for v in the_plan.variants)
+    return (quality, deployed_condition(obs, spec, workloads, blocked, gate_failed, canaries, route, step),
+            ready_condition(obs, the_plan, step, endpoint_))
+
+
 def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdicts: list[ArtifactVerdict],
                    gone: list[tuple[str, str]], settings: OperatorSettings, st: StatusBuilder,
                    status: QuantizedModelStatus, actions: list[Action]) -> None:
+    """One object per planned variant (behind its canary), one Service (and an InferencePool when
+    asked for), the serving status and its three conditions."""
     spec = acc.spec
     assert spec is not None
-    owner = Owner(obs.name, obs.namespace, obs.uid)
     by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
-    pool_by_name = {p.name: p for p in obs.pools or ()}
-    existing = obs.deployments
-    current: dict[str, Mapping[str, Any]] = {}
-    up_to_date: dict[str, bool] = {}
+    workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings)
+                 for pv in the_plan.variants]
     creates: list[Action] = []
-    no_lws: list = []  # PlanVariants
-    from . import canary as canary_mod  # the serving canary (canary.py), below decide
-    canaries: dict[str, canary_mod.CanaryDecision] = {}
-    old_canary = {s.variant: s.canary for s in obs.old_status.serving}
-    for pv in the_plan.variants:
-        dname = deployment_name(owner.name, pv.pool)
-        cur = existing.get(dname)
-        art = by_format[artifact_format(pv)]
-        if pv.nodesPerReplica > 1 and not obs.lws_available:
-            # Multi-node variants need LeaderWorkerSet; without it they are refused, the rest serves.
-            no_lws.append(pv)
-            up_to_date[dname] = False
-            continue
-        if not art.deployable or pv.pool not in pool_by_name:
-            # Keep what serves (an older artifact) until a new one passes its gate.
-            if cur is not None:
-                current[dname] = cur
-            up_to_date[dname] = False
-            continue
-        pool = pool_by_name[pv.pool]
-        auto = spec.autoscaling.enabled
-        if cur is not None and auto:
-            replicas = int((cur.get("spec") or {}).get("replicas") or 0)  # the autoscaler owns it
-        elif auto:
-            replicas = max(1, spec.autoscaling.minReplicas)
-        else:
-            replicas = spec.serving.replicas
-        render = render_lws if pv.nodesPerReplica > 1 else render_deployment
-        desired = render(owner, spec, pv, dict(pool.node_selector), pool.cc_str, art.planned.key,
-                         art.manifest.totalBytes if art.manifest else None, replicas, settings)
-        if spec.serving.canary.enabled:
-            # A new served configuration takes traffic only after its canary's verdict (canary.py).
-            chash = canary_mod.config_hash(spec, pv, art.planned.key, owner.name, settings)
-            desired["metadata"]["annotations"][canary_mod.ANNOTATION_SERVING_CONFIG] = chash
-            cd = canaries[pv.pool] = canary_mod.decide_canary(
-                owner=owner, spec=spec, variant=pv, desired=desired, current=cur, chash=chash,
-                artifact_key=art.planned.key, facts=obs.canaries.get(pv.pool), old=old_canary.get(pv.pool),
-                gate=acc.effective.gate(), now=obs.now, settings=settings, pod_failure=pod_failure,
-                job_failure_text=job_failure_text)
-            for kind, reason, message in cd.events:
-                st.note(kind, reason, message)
-            creates.extend(CreateJob(o) if o["kind"] == "Job" else CreateDeployment(o) for o in cd.creates)
-            actions.extend(canary_mod.DeleteJob(owner.namespace, n) if kind == "Job" else
-                           DeleteDeployment(owner.namespace, n, kind=kind) for kind, n in cd.deletes)
-            if not cd.may_serve:
-                # What serves keeps serving, untouched, until the verdict.
-                if cur is not None:
-                    current[dname] = cur
-                up_to_date[dname] = False
-                continue
-        if cur is not None and cur.get("kind", "Deployment") != desired["kind"]:
-            # The plan moved between one node and several: the old object goes, the new one comes.
-            actions.append(DeleteDeployment(owner.namespace, dname, kind=cur.get("kind", "Deployment")))
-            cur = None
-        if cur is None:
-            creates.append(CreateDeployment(desired))
-            current[dname] = desired
-            up_to_date[dname] = True
-            st.note("Normal", "DeploymentCreated", f"Deployment {dname} serves {pv.format.value} on pool {pv.pool}")
-        elif (cur["metadata"].get("annotations") or {}).get(ANNOTATION_SPEC_HASH) != \
-                desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH] or \
-                (not auto and (cur.get("spec") or {}).get("replicas") != replicas) or \
-                canary_mod.ANNOTATION_SERVING_CONFIG in desired["metadata"]["annotations"] and \
-                canary_mod.ANNOTATION_SERVING_CONFIG not in (cur["metadata"].get("annotations") or {}):
-            desired["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
-            creates.append(ReplaceDeployment(desired))
-            current[dname] = {**desired, "status": cur.get("status") or {}}
-            up_to_date[dname] = False  # just replaced: rolled out only once its status says so
-            st.note("Normal", "RollingOut", f"Deployment {dname} updated (artifact {art.planned.key[:12]}, "
-                                            f"{pv.format.value})")
-        else:
-            current[dname] = cur
-            up_to_date[dname] = True
-    wanted = {deployment_name(owner.name, v.pool) for v in the_plan.variants}
-    gone_names = {d for _, d in gone}
-    actions.extend(DeleteDeployment(owner.namespace, n) for n in obs.canaries.get(canary_mod.LEFTOVERS, ()))
-    actions.extend(DeleteDeployment(owner.namespace, n, kind="LeaderWorkerSet")
-                   for n in obs.canaries.get(canary_mod.LEFTOVER_LWS, ()))
-    for dname in sorted(set(existing) - wanted - gone_names):
-        pool = (existing[dname]["metadata"].get("labels") or {}).get(LABEL_VARIANT)
-        # Deletes first: they free GPUs the new Deployments may need (execute keeps this order).
-        actions.append(DeleteDeployment(owner.namespace, dname, kind=existing[dname].get("kind", "Deployment")))
-        st.note("Normal", "DeploymentRemoved", f"Deployment {dname}: pool {pool} is no longer planned for this model")
+    for w in workloads:
+        for e in w.events:
+            st.note(e.type, e.reason, e.message)
+        actions.extend(w.deletes)  # deletes first: they free GPUs the new objects may need
+        creates.extend(w.creates)
+    gone_objects = removals(obs, the_plan, gone)
+    actions.extend(gone_objects.actions)
+    for e in gone_objects.events:
+        st.note(e.type, e.reason, e.message)
     actions.extend(creates)
-    conflict = None
+    route = routing_step(obs, spec, bool(the_plan.variants), settings)
+    actions.extend(route.actions)
     if the_plan.variants:
-        svc_actions, conflict = service_actions(obs, owner)
-        actions.extend(svc_actions)
-        status.endpoint = None if conflict else endpoint(owner)
-    routing_problem = None
-    if the_plan.variants and not conflict and routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
-        pool_actions, routing_problem = routing.pool_actions(obs.routing, owner)
-        actions.extend(pool_actions)
-        if routing_problem is None and obs.routing is not None:
-            # Its endpoint picker (picker.py): scoring on KV and queue, or an even spread while a
-            # variant's pods expose no metrics.
-            picker_actions, routing_problem = picker.picker_actions(
-                obs.routing.picker, owner, settings.epp_image, settings.epp_cluster_role,
-                picker.unmetered_variants(obs.old_status.serving))
-            actions.extend(picker_actions)
-            routing_problem = routing_problem and (routing.REASON_CONFLICT, routing_problem)
-    elif routing.routing_of(spec.serving) != routing.INFERENCE_POOL and obs.routing is not None \
-            and (gone_picker := picker.leftover(obs.routing.picker, owner)):
-        actions.append(DeleteDeployment(*gone_picker))
-
-    old_serving = {s.variant: s for s in obs.old_status.serving}
-    serving: list[VariantServingStatus] = []
-    rolled_out = True
-    for pv in the_plan.variants:
-        dname = deployment_name(owner.name, pv.pool)
-        d = current.get(dname)
-        cstatus = canaries[pv.pool].status if pv.pool in canaries else None
-        if d is None:
-            rolled_out = False
-            if cstatus is not None:  # a new variant under its canary: no Deployment yet
-                serving.append(VariantServingStatus(variant=pv.pool, deployment=dname, canary=cstatus,
-                                                    nodesPerReplica=pv.nodesPerReplica))
-            continue
-        ds = d.get("status") or {}
-        replicas = int((d.get("spec") or {}).get("replicas") or 0)
-        ready = int(ds.get("readyReplicas") or 0)
-        updated = int(ds.get("updatedReplicas") or 0)
-        seen = int(ds.get("observedGeneration") or 0) >= int(d["metadata"].get("generation") or 0) \
-            if d.get("kind", "Deployment") == "Deployment" else lws_status(d)[3]
-        if not (up_to_date[dname] and seen and updated >= replicas and int(ds.get("replicas") or 0) == replicas):
-            rolled_out = False
-        prev = old_serving.get(pv.pool)
-        entry = VariantServingStatus(
-            variant=pv.pool, deployment=dname, replicas=replicas, readyReplicas=ready,
-            artifactKey=(d["metadata"].get("annotations") or {}).get(ANNOTATION_ARTIFACT_KEY),
-            nodesPerReplica=pv.nodesPerReplica, canary=cstatus)
-        if prev is not None:
-            entry = entry.model_copy(update={k: getattr(prev, k) for k in AUTOSCALER_FIELDS})
-        serving.append(entry)
-    status.serving = serving
-    total_ready = sum(s.readyReplicas for s in serving)
-    total = sum(s.replicas for s in serving)
-    status.replicas = f"{total_ready}/{total}" if serving else None
-
+        status.endpoint = route.endpoint
+    step = serving_status(obs, workloads)
+    status.serving = list(step.serving)
+    status.replicas = step.replicas
     if not the_plan.variants:
         st.waiting((C.SERVING_QUALITY_PASSED, C.DEPLOYED, C.READY), Reason.BLOCKED, "no variant is planned (see Planned)")
         return
-    blocked = [v for v in the_plan.variants if not by_format[artifact_format(v)].deployable]
-    if blocked and not canaries and spec.serving.canary.enabled:
-        st.set(C.SERVING_QUALITY_PASSED, False, Reason.BLOCKED, "no artifact to serve yet (see QualityGatePassed)")
-    else:
-        st.set(C.SERVING_QUALITY_PASSED, *canary_mod.condition(canaries, spec.serving.canary.enabled))
-    if conflict:
-        st.waiting((C.DEPLOYED, C.READY), Reason.SERVICE_CONFLICT, conflict)
-        return
-    if no_lws:
-        st.set(C.DEPLOYED, False, Reason.LEADER_WORKER_SET_MISSING, "; ".join(
-            f"{v.pool}: " + INSTALL_LWS.format(nodes=v.nodesPerReplica) for v in no_lws))
-    elif blocked:
-        gate_failed = any(by_format[artifact_format(v)].passed is False for v in the_plan.variants)
-        st.set(C.DEPLOYED, False, Reason.BLOCKED if gate_failed else Reason.AWAITING_ARTIFACT,
-               f"not rolled out on {', '.join(v.pool for v in blocked)}: " +
-               ("its artifact failed the quality gate" if gate_failed else "its artifact is not published yet"))
-    elif held := [pool for pool, cd in canaries.items() if not cd.may_serve]:
-        failed = [p for p in held if canaries[p].condition_reason != Reason.CANARY_PENDING
-                  and canaries[p].condition_reason != Reason.CANARY_EVALUATING]
-        st.set(C.DEPLOYED, False, Reason.BLOCKED if failed else Reason.ROLLING_OUT,
-               f"not rolled out on {', '.join(held)}: " + ("its canary gave no passing verdict" if failed else
-                                                          "waiting for its canary's verdict") +
-               " (see ServingQualityPassed); what served keeps serving")
-    elif routing_problem:
-        # Served through the Service meanwhile (Ready says so); what was asked of routing is refused.
-        st.set(C.DEPLOYED, False, *routing_problem)
-    elif rolled_out and (unmetered := picker.unmetered_variants(obs.old_status.serving)):
-        # Served and never dropped; said on the model (the autoscaler's event says it too).
-        routed = routing.routing_of(spec.serving) == routing.INFERENCE_POOL
-        st.set(C.DEPLOYED, True, Reason.METRICS_UNAVAILABLE,
-               f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}; variant(s) "
-               f"{', '.join(unmetered)} have ready pods that expose no vLLM metrics (a wrong image or an old vLLM): "
-               + ("the endpoint picker spreads requests evenly over every pod until they report"
-                  if routed else "they are served, and not scaled down until they report"))
-    elif rolled_out:
-        st.set(C.DEPLOYED, True, Reason.DEPLOYMENTS_CREATED,
-               f"{len(serving)} Deployment(s) rolled out behind Service {owner.name}")
-    else:
-        st.set(C.DEPLOYED, False, Reason.ROLLING_OUT, "; ".join(
-            f"{s.deployment}: {s.readyReplicas}/{s.replicas} ready" for s in serving) or "creating Deployments")
-    ready_variants = [s for s in serving if s.readyReplicas > 0]
-    failing = [f"{s.variant}: {why}" for s in serving if s.readyReplicas < s.replicas
-               for why in [pod_failure(obs.pod_terminations.get(s.variant, ()))] if why]
-    if serving and len(ready_variants) == len(the_plan.variants) and not failing:
-        st.set(C.READY, True, Reason.ALL_VARIANTS_READY, f"{len(ready_variants)} variant(s) serving at {status.endpoint}")
-    elif failing:
-        st.set(C.READY, len(ready_variants) == len(the_plan.variants) and bool(serving), Reason.PODS_FAILING,
-               (f"serving on {', '.join(s.variant for s in ready_variants)}; " if ready_variants else
-                "nothing is served; ") + "; ".join(failing))
-    elif ready_variants:
-        names = {s.variant for s in ready_variants}
-        st.set(C.READY, False, Reason.SOME_VARIANTS_READY,
-               f"serving on {', '.join(s.variant for s in ready_variants)}; waiting for "
-               f"{', '.join(v.pool for v in the_plan.variants if v.pool not in names)}")
-    else:
-        st.set(C.READY, False, Reason.NO_REPLICAS_READY, "no replica is ready yet")
+    for c in serving_conditions(obs, spec, the_plan, by_format, workloads, route, step, status.endpoint):
+        st.set(c.type, c.status, c.reason, c.message)
 
 
 # ------------------------------------------------------------------ the whole pass
 
 
-def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
+def accepted_step(obs: Observed, settings: OperatorSettings, st: StatusBuilder,
+                  status: QuantizedModelStatus) -> Acceptance:
+    """Accepted: the effective spec, the policies' rules, the Secrets it names. When it is not
+    accepted, every later condition waits (``Acceptance.accepted`` says so)."""
     old = obs.old_status
-    st = StatusBuilder(list(old.conditions), obs.generation, obs.now)
-    status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
-                                  artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
-                                  formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling,
-                                  calibrationData=old.calibrationData)
-    actions: list[Action] = []
-
-    def done() -> Outcome:
-        status.conditions = st.conditions
-        return Outcome(status, tuple(actions), tuple(st.events))
-
-    # 1. Accepted: the effective spec, the policies' rules, the Secrets it names.
     acc = effective_for(obs, settings)
     eff = acc.effective
     status.effective = effective_values(eff)
@@ -1159,26 +1231,29 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
             # A refusing (or unreadable) policy stops scaling too. A spec error keeps the last
             # accepted autoscaling: a typo in a field being edited doesn't freeze what serves.
             status.autoscaling = None
-        return done()
+        return acc
     if acc.missing_secrets:
         st.set(C.ACCEPTED, False, Reason.MISSING_SECRET, "; ".join(acc.missing_secrets))
         st.waiting(LATER, Reason.BLOCKED, "a referenced Secret is missing (see Accepted)")
         status.autoscaling = effective_autoscaling(acc, obs, settings)
-        return done()
-    spec = acc.spec
-    assert spec is not None and spec.storage is not None
+        return acc
     st.set(C.ACCEPTED, True, Reason.VALID,
            (f"policy {eff.policy.names[0]} applies" if len(eff.policy.names) == 1 else
             f"policies {', '.join(eff.policy.names)} apply")
            if eff.policy.governed else "no QuantizationPolicy matches this namespace")
     status.autoscaling = effective_autoscaling(acc, obs, settings)
+    return acc
 
-    # 2. Planned: model shape × GPU pools, and the pools gone since the last pass.
+
+def planned_step(obs: Observed, acc: Acceptance, settings: OperatorSettings, st: StatusBuilder,
+                 status: QuantizedModelStatus) -> tuple[PlanStatus, list[tuple[str, str]], JobSizing] | None:
+    """Planned: model shape × GPU pools, the pools gone since the last pass, and each artifact's
+    Job sized. None: nothing can be planned (every later condition waits)."""
     the_plan, verdict = current_plan(obs, acc)
     if verdict.plan is None:
         st.set(C.PLANNED, False, verdict.reason, verdict.message)
         st.waiting(LATER[1:], Reason.BLOCKED, "no plan yet (see Planned)")
-        return done()
+        return None
     gone = pools_gone(obs, the_plan)
     if gone:
         the_plan = with_gone_pools(the_plan, gone)
@@ -1192,8 +1267,17 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     the_plan = the_plan.model_copy(update={"quantizationJobs": sizing.jobs})
     status.plan = the_plan
     status.formats = ",".join(sorted({v.format.value for v in the_plan.variants})) or None
+    return the_plan, gone, sizing
 
-    # 3. Quantized: one artifact per format; manifest in storage or one Job per key and storage location.
+
+def quantized_step(obs: Observed, acc: Acceptance, the_plan: PlanStatus, sizing: JobSizing,
+                   settings: OperatorSettings, st: StatusBuilder, status: QuantizedModelStatus,
+                   actions: list[Action]) -> list[ArtifactVerdict]:
+    """Quantized and QualityGatePassed: one artifact per format; its manifest in storage, or one
+    Job per key and storage location."""
+    spec = acc.spec
+    assert spec is not None and spec.storage is not None
+    eff = acc.effective
     placement = eff.policy.rules.quantizationJob
     gate = eff.gate().maxPerplexityIncreasePercent
     verdicts = []
@@ -1204,14 +1288,39 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
         facts = obs.artifacts.get(planned.key, ArtifactFacts(storage_error="storage was not read"))
         if data_uri and obs.data_pin is None and planned.inputs.calibrationDataset == data_uri:
             # Named before any Job starts: without its ETag the key would not name the data.
-            facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}")
+            facts = ArtifactFacts(storage_error=f"{CALIBRATION_FIELD}: {obs.data_error or data_uri + ' was not read'}",
+                                  storage_error_reason=Reason.CALIBRATION_DATA_UNAVAILABLE)
         v = decide_artifact(obs, acc, planned, facts, placement, settings, st, actions, sizing, admission)
         judge(v, gate, eff.gate())
         verdicts.append(v)
     status.artifacts = [artifact_status(spec.storage, v) for v in verdicts]
     status.worstRecovery = worst_recovery([v.quality for v in verdicts])
     quantized_conditions(verdicts, gate, st)
+    return verdicts
 
-    # 4. Deployed / Ready: one Deployment per variant, one Service.
+
+def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
+    """One pass: Accepted → Planned → Quantized/QualityGatePassed → the serving conditions, each
+    step on what the previous one decided; a step that cannot go on ends the pass."""
+    old = obs.old_status
+    st = StatusBuilder(list(old.conditions), obs.generation, obs.now)
+    status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
+                                  artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
+                                  formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling,
+                                  calibrationData=old.calibrationData)
+    actions: list[Action] = []
+
+    def done() -> Outcome:
+        status.conditions = st.conditions
+        return Outcome(status, tuple(actions), tuple(st.events))
+
+    acc = accepted_step(obs, settings, st, status)
+    if not acc.accepted:
+        return done()
+    planned = planned_step(obs, acc, settings, st, status)
+    if planned is None:
+        return done()
+    the_plan, gone, sizing = planned
+    verdicts = quantized_step(obs, acc, the_plan, sizing, settings, st, status, actions)
     decide_serving(obs, acc, the_plan, verdicts, gone, settings, st, status, actions)
     return done()

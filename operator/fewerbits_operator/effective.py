@@ -29,6 +29,7 @@ from fewerbits_api.quantizedmodel import (
 
 from .datapins import DataPin, unpinned_data
 from .planner import check_vllm_args, vllm_arg_spec
+from .planner.vllm_args import PLAN_OWNED_FLAGS
 
 DEFAULT_GATE_PERCENT = 3.0
 MAX_REPORTED = 16
@@ -38,12 +39,8 @@ MAX_REPORTED_CHARS = 600
 32768 characters a condition message may hold (metav1.Condition), however hostile the spec."""
 
 # vLLM flags a model may not pass in serving.extraArgs unless a policy allows them: the plan owns
-# the first group; the second changes what code runs or what the server trusts.
-PLAN_OWNED_FLAGS = {
-    "--model", "--dtype", "--kv-cache-dtype", "--tensor-parallel-size", "--max-model-len",
-    "--gpu-memory-utilization", "--served-model-name", "--quantization", "--port", "--host",
-    "--pipeline-parallel-size", "--load-format", "--revision", "--tokenizer",
-}
+# the first group (planner/vllm_args.py derives it from plan_args); the second changes what code
+# runs or what the server trusts.
 TRUST_FLAGS = {
     "--trust-remote-code", "--allowed-local-media-path", "--enable-auto-tool-choice-unsafe",
     "--tool-parser-plugin", "--chat-template", "--api-key", "--ssl-keyfile", "--ssl-certfile",

@@ -9,10 +9,8 @@ files and manifest are never written. Pure: typed inputs, a Job object out.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from fewerbits_api.jobcontract import CONTRACT_ENV
 from fewerbits_api.quality import eval_identity
 
 from .render import LABEL_COMPONENT, render_job
@@ -29,16 +27,10 @@ def eval_job_name(quantize_job_name: str, identity: str) -> str:
 
 
 def render_eval_job(owner, spec, artifact, placement, gate, settings) -> dict[str, Any]:
-    job = render_job(owner, spec, artifact, placement, gate, settings)
+    job = render_job(owner, spec, artifact, placement, gate, settings, mode="evaluate")
     identity = eval_identity(gate)
     name = eval_job_name(job["metadata"]["name"], identity)
     job["metadata"]["name"] = name
     for labels in (job["metadata"]["labels"], job["spec"]["template"]["metadata"]["labels"]):
         labels[LABEL_COMPONENT] = "evaluate"
-    container = job["spec"]["template"]["spec"]["containers"][0]
-    for env in container["env"]:
-        if env["name"] == CONTRACT_ENV:
-            contract = json.loads(env["value"])
-            contract["mode"] = "evaluate"
-            env["value"] = json.dumps(contract, sort_keys=True, separators=(",", ":"))
     return job

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
@@ -28,30 +28,34 @@ from fewerbits_api.artifact import artifact_prefix
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from . import metrics
-from .decide import (
+from .actions import (
+    ACTION_TYPES,
     Action,
     AddJobOwner,
     ClaimArtifact,
     CreateDeployment,
+    CreateInferencePool,
     CreateJob,
+    CreatePickerObject,
     CreateService,
     DeleteDeployment,
-    Outcome,
+    DeleteJob,
+    PatchInferencePool,
     PatchService,
     ReplaceDeployment,
+    UpdatePickerObject,
+    WorkloadKind,
 )
-from .canary import DeleteJob
+from .decide import Outcome
 from .kube import Kube
 from .nodecache import REFERENCES_CONFIGMAP, ApplyReferences, ReferencesAction
 from .retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction
-from .picker import CreatePickerObject, UpdatePickerObject
-from .routing import CreateInferencePool, PatchInferencePool
 from .storage import ObjectStore, S3Credentials
 
 log = logging.getLogger("fewerbits.execute")
 
-ORDER = (DeleteDeployment, DeleteJob, ClaimArtifact, CreateJob, AddJobOwner, CreateDeployment, ReplaceDeployment,
-         CreateService, PatchService, CreateInferencePool, PatchInferencePool, CreatePickerObject, UpdatePickerObject)
+ORDER = ACTION_TYPES
+"""Execution order: the ``Action`` union's (deletes first: they free the GPUs new Deployments need)."""
 
 
 class StatusConflict(RuntimeError):
@@ -68,46 +72,65 @@ def _plain(obj: Mapping[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(obj))
 
 
-def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -> None:
-    if isinstance(action, ClaimArtifact):
-        assert store is not None, "claims need the object store"
-        secret = action.storage.credentialsSecret
-        creds = S3Credentials.from_secret(kube.secret_data(action.namespace, secret) if secret else None)
-        if not store.put_claim(action.storage, action.key, creds, action.body, action.take_over):
-            metrics.CLAIMS_LOST.inc()
-            raise StatusConflict(f"artifact {action.key[:12]} was claimed meanwhile by another namespace; observing again")
-    elif isinstance(action, DeleteDeployment) and action.kind == "LeaderWorkerSet":
-        kube.delete_lws(action.namespace, action.name)
-    elif isinstance(action, DeleteDeployment):
-        kube.delete_deployment(action.namespace, action.name)
-    elif isinstance(action, DeleteJob):
-        kube.delete_job(action.namespace, action.name)
-    elif isinstance(action, CreateJob):
-        if kube.create(_plain(action.job)) is not None:
-            metrics.JOBS_CREATED.inc()
-    elif isinstance(action, AddJobOwner):
-        kube.add_owner("Job", action.namespace, action.name, [dict(r) for r in action.owner_refs])
-    elif isinstance(action, (CreateDeployment, CreateService)):
-        kube.create(_plain(action.deployment if isinstance(action, CreateDeployment) else action.service))
-    elif isinstance(action, ReplaceDeployment):
-        if not kube.replace_deployment(_plain(action.deployment)):
-            md = action.deployment["metadata"]
-            raise StatusConflict(f"Deployment {md['name']} changed while reconciling; retrying")
-    elif isinstance(action, PatchService):
-        kube.patch_service(action.namespace, action.name, _plain(action.patch))
-    elif isinstance(action, CreateInferencePool):
-        kube.create_inference_pool(_plain(action.pool))
-    elif isinstance(action, PatchInferencePool):
-        kube.patch_inference_pool(action.namespace, action.name, _plain(action.patch))
-    elif isinstance(action, CreatePickerObject):
-        kube.create(_plain(action.obj))
-    elif isinstance(action, UpdatePickerObject) and action.obj["kind"] == "Deployment":
-        if not kube.replace_deployment(_plain(action.obj)):
-            raise StatusConflict(f"Deployment {action.obj['metadata']['name']} changed while reconciling; retrying")
-    elif isinstance(action, UpdatePickerObject):
+def _claim(kube: Kube, action: ClaimArtifact, store: ObjectStore | None) -> None:
+    assert store is not None, "claims need the object store"
+    secret = action.storage.credentialsSecret
+    creds = S3Credentials.from_secret(kube.secret_data(action.namespace, secret) if secret else None)
+    if not store.put_claim(action.storage, action.key, creds, action.body, action.take_over):
+        metrics.CLAIMS_LOST.inc()
+        raise StatusConflict(f"artifact {action.key[:12]} was claimed meanwhile by another namespace; observing again")
+
+
+DELETE_WORKLOAD = {WorkloadKind.DEPLOYMENT: "delete_deployment", WorkloadKind.LEADER_WORKER_SET: "delete_lws"}
+"""``Kube``'s delete for each kind of serving object."""
+
+
+def _delete_workload(kube: Kube, action: DeleteDeployment) -> None:
+    getattr(kube, DELETE_WORKLOAD[action.kind])(action.namespace, action.name)
+
+
+def _create_job(kube: Kube, action: CreateJob) -> None:
+    if kube.create(_plain(action.job)) is not None:
+        metrics.JOBS_CREATED.inc()
+
+
+def _replace(kube: Kube, obj: Mapping[str, Any]) -> None:
+    if not kube.replace_deployment(_plain(obj)):
+        raise StatusConflict(f"Deployment {obj['metadata']['name']} changed while reconciling; retrying")
+
+
+def _update_picker_object(kube: Kube, action: UpdatePickerObject) -> None:
+    if action.obj["kind"] == "Deployment":
+        _replace(kube, action.obj)
+    else:
         kube.patch_picker_object(_plain(action.obj))
-    else:  # pragma: no cover - the Action union is closed
-        raise TypeError(f"unknown action {action!r}")
+
+
+Executor = Callable[[Kube, Any, "ObjectStore | None"], None]
+EXECUTORS: dict[type, Executor] = {
+    DeleteDeployment: lambda kube, a, _: _delete_workload(kube, a),
+    DeleteJob: lambda kube, a, _: kube.delete_job(a.namespace, a.name),
+    ClaimArtifact: _claim,
+    CreateJob: lambda kube, a, _: _create_job(kube, a),
+    AddJobOwner: lambda kube, a, _: kube.add_owner("Job", a.namespace, a.name, [dict(r) for r in a.owner_refs]),
+    CreateDeployment: lambda kube, a, _: kube.create(_plain(a.deployment)),
+    ReplaceDeployment: lambda kube, a, _: _replace(kube, a.deployment),
+    CreateService: lambda kube, a, _: kube.create(_plain(a.service)),
+    PatchService: lambda kube, a, _: kube.patch_service(a.namespace, a.name, _plain(a.patch)),
+    CreateInferencePool: lambda kube, a, _: kube.create_inference_pool(_plain(a.pool)),
+    PatchInferencePool: lambda kube, a, _: kube.patch_inference_pool(a.namespace, a.name, _plain(a.patch)),
+    CreatePickerObject: lambda kube, a, _: kube.create(_plain(a.obj)),
+    UpdatePickerObject: lambda kube, a, _: _update_picker_object(kube, a),
+}
+"""One executor per action type: the ``Action`` union is closed, and a unit test fails when a type
+of it has no executor here."""
+
+
+def apply_action(kube: Kube, action: Action, store: ObjectStore | None = None) -> None:
+    executor = EXECUTORS.get(type(action))
+    if executor is None:
+        raise TypeError(f"no executor for action {action!r}")
+    executor(kube, action, store)
 
 
 def normalized(raw: Mapping[str, Any]) -> str:

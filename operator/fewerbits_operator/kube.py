@@ -22,9 +22,17 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
+from .apis import (
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_PLURAL,
+    INFERENCE_POOL_VERSION,
+    LWS_GROUP,
+    LWS_KIND,
+    LWS_PLURAL,
+    LWS_VERSION,
+)
 from .freshness import GONE
 from .indexes import IndexView, selector_matches
-from .lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from .scope import namespace_watched, plain_names  # noqa: F401 — re-exported (observe.py, tests)
 from .ttlcache import TTLCache
 
@@ -170,22 +178,6 @@ class Kube:
             self.models.note(namespace, name, _rv(out))
         return True
 
-    def patch_serving_status(self, namespace: str, name: str, updates: dict[str, dict[str, Any]]) -> None:
-        """The autoscaler's status write: only its fields of ``status.serving`` entries, merged
-        into a fresh read and written conditionally on its resourceVersion (re-read on conflict)."""
-        from .autoscaler.loop import merge_serving
-
-        for attempt in range(CONFLICT_RETRIES):
-            obj = self.get_model(namespace, name)
-            if obj is None:
-                return
-            serving = merge_serving((obj.get("status") or {}).get("serving") or [], updates)
-            if serving is None:
-                return
-            if self.patch_model_status(namespace, name, {"serving": serving}, obj["metadata"]["resourceVersion"]):
-                return
-        raise ApiException(status=409, reason=f"status of {namespace}/{name} kept changing; retry next pass")
-
     def patch_policy_status(self, name: str, status: dict[str, Any], resource_version: str | None) -> bool:
         """Merge patch of a QuantizationPolicy's status subresource, conditional on its
         resourceVersion: False on a conflict (the policy changed; the next pass recomputes)."""
@@ -263,7 +255,7 @@ class Kube:
         """Create a Job, Deployment or Service; returns None when it already existed."""
         kind, ns = body["kind"], body["metadata"]["namespace"]
         try:
-            if kind == "LeaderWorkerSet":
+            if kind == LWS_KIND:
                 out = self.custom.create_namespaced_custom_object(LWS_GROUP, LWS_VERSION, ns, LWS_PLURAL, body)
             elif kind == "Job":
                 out = self.batch.create_namespaced_job(ns, body)
@@ -290,7 +282,7 @@ class Kube:
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
         """A write of ours: the index of that kind serves the object again once it has it."""
-        view = {"Job": self.jobs, "Deployment": self.deployments, "LeaderWorkerSet": self.lws}.get(kind)
+        view = {"Job": self.jobs, "Deployment": self.deployments, LWS_KIND: self.lws}.get(kind)
         if view is not None and name:
             view.note(namespace, name, resource_version)
 
@@ -356,11 +348,11 @@ class Kube:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile (e.g. scaled)."""
         md = body["metadata"]
         try:
-            if body.get("kind") == "LeaderWorkerSet":
+            if body.get("kind") == LWS_KIND:
                 out = self.custom.replace_namespaced_custom_object(LWS_GROUP, LWS_VERSION, md["namespace"],
                                                                    LWS_PLURAL, md["name"], body)
                 self._wrote()
-                self._noted("LeaderWorkerSet", md["namespace"], md["name"], _rv(out))
+                self._noted(LWS_KIND, md["namespace"], md["name"], _rv(out))
                 return True
             out = self.apps.replace_namespaced_deployment(md["name"], md["namespace"], body)
         except ApiException as e:
@@ -494,7 +486,7 @@ class Kube:
         except ApiException as e:
             if not _missing(e):
                 raise
-        self._noted("LeaderWorkerSet", namespace, name, GONE)
+        self._noted(LWS_KIND, namespace, name, GONE)
 
     def read_lws_scale(self, namespace: str, name: str) -> int | None:
         """A LeaderWorkerSet's groups from its scale subresource; None when it is gone."""
@@ -541,18 +533,18 @@ class Kube:
         return bool(self._served.get((group, version, plural), load))
 
     def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
-        from .routing import GROUP, PLURAL, VERSION
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return self.custom.get_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, namespace,
+                                                           INFERENCE_POOL_PLURAL, name)
         except ApiException as e:
             if _missing(e):
                 return None
             raise
 
     def create_inference_pool(self, body: dict[str, Any]) -> None:
-        from .routing import GROUP, PLURAL, VERSION
         try:
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, body["metadata"]["namespace"], PLURAL, body)
+            self.custom.create_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION,
+                                                       body["metadata"]["namespace"], INFERENCE_POOL_PLURAL, body)
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -560,8 +552,8 @@ class Kube:
         self._wrote()
 
     def patch_inference_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        from .routing import GROUP, PLURAL, VERSION
-        self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+        self.custom.patch_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, namespace,
+                                                  INFERENCE_POOL_PLURAL, name, patch)
         self._wrote()
 
     # ------------------------------------------------------------ the node cache's referenced keys (nodecache.py)

@@ -34,13 +34,9 @@ from .render import (
     spec_hash,
     startup_budget_seconds,
 )
+from .apis import LWS_API_VERSION, LWS_CRD, LWS_GROUP, LWS_KIND, LWS_PLURAL, LWS_VERSION  # noqa: F401  (re-exported)
 from .settings import OperatorSettings
 
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-LWS_VERSION = "v1"
-LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
-LWS_PLURAL = "leaderworkersets"
-LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
 INSTALL_LWS = (
     "install LeaderWorkerSet (https://lws.sigs.k8s.io, CRD leaderworkersets.leaderworkerset.x-k8s.io): this "
     "variant's replica spans {nodes} nodes; single-node variants are served as usual")
@@ -145,7 +141,7 @@ def render_lws(
     labels = dict(base["metadata"]["labels"])
     return _fresh({
         "apiVersion": LWS_API_VERSION,
-        "kind": "LeaderWorkerSet",
+        "kind": LWS_KIND,
         "metadata": {
             "name": lws_name(owner.name, variant.pool),
             "namespace": owner.namespace,

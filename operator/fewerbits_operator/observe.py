@@ -23,6 +23,7 @@ from fewerbits_api.policy import LabelSelector, QuantizationPolicy
 from fewerbits_api.quality import eval_identity
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
+from .actions import WorkloadKind
 from .artifacts import legacy_candidates, planned_artifacts, serves_planned
 from .claims import Claim
 from .canary_observe import read_canaries
@@ -33,7 +34,8 @@ from .evaljob import eval_job_name
 from .quality_gate import needs_evaluation
 from .decide import current_plan, effective_for, missing_secrets, secret_refs
 from .kube import Kube, namespace_watched
-from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed
+from .observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed, Planning
+from .terminations import evictions, terminations  # noqa: F401  (evictions: re-exported for tests)
 from .pincache import REUSE, PinCache, PinKey, settled_etag
 from .planner import pools_from_nodes, shape_from_config
 from .queueing import KUEUE_QUEUE_LABEL, job_suspended
@@ -78,32 +80,6 @@ def read_policies(raws: list[dict[str, Any]], labels: Mapping[str, str]
     return tuple(valid), tuple(broken)
 
 
-def terminations(pods: list[dict[str, Any]], *, init: bool = True) -> tuple[ContainerTermination, ...]:
-    """Failed container terminations of ``pods``, newest pod first."""
-    out: list[ContainerTermination] = []
-    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True):
-        ps = pod.get("status") or {}
-        statuses = ((ps.get("initContainerStatuses") or []) if init else []) + (ps.get("containerStatuses") or [])
-        for cs in statuses:
-            state = cs.get("state") or {}
-            term = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
-            if not term:
-                continue
-            out.append(ContainerTermination(
-                pod=pod["metadata"]["name"], container=str(cs.get("name")),
-                exit_code=int(term.get("exitCode") or 0), reason=str(term.get("reason") or ""),
-                message=str(term.get("message") or ""),
-                running_ready="running" in state and bool(cs.get("ready"))))
-    return tuple(out)
-
-
-def evictions(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
-    """(pod, message) of the evicted ``pods`` (status.reason Evicted), newest first."""
-    return tuple((p["metadata"]["name"], str((p.get("status") or {}).get("message") or ""))
-                 for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "", reverse=True)
-                 if (p.get("status") or {}).get("reason") == "Evicted")
-
-
 def job_limits(job: dict[str, Any]) -> dict[str, Any]:
     """The Job's own resource limits and deadline, for messages that name what to raise."""
     spec = job.get("spec") or {}
@@ -124,20 +100,12 @@ class Observer:
         self.pins = PinCache(settings.calibration_etag_seconds)
 
     def observe(self, body: dict[str, Any]) -> Observed:
+        """Everything one pass decides from, read in the order decide's steps need it: the model
+        and its policies, its Secrets, the plan's inputs, the artifacts, what serves."""
         md = body["metadata"]
         ns, name = md["namespace"], md["name"]
-        old_raw = body.get("status") or {}
-        try:
-            old = QuantizedModelStatus.model_validate(old_raw)
-        except ValidationError:
-            old = QuantizedModelStatus()
-        labels = self.kube.namespace_labels(ns)
-        policies, broken = read_policies(self.kube.list_policies(), labels)
-        facts: dict[str, Any] = dict(
-            now=now_rfc3339(), namespace=ns, name=name, uid=md["uid"], generation=md.get("generation"),
-            resource_version=md.get("resourceVersion"), raw=_freeze(body), spec=_freeze(body.get("spec") or {}),
-            old_status_raw=_freeze(old_raw), old_status=old, policies=policies, broken_policies=broken,
-            namespace_labels=_freeze(dict(labels)))
+        facts = self._model_facts(body)
+        old: QuantizedModelStatus = facts["old_status"]
         eff = effective_for(Observed(**facts), self.settings)
         if not eff.accepted:
             return Observed(**facts)
@@ -150,82 +118,138 @@ class Observer:
         facts["secrets"] = _freeze({s: (frozenset(v) if v is not None else None) for s, v in values.items()})
         if missing_secrets(spec, ns, facts["secrets"]):
             return Observed(**facts)  # decide says which; nothing further is read
-        source_secret = values.get(spec.source.credentialsSecret or "")
         storage_creds = S3Credentials.from_secret(values.get(spec.storage.credentialsSecret or ""))
 
-        facts["pools"] = tuple(pools_from_nodes(self.kube.list_nodes()))
-        try:
-            cfg = self.store.model_config(spec.source, source_secret, self.settings.hf_endpoint)
-            facts["shape"] = shape_from_config(cfg, where=f"{spec.source.uri} config.json")
-        except (ModelConfigError, ShapeError) as e:
-            facts["config_error"] = str(e)
-        the_plan, _ = current_plan(Observed(**facts), eff)
-        if data_uri := s3_calibration_uri(spec, the_plan):
-            try:
-                facts["data_pin"] = self.pins.pin(
-                    PinKey.of(md["uid"], md.get("generation"), spec.storage, data_uri), settled_etag(old),
-                    lambda: DataPin(data_uri, *self.store.head_object(spec.storage, data_uri, storage_creds)))
-            except StorageError as e:
-                facts["data_error"] = str(e)
-        if eval_uri := s3_eval_uri(spec):
-            try:  # reused for the same time as the calibration ETag; the Job checks what it reads
-                facts["eval_pin"] = eff.effective.eval_pin = self.pins.pin(
-                    PinKey.of(md["uid"], md.get("generation"), spec.storage, eval_uri), REUSE,
-                    lambda: DataPin(eval_uri, *self.store.head_object(spec.storage, eval_uri, storage_creds)))
-            except StorageError:
-                pass  # unpinned: the identity names the URI only, and the Job reads what is there
-
-        artifacts: dict[str, ArtifactFacts] = {}
-        for planned in planned_artifacts(spec, the_plan, facts.get("data_pin")):
-            try:
-                manifest = self.store.get_manifest(spec.storage, planned.key, storage_creds)
-            except StorageError as e:
-                artifacts[planned.key] = ArtifactFacts(storage_error=str(e))
-                continue
-            if manifest is None:
-                manifest = self._legacy_manifest(spec.storage, planned, old, storage_creds)
-            if manifest is not None:
-                job = self.kube.get_job(ns, planned.job_name)
-                artifacts[planned.key] = ArtifactFacts(manifest=manifest,
-                                                       job=self._job(ns, job, pods=False) if job else None,
-                                                       **self._reevaluation(ns, spec, planned, manifest, eff,
-                                                                            storage_creds))
-                continue
-            job = self.kube.get_job(ns, planned.job_name)
-            if job is None:
-                artifacts[planned.key] = self._claim_facts(spec.storage, planned, storage_creds)
-                continue
-            artifacts[planned.key] = ArtifactFacts(job=self._job(ns, job) if job else None)
+        facts.update(self._plan_inputs(spec, values.get(spec.source.credentialsSecret or "")))
+        the_plan, verdict = current_plan(Observed(**facts), eff)
+        facts["planning"] = Planning(the_plan, verdict)  # decide reuses it: the planner runs once a pass
+        facts.update(self._data_pin(md, spec, old, the_plan, storage_creds))
+        facts.update(self._eval_pin(md, spec, eff, storage_creds))
+        wanted = planned_artifacts(spec, the_plan, facts.get("data_pin"))  # once per pass: reused below
+        artifacts = {p.key: self._artifact_facts(ns, spec, p, old, eff, storage_creds) for p in wanted}
         facts["artifacts"] = _freeze(artifacts)
-        # Only when a Job is about to be created: a custom S3 dataset it could not read is named now.
-        needing_job = [p.format for p in planned_artifacts(spec, the_plan)
-                       if (f := artifacts.get(p.key)) is not None and f.storage_error is None
-                       and f.manifest is None and f.job is None]
-        facts["dataset_errors"] = _freeze({
-            field_name: why for field_name, uri in datasets_to_check(spec, needing_job)
-            if (why := check_dataset(self.store, spec.storage, storage_creds, field_name, uri))})
+        facts["dataset_errors"] = _freeze(self._dataset_errors(spec, wanted, artifacts, storage_creds))
 
-        deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
-        if hasattr(self.kube, "lws_available"):
-            # Multi-node variants are LeaderWorkerSets (lws.py): listed where the API is served (API
-            # discovery, remembered 10 s), so one left by a plan that no longer spans nodes is removed.
-            facts["lws_available"] = available = self.kube.lws_available()
-            if available:
-                for lws in self.kube.list_lws(ns, f"{LABEL_MODEL}={name}"):
-                    deployments[lws["metadata"]["name"]] = {**lws, "kind": "LeaderWorkerSet"}
+        deployments, facts["lws_available"] = self._workloads(ns, name)
         facts["deployments"] = _freeze(deployments)
         if the_plan.variants:
-            facts["service"] = self.kube.get_service(ns, name)
-            facts["service_read"] = True
-            if routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
-                served = self.kube.serves(routing.GROUP, routing.VERSION, routing.PLURAL)
-                facts["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None,
-                                                        self._picker_facts(ns, name) if served else None)
-            elif stale := [d for d in self.kube.list_deployments(ns, f"{picker.LABEL_PICKER}={name}")
-                           if d["metadata"]["name"] == picker.name_of(name)]:
-                # Routed through the Service again: the picker's Deployment left from before goes.
-                facts["routing"] = routing.RoutingFacts(False, None, picker.PickerFacts(_freeze({"Deployment": stale[0]})))
-        # Only when something is short of ready: a pod listing per such variant, never at rest.
+            facts.update(self._exposure(ns, name, spec))
+        facts["pod_terminations"] = _freeze(self._short_of_ready(ns, name, deployments))
+        # The serving canary (canary.py): only for variants whose served configuration has no verdict yet.
+        canaries, facts["canary_leftovers"] = read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
+                                                            facts.get("data_pin"), storage_creds, wanted)
+        facts["canaries"] = _freeze(canaries)
+        return Observed(**facts)
+
+    def _model_facts(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The model as read, its last status, the policies and the namespace's labels."""
+        md = body["metadata"]
+        ns = md["namespace"]
+        old_raw = body.get("status") or {}
+        try:
+            old = QuantizedModelStatus.model_validate(old_raw)
+        except ValidationError:
+            old = QuantizedModelStatus()
+        labels = self.kube.namespace_labels(ns)
+        policies, broken = read_policies(self.kube.list_policies(), labels)
+        return dict(
+            now=now_rfc3339(), namespace=ns, name=md["name"], uid=md["uid"], generation=md.get("generation"),
+            resource_version=md.get("resourceVersion"), raw=_freeze(body), spec=_freeze(body.get("spec") or {}),
+            old_status_raw=_freeze(old_raw), old_status=old, policies=policies, broken_policies=broken,
+            namespace_labels=_freeze(dict(labels)))
+
+    def _plan_inputs(self, spec, source_secret: dict[str, str] | None) -> dict[str, Any]:
+        """The GPU pools (the Node cache) and the model's shape (its config.json), or why not."""
+        out: dict[str, Any] = {"pools": tuple(pools_from_nodes(self.kube.list_nodes()))}
+        try:
+            cfg = self.store.model_config(spec.source, source_secret, self.settings.hf_endpoint)
+            out["shape"] = shape_from_config(cfg, where=f"{spec.source.uri} config.json")
+        except (ModelConfigError, ShapeError) as e:
+            out["config_error"] = str(e)
+        return out
+
+    def _data_pin(self, md: Mapping[str, Any], spec, old: QuantizedModelStatus, the_plan, creds) -> dict[str, Any]:
+        """The S3 calibration object's ETag when the plan uses one (pincache.py), or why not."""
+        data_uri = s3_calibration_uri(spec, the_plan)
+        if not data_uri:
+            return {}
+        try:
+            return {"data_pin": self.pins.pin(
+                PinKey.of(md["uid"], md.get("generation"), spec.storage, data_uri), settled_etag(old),
+                lambda: DataPin(data_uri, *self.store.head_object(spec.storage, data_uri, creds)))}
+        except StorageError as e:
+            return {"data_error": str(e)}
+
+    def _eval_pin(self, md: Mapping[str, Any], spec, eff, creds) -> dict[str, Any]:
+        """The S3 evaluation set's ETag (it enters the evaluation identity), reused for the same time
+        as the calibration ETag; unreadable: unpinned (the identity names the URI only, and the Job
+        reads what is there)."""
+        eval_uri = s3_eval_uri(spec)
+        if not eval_uri:
+            return {}
+        try:
+            pin = self.pins.pin(PinKey.of(md["uid"], md.get("generation"), spec.storage, eval_uri), REUSE,
+                                lambda: DataPin(eval_uri, *self.store.head_object(spec.storage, eval_uri, creds)))
+        except StorageError:
+            return {}
+        eff.effective.eval_pin = pin
+        return {"eval_pin": pin}
+
+    def _artifact_facts(self, ns: str, spec, planned, old: QuantizedModelStatus, eff, creds) -> ArtifactFacts:
+        """One planned artifact: its manifest (or a legacy key's), else its Job, else its claim."""
+        try:
+            manifest = self.store.get_manifest(spec.storage, planned.key, creds)
+        except StorageError as e:
+            return ArtifactFacts(storage_error=str(e))
+        if manifest is None:
+            manifest = self._legacy_manifest(spec.storage, planned, old, creds)
+        job = self.kube.get_job(ns, planned.job_name)
+        if manifest is not None:
+            return ArtifactFacts(manifest=manifest, job=self._job(ns, job, pods=False) if job else None,
+                                 **self._reevaluation(ns, spec, planned, manifest, eff, creds))
+        if job is None:
+            return self._claim_facts(spec.storage, planned, creds)
+        return ArtifactFacts(job=self._job(ns, job))
+
+    def _dataset_errors(self, spec, wanted, artifacts: Mapping[str, ArtifactFacts], creds) -> dict[str, str]:
+        """Only when a Job is about to be created: a custom S3 dataset it could not read is named now."""
+        needing_job = [p.format for p in wanted
+                       if (f := artifacts.get(p.key)) is not None and f.storage_error is None
+                       and f.manifest is None and f.job is None]
+        return {field_name: why for field_name, uri in datasets_to_check(spec, needing_job)
+                if (why := check_dataset(self.store, spec.storage, creds, field_name, uri))}
+
+    def _workloads(self, ns: str, name: str) -> tuple[dict[str, Any], bool | None]:
+        """The model's Deployments and, where the API is served, its LeaderWorkerSets (lws.py:
+        listed so one left by a plan that no longer spans nodes is removed); whether it is served
+        (API discovery, remembered 10 s; None: this client cannot tell)."""
+        deployments = {d["metadata"]["name"]: d for d in self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")}
+        if not hasattr(self.kube, "lws_available"):
+            return deployments, None
+        available = self.kube.lws_available()
+        if available:
+            for lws in self.kube.list_lws(ns, f"{LABEL_MODEL}={name}"):
+                # A list's items carry no kind: say it, so every reader tells the two apart.
+                deployments[lws["metadata"]["name"]] = {**lws, "kind": WorkloadKind.LEADER_WORKER_SET.value}
+        return deployments, available
+
+    def _exposure(self, ns: str, name: str, spec) -> dict[str, Any]:
+        """The Service, and the InferencePool with its picker when the model routes through one
+        (or the picker's Deployment left from when it did)."""
+        out: dict[str, Any] = {"service": self.kube.get_service(ns, name), "service_read": True}
+        if routing.routing_of(spec.serving) == routing.INFERENCE_POOL:
+            served = self.kube.serves(routing.GROUP, routing.VERSION, routing.PLURAL)
+            out["routing"] = routing.RoutingFacts(served, self.kube.get_inference_pool(ns, name) if served else None,
+                                                  self._picker_facts(ns, name) if served else None)
+        elif stale := [d for d in self.kube.list_deployments(ns, f"{picker.LABEL_PICKER}={name}")
+                       if d["metadata"]["name"] == picker.name_of(name)]:
+            # Routed through the Service again: the picker's Deployment left from before goes.
+            out["routing"] = routing.RoutingFacts(False, None, picker.PickerFacts(_freeze({"Deployment": stale[0]})))
+        return out
+
+    def _short_of_ready(self, ns: str, name: str, deployments: Mapping[str, Any]
+                        ) -> dict[str, tuple[ContainerTermination, ...]]:
+        """Only when something is short of ready: a pod listing per such variant, never at rest."""
         short: dict[str, tuple[ContainerTermination, ...]] = {}
         for d in deployments.values():
             variant = (d["metadata"].get("labels") or {}).get(LABEL_VARIANT)
@@ -233,11 +257,7 @@ class Observer:
             ready = int((d.get("status") or {}).get("readyReplicas") or 0)
             if variant and ready < want:
                 short[variant] = terminations(self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"))
-        facts["pod_terminations"] = _freeze(short)
-        # The serving canary (canary.py): only for variants whose served configuration has no verdict yet.
-        facts["canaries"] = _freeze(read_canaries(self, spec, ns, name, the_plan, artifacts, deployments,
-                                                  facts.get("data_pin"), storage_creds, terminations))
-        return Observed(**facts)
+        return short
 
     def _picker_facts(self, ns: str, name: str) -> picker.PickerFacts:
         objs: dict[str, Any] = {k: self.kube.get_picker_object(k, ns, picker.name_of(name))

@@ -10,8 +10,9 @@ from enum import Enum
 from typing import Any, Mapping
 
 from fewerbits_api.artifact import Manifest
+from fewerbits_api.canary import ServingQualityResult
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_api.quantizedmodel import QuantizedModelStatus
+from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelStatus
 
 from .claims import Claim
 from .datapins import DataPin
@@ -67,6 +68,9 @@ class ArtifactFacts:
     manifest: Manifest | None = None
     storage_error: str | None = None
     """Storage could not be read (the manifest's presence is unknown)."""
+    storage_error_reason: str | None = None
+    """The condition reason the error gives, when not StorageUnavailable (the S3 calibration
+    object unread: CalibrationDataUnavailable)."""
     job: JobFacts | None = None
     claim_present: bool = False
     """``<key>/.claim`` exists (read only while there is no manifest and no Job of this model's)."""
@@ -79,6 +83,80 @@ class ArtifactFacts:
     (``<key>/quality/<identity>.json``); read only when the manifest's figures do not answer the gate."""
     eval_job: JobFacts | None = None
     """The evaluation-only Job for the current evaluation identity, when one exists."""
+
+
+@dataclass(frozen=True)
+class CanaryFacts:
+    """What observe read of one variant's canary for its current served configuration (canary.py)."""
+
+    config_hash: str
+    result: ServingQualityResult | None = None
+    """The stored verdict (``<key>/serving/<hash>.json``)."""
+    result_error: str | None = None
+    """Storage could not be read now."""
+    deployment: Mapping[str, Any] | None = None
+    """The canary Deployment (or LeaderWorkerSet, ``kind`` set), when it exists."""
+    pod_ip: str | None = None
+    """The canary pod's IP: a LeaderWorkerSet group's leader's."""
+    pod_ready: bool = False
+    """The canary pod is Ready: for a LeaderWorkerSet, every pod of its group (leader included)."""
+    terminations: tuple[ContainerTermination, ...] = ()
+    """The canary pods' failed containers."""
+    waiting: tuple[str, ...] = ()
+    """``pod container: reason: message`` of containers waiting on something that will not pass."""
+    unschedulable: str | None = None
+    """The scheduler's message while the canary pod cannot be placed."""
+    job: JobFacts | None = None
+    job_message: str | None = None
+    """The evaluation Job's termination message (a ``CanaryTermination``), when it ended."""
+
+
+@dataclass(frozen=True)
+class CanaryLeftovers:
+    """The model's canaries that no variant needs any more (a canary whose variant left the plan,
+    or whose configuration was judged): they are deleted, by kind."""
+
+    deployments: tuple[str, ...] = ()
+    leader_worker_sets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PickerFacts:
+    """The endpoint picker's objects as observe read them (None: absent), by kind (picker.py)."""
+
+    objects: Mapping[str, Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class RoutingFacts:
+    """What observe read for a model that asks for an InferencePool (routing.py)."""
+
+    crd_served: bool
+    """Whether the API server serves inferencepools in inference.networking.k8s.io/v1."""
+    pool: Mapping[str, Any] | None = None
+    """The InferencePool of the model's name, if any."""
+    picker: PickerFacts | None = None
+    """The endpoint picker's objects, read once the CRD is served."""
+
+
+@dataclass(frozen=True)
+class PlanVerdict:
+    """What the Planned condition says of a plan (decide.current_plan)."""
+
+    plan: PlanStatus | None
+    """None: nothing can be planned (the condition says why)."""
+    ok: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The pass's plan and its verdict, computed once: observe needs it to know what to read
+    (artifact keys, canaries), and decide reuses it instead of running the planner again."""
+
+    plan: PlanStatus
+    verdict: PlanVerdict
 
 
 @dataclass(frozen=True)
@@ -148,8 +226,12 @@ class Observed:
     def needs_admission(self) -> bool:
         """Some planned artifact has no manifest and no Job: whether one may start is decided."""
         return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())
-    routing: Any = None
-    """``routing.RoutingFacts`` when the model asks for an InferencePool (read only then)."""
-    canaries: Mapping[str, Any] = field(default_factory=dict)
-    """By pool: ``canary.CanaryFacts`` of the variants whose served configuration has no verdict
-    yet (read only for those)."""
+    routing: RoutingFacts | None = None
+    """When the model asks for an InferencePool (read only then), or a picker is left from before."""
+    canaries: Mapping[str, CanaryFacts] = field(default_factory=dict)
+    """By pool: the canaries of the variants whose served configuration has no verdict yet (read
+    only for those)."""
+    canary_leftovers: CanaryLeftovers = CanaryLeftovers()
+    """The model's canaries no variant needs: deleted."""
+    planning: Planning | None = None
+    """The plan as observe computed it from these facts (None: decide plans)."""

@@ -28,9 +28,10 @@ config at start only).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
+from .actions import CreatePickerObject, UpdatePickerObject  # noqa: F401  (the picker's writes)
+from .observed import PickerFacts  # noqa: F401  (what observe reads of the picker)
 from .render import CONTAINER_SECURITY, LABEL_COMPONENT, MANAGED_BY, POD_SECURITY, Owner, spec_hash
 
 LABEL_PICKER = "fewerbits.io/endpoint-picker"
@@ -89,26 +90,6 @@ def epp_config(unmetered: Sequence[str]) -> str:
 def unmetered_variants(serving: Sequence[Any]) -> list[str]:
     """Variants whose ready pods the autoscaler found without vLLM metrics at its last pass."""
     return sorted(s.variant for s in serving if (getattr(s, "podsWithoutMetrics", None) or 0) > 0)
-
-
-@dataclass(frozen=True)
-class PickerFacts:
-    """The picker's objects as observe read them (None: absent), by kind."""
-
-    objects: Mapping[str, Mapping[str, Any] | None]
-
-
-@dataclass(frozen=True)
-class CreatePickerObject:
-    obj: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class UpdatePickerObject:
-    """Bring the current object to the rendered one: the Deployment replaced (its resourceVersion
-    is set), the others merge-patched (the API server keeps what it owns, e.g. a clusterIP)."""
-
-    obj: Mapping[str, Any]
 
 
 def _labels(model: str) -> dict[str, str]:

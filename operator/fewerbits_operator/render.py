@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.endpoints import ALLOW_PRIVATE_ENV
@@ -21,8 +21,6 @@ from fewerbits_api.jobcontract import (
     ENV_HF_TOKEN,
     ENV_SOURCE_ACCESS_KEY,
     ENV_SOURCE_SECRET_KEY,
-    ENV_STORAGE_ACCESS_KEY,
-    ENV_STORAGE_SECRET_KEY,
     JobSource,
     QuantJobContract,
 )
@@ -40,13 +38,12 @@ from fewerbits_api.quantizedmodel import (
     QuantizationJobSize,
     QuantizedModelSpec,
     SourceSpec,
-    StorageSpec,
 )
 
 from .artifacts import PlannedArtifact
 from .jobresources import job_resources, pool_placement
-from .nodecache import serving_load, stream_model_uri
-from .planner.vllm_args import plan_args
+from .serving_load import MODELS_DIR, secret_env, serving_load, storage_credential_env, stream_model_uri
+from .planner.vllm_args import plan_args, served_model_name
 from .queueing import kueue_labels
 from .settings import OperatorSettings
 
@@ -61,7 +58,6 @@ ANNOTATION_ARTIFACT_KEY = f"{DOMAIN}/artifact-key"
 ANNOTATION_FORMAT = f"{DOMAIN}/format"
 
 VLLM_PORT = 8000
-MODELS_DIR = "/models"
 LAUNCHER_DIR = "/fewerbits/launcher"
 
 # Pod security: what the `restricted` Pod Security Standard asks, for every pod we create.
@@ -120,8 +116,7 @@ def deployment_name(model: str, pool: str) -> str:
 # ------------------------------------------------------------------ credentials (Secret refs only)
 
 
-def _secret_env(name: str, secret: str, key: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+_secret_env = secret_env
 
 
 def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
@@ -143,15 +138,6 @@ def endpoint_rule_env(settings: OperatorSettings) -> list[dict[str, Any]]:
     return [{"name": ALLOW_PRIVATE_ENV, "value": "true"}] if settings.allow_private_endpoints else []
 
 
-def storage_credential_env(storage: StorageSpec) -> list[dict[str, Any]]:
-    if not storage.credentialsSecret:
-        return []
-    return [
-        _secret_env(ENV_STORAGE_ACCESS_KEY, storage.credentialsSecret, SECRET_ACCESS_KEY_ID),
-        _secret_env(ENV_STORAGE_SECRET_KEY, storage.credentialsSecret, SECRET_SECRET_ACCESS_KEY),
-    ]
-
-
 # ------------------------------------------------------------------ quantization Job
 
 
@@ -164,8 +150,10 @@ def render_job(
     settings: OperatorSettings,
     size: QuantizationJobSize | None = None,
     pool_selector: dict[str, str] | list[dict[str, str]] | None = None,
+    mode: Literal["quantize", "evaluate"] = "quantize",
 ) -> dict[str, Any]:
     """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last).
+    ``mode: evaluate``: the same Job measures a published artifact again (evaljob.py).
     ``size``: the Job's sizing from the plan (requests, limits, work volume, deadline, pool
     ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
     first); without it, the operator's fixed requests and the placement's GPUs."""
@@ -192,6 +180,7 @@ def render_job(
         evalDatasetEtag=gate.eval_dataset_etag,
         evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
+        mode=mode,
     )
     resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
     if placement.gpus and size is None:
@@ -293,7 +282,7 @@ def render_deployment(
     labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
     model_dir = f"{MODELS_DIR}/{artifact_key}"
     # From the plan's typed fields, never from the display copy in status (plan_args owns them).
-    vllm_args = plan_args(variant, spec.serving.servedModelName or owner.name)
+    vllm_args = plan_args(variant, served_model_name(spec, owner.name))
     command = [
         "python3", "-m", "fewerbits_runtime", "launch",
         "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Iterator, Union
 
+from pydantic import ValidationError
+
 from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
+
+from .decide import effective_for
+from .observe import now_rfc3339, read_policies
+from .observed import Observed
 
 log = logging.getLogger("fewerbits.retention")
 
@@ -188,12 +194,6 @@ def group_listing(prefix: str, objects: list[tuple[str, str]]) -> list[StoredArt
 def effective_models(kube: Any, settings: Any) -> Iterator[tuple[dict[str, Any], QuantizedModelStatus, Any]]:
     """Every watched model (from the watched cache) with its status and its effective spec and
     policy (``decide.effective_for``, as a reconcile computes them)."""
-    from pydantic import ValidationError
-
-    from .decide import effective_for
-    from .observe import now_rfc3339, read_policies
-    from .observed import Observed
-
     raws = kube.list_policies()
     for body in kube.list_models(settings.namespaces):
         md = body["metadata"]

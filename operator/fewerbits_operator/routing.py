@@ -18,18 +18,26 @@ Everything here is pure (observe reads the facts, execute applies the actions).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from fewerbits_api.conditions import Reason
 
+from .apis import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    INFERENCE_POOL_VERSION,
+)
+from .actions import CreateInferencePool, PatchInferencePool  # noqa: F401  (the pool's writes)
+from .observed import RoutingFacts  # noqa: F401  (what observe reads for routing)
 from .render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels
 
-GROUP = "inference.networking.k8s.io"
-VERSION = "v1"
-PLURAL = "inferencepools"
-KIND = "InferencePool"
-API_VERSION = f"{GROUP}/{VERSION}"
+GROUP = INFERENCE_POOL_GROUP
+VERSION = INFERENCE_POOL_VERSION
+PLURAL = INFERENCE_POOL_PLURAL
+KIND = INFERENCE_POOL_KIND
+API_VERSION = INFERENCE_POOL_API_VERSION
 EPP_GRPC_PORT = 9002
 """The EPP's ext-proc port (its default, ``--grpc-port``)."""
 
@@ -43,30 +51,6 @@ REASON_CONFLICT = Reason.INFERENCE_POOL_CONFLICT
 
 def epp_name(model: str) -> str:
     return f"{model}-epp"
-
-
-@dataclass(frozen=True)
-class RoutingFacts:
-    """What observe read for a model that asks for an InferencePool."""
-
-    crd_served: bool
-    """Whether the API server serves inferencepools in inference.networking.k8s.io/v1."""
-    pool: Mapping[str, Any] | None = None
-    """The InferencePool of the model's name, if any."""
-    picker: Any = None
-    """The endpoint picker's objects (``picker.PickerFacts``), read once the CRD is served."""
-
-
-@dataclass(frozen=True)
-class CreateInferencePool:
-    pool: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class PatchInferencePool:
-    namespace: str
-    name: str
-    patch: Mapping[str, Any]
 
 
 def routing_of(serving: Any) -> str:

@@ -36,6 +36,7 @@ from prometheus_client import start_http_server
 
 from . import metrics
 from .autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
+from .autoscaler.kube_io import KubeAutoscalerIO
 from .indexes import IndexView
 from .kube import Kube
 from .metricsprobe import MetricsProbe
@@ -164,11 +165,11 @@ class Operator:
                   else DirectScrapeSource(timeout=s.autoscaler_scrape_timeout_seconds))
         # Pods without metrics behind an InferencePool, for the models the autoscaler does not scrape
         # (it writes status: the leader's).
-        probe = MetricsProbe(self.kube, source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
+        probe = MetricsProbe(KubeAutoscalerIO(self.kube), source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
         self._spawn(lambda: probe.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-metrics-probe")
         if s.autoscaler_enabled:
             activator = getattr(self, "activator", None)
-            scaler = Autoscaler(self.kube, source, namespaces=s.namespaces,
+            scaler = Autoscaler(KubeAutoscalerIO(self.kube), source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
                                 held=activator.last_held if activator is not None else None)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")

@@ -216,7 +216,10 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
     models.wait("Deployed says MetricsUnavailable", lambda: models.condition(namespace, "routed", "Deployed")["reason"]
                 == "MetricsUnavailable", timeout=60)
     assert "l4" in models.condition(namespace, "routed", "Deployed")["message"]
-    assert any(e.reason == "MetricsUnavailable" and e.type == "Warning" for e in models.events(namespace, "routed"))
+    # The event is posted after the status write that carries the condition: wait for it.
+    wait_until("a MetricsUnavailable Warning event", lambda: any(
+        e.reason == "MetricsUnavailable" and e.type == "Warning" for e in models.events(namespace, "routed")),
+        timeout=30)
     wait_until("the picker's config turned to an even spread", lambda: "random-picker" in
                core.read_namespaced_config_map("routed-epp", namespace).data[epp.CONFIG_FILE], timeout=30)
     new_ip = wait_until("the picker restarted with it", lambda: (ip := picker_pod_ip(core, namespace, "routed",
@@ -257,7 +260,9 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
 
     wait_until("the H100 pool scaled for both", lambda: scale("h100") == 3, timeout=60)
     assert scale("l4") == 1
-    (up,) = [e for e in models.events(namespace, "routed") if e.reason == "ScaledUp"]
+    # The autoscaler writes the scale before it posts its event: wait for the event, then there is one.
+    (up,) = wait_until("the ScaledUp event", lambda: [e for e in models.events(namespace, "routed")
+                                                      if e.reason == "ScaledUp"], timeout=30)
     assert "capacity-aware" in up.message and deps["h100"] in up.message, up.message
 
     # 8. Back to the Service: placement per variant again, and the picker's Deployment goes.

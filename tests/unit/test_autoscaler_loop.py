@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from fewerbits_api.quantizedmodel import EffectiveAutoscaling
 from fewerbits_operator.kube import Kube
+from fewerbits_operator.autoscaler.kube_io import KubeAutoscalerIO
 from fewerbits_operator.autoscaler.loop import (
     AUTOSCALER_FIELDS,
     Autoscaler,
@@ -156,7 +157,7 @@ def test_fake_and_wrapper_implement_the_protocol():
               if not n.startswith("_") and callable(getattr(AutoscalerIO, n))}
     assert set(wanted) == {"list_models", "list_deployments", "list_pods",
                            "read_scale", "patch_scale", "patch_serving_status", "post_event"}
-    for impl in (Kube, FakeIO):
+    for impl in (KubeAutoscalerIO, FakeIO):
         for n, sig in wanted.items():
             assert list(inspect.signature(getattr(impl, n)).parameters) == list(sig.parameters), (impl, n)
 
@@ -457,7 +458,7 @@ def test_wrapper_status_patch_rewrites_serving_with_resource_version_and_retries
            "status": {"serving": [{"variant": "a", "deployment": "m-a", "replicas": 2}], "conditions": [{"x": 1}]}}
     w.custom.get_namespaced_custom_object.return_value = obj
     w.custom.patch_namespaced_custom_object_status.side_effect = [ApiException(status=409), None]
-    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
+    KubeAutoscalerIO(w).patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
     assert w.custom.get_namespaced_custom_object.call_count == 2
     args = w.custom.patch_namespaced_custom_object_status.call_args.args
     assert args[:5] == ("fewerbits.io", "v1alpha1", NS, "quantizedmodels", "m")
@@ -472,9 +473,9 @@ def test_wrapper_status_patch_skips_when_unchanged_or_gone():
     w = wrapper()
     w.custom.get_namespaced_custom_object.return_value = {"metadata": {"resourceVersion": "1"},
                                                           "status": {"serving": [{"variant": "a", "desiredReplicas": 3}]}}
-    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
+    KubeAutoscalerIO(w).patch_serving_status(NS, "m", {"a": {"desiredReplicas": 3}})
     w.custom.get_namespaced_custom_object.side_effect = ApiException(status=404)
-    w.patch_serving_status(NS, "m", {"a": {"desiredReplicas": 4}})
+    KubeAutoscalerIO(w).patch_serving_status(NS, "m", {"a": {"desiredReplicas": 4}})
     assert not w.custom.patch_namespaced_custom_object_status.called
 
 

@@ -17,7 +17,7 @@ from fewerbits_operator import routing
 from fewerbits_operator.artifacts import artifact_format
 from fewerbits_operator.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
 from fewerbits_operator.execute import ordered
-from fewerbits_operator.observed import ContainerTermination, JobFacts, JobState
+from fewerbits_operator.observed import CanaryLeftovers, ContainerTermination, JobFacts, JobState
 from fewerbits_operator.render import LABEL_MODEL, Owner, render_service
 
 from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, base_spec, policy, term
@@ -304,7 +304,7 @@ def test_a_canary_left_behind_is_removed():
     w = World()  # canary off
     w.publish()
     d = canary_deployment(canary_world())
-    obs = replace(w.observed(), canaries={K.LEFTOVERS: (d["metadata"]["name"],)})
+    obs = replace(w.observed(), canary_leftovers=CanaryLeftovers(deployments=(d["metadata"]["name"],)))
     o = decide(obs, SETTINGS)
     assert d["metadata"]["name"] in [a.name for a in o.actions if isinstance(a, DeleteDeployment)]
     assert conds(o)[C.SERVING_QUALITY_PASSED] == ("True", Reason.CANARY_DISABLED)

@@ -14,6 +14,7 @@ from fewerbits_api.conditions import Reason
 from fewerbits_operator import canary as K
 from fewerbits_operator import routing
 from fewerbits_operator.canary_observe import read_canaries
+from fewerbits_operator.observed import CanaryLeftovers
 from fewerbits_operator.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
 from fewerbits_operator.execute import ordered
 from fewerbits_operator.lws import leader_selector
@@ -172,7 +173,7 @@ def test_a_canary_group_of_an_earlier_configuration_is_deleted_as_a_leaderworker
 def test_a_canary_lws_left_behind_is_removed():
     w = World()  # canary off
     w.publish()
-    obs = dataclasses.replace(w.observed(), canaries={K.LEFTOVER_LWS: ("m-old-canary",)})
+    obs = dataclasses.replace(w.observed(), canary_leftovers=CanaryLeftovers(leader_worker_sets=("m-old-canary",)))
     o = decide(obs, SETTINGS)
     assert DeleteDeployment(NS, "m-old-canary", kind="LeaderWorkerSet") in o.actions
 
@@ -222,8 +223,8 @@ class Observer:
 def observe(w: World, lws: list[dict[str, Any]], pods: list[dict[str, Any]]):
     acc, the_plan, _ = w.planned()
     kube = FakeKube(lws, pods)
-    out = read_canaries(Observer(kube), acc.spec, NS, NAME, the_plan, w.artifacts, {}, None, None, lambda _: ())
-    return out, kube
+    out, leftovers = read_canaries(Observer(kube), acc.spec, NS, NAME, the_plan, w.artifacts, {}, None, None)
+    return out, kube, leftovers
 
 
 def test_observe_evaluates_the_leader_once_the_whole_group_is_ready():
@@ -234,12 +235,12 @@ def test_observe_evaluates_the_leader_once_the_whole_group_is_ready():
     stale = {**json.loads(json.dumps(d)), "metadata": {**d["metadata"], "name": "m-gone-canary"}}
     worker_down = [pod(f"{cname}-0-1", 1, "10.1.0.2", False, cname, pv.pool),
                    pod(f"{cname}-0", 0, "10.1.0.1", True, cname, pv.pool)]
-    out, kube = observe(w, [d, stale], worker_down)
+    out, kube, leftovers = observe(w, [d, stale], worker_down)
     f = out[pv.pool]
     assert f.config_hash == chash and f.deployment["kind"] == "LeaderWorkerSet"
     assert (f.pod_ip, f.pod_ready) == ("10.1.0.1", False)  # the leader's IP; not ready while a worker is not
     assert ("lws", f"{K.LABEL_CANARY}={NAME}") in kube.selectors
-    assert out[K.LEFTOVER_LWS] == ("m-gone-canary",) and out[K.LEFTOVERS] == ()
+    assert leftovers == CanaryLeftovers(deployments=(), leader_worker_sets=("m-gone-canary",))
     ready = [pod(f"{cname}-0-1", 1, "10.1.0.2", True, cname, pv.pool),
              pod(f"{cname}-0", 0, "10.1.0.1", True, cname, pv.pool)]
     f = observe(w, [d], ready)[0][pv.pool]

@@ -414,22 +414,30 @@ def inputs_from(spec, placement=None, rules=None, volume_threshold_gib: int = 10
 
 def size_plan_jobs(shape: ModelShape, plan, pools: Sequence[GPUPool], inputs: JobInputs
                    ) -> tuple[list[QuantizationJobSize], list[str]]:
+    """``plan_job_sizes`` with each unsized artifact told as one line, ``<format>: <why>``."""
+    jobs, unsized = plan_job_sizes(shape, plan, pools, inputs)
+    return jobs, [f"{fmt.value}: {why}" for fmt, why in unsized.items()]
+
+
+def plan_job_sizes(shape: ModelShape, plan, pools: Sequence[GPUPool], inputs: JobInputs
+                   ) -> tuple[list[QuantizationJobSize], dict[QuantFormat, str]]:
     """One Job size per artifact format the plan needs (a variant served as it is needs a `none`
-    artifact), in the plan's order; and why, for each artifact no pool can run."""
+    artifact), in the plan's order; and why, by format, for each artifact no pool can run."""
     formats: list[QuantFormat] = []
     for v in plan.variants:
         fmt = QuantFormat.NONE if v.servedAsIs else v.format
         if fmt not in formats:
             formats.append(fmt)
-    jobs, problems = [], []
+    jobs: list[QuantizationJobSize] = []
+    unsized: dict[QuantFormat, str] = {}
     ignore = tuple(plan.ignore) if plan.ignore is not None else ("lm_head",)
     for fmt in formats:
         job, why = size_job(shape, fmt, pools, inputs, ignore)
         if job is None:
-            problems.append(f"{fmt.value}: {why}")
+            unsized[fmt] = why
         else:
             jobs.append(job)
-    return jobs, problems
+    return jobs, unsized
 
 
 def job_pool_selectors(job: QuantizationJobSize, pools: Sequence[GPUPool]) -> list[dict[str, str]]:

@@ -15,6 +15,7 @@ import json
 import re
 from functools import lru_cache
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 VLLM_VERSION = "0.33.0"
@@ -165,6 +166,12 @@ def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[st
     return errors
 
 
+def served_model_name(spec: Any, model: str) -> str:
+    """The name vLLM serves the model under: ``spec.serving.servedModelName``, else the model's own
+    name. The one place that resolves it (the serving pod, the canary's contract and hash)."""
+    return spec.serving.servedModelName or model
+
+
 def plan_args(variant: Any, served_model_name: str | None) -> list[str]:
     """The vLLM arguments a planned variant implies, rendered from its typed fields (a
     ``PlanVariant``): the one place that spells them. The serving pod's command and the plan's
@@ -190,3 +197,25 @@ def multinode_args(variant: Any) -> list[str]:
     if nodes < 2:
         return []
     return ["--pipeline-parallel-size", str(nodes), "--nnodes", str(nodes)]
+
+
+RENDERER_FLAGS = frozenset({
+    "--model", "--host", "--port", "--load-format", "--quantization", "--revision", "--tokenizer",
+    "--node-rank", "--master-addr", "--master-port", "--headless",
+})
+"""vLLM flags the renderers set or that the artifact decides: the model path, ``--host``/``--port``
+(render.py), ``--load-format`` (streaming), each pod's rendezvous in a multi-node group (lws.py);
+the artifact's checkpoint carries its quantization, revision and tokenizer."""
+
+
+def _every_plan_flag() -> frozenset[str]:
+    """Every flag ``plan_args`` emits: asked of a variant that takes every branch (a served name,
+    several nodes per replica)."""
+    probe = SimpleNamespace(dtype="bfloat16", kvCacheDtype="auto", tensorParallelSize=8, maxModelLen=4096,
+                            gpuMemoryUtilization=0.9, nodesPerReplica=2)
+    return frozenset(a for a in plan_args(probe, "served") if a.startswith("--"))
+
+
+PLAN_OWNED_FLAGS = _every_plan_flag() | RENDERER_FLAGS
+"""The flags ``serving.extraArgs`` may not override (unless a policy allows them): what the plan
+sets, derived from ``plan_args`` so a flag it starts emitting is owned at once, and the renderers'."""
