@@ -68,11 +68,14 @@ def _terminated(api, namespace: str, name: str, timeout: float):
     def check():
         (cs,) = api.read_namespaced_pod(name, namespace).status.container_statuses or [None]
         return cs and cs.state.terminated
-    return wait_for(f"{name} terminated", check, timeout=timeout)
+    try:
+        return wait_for(f"{name} terminated", check, timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pod status: {api.read_namespaced_pod(name, namespace).status}") from None
 
 
 def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, namespace):
-    gpu_pool("l4-vllm-cpu", "NVIDIA-L4")
+    gpu_pool("l4-vllm-cpu", "NVIDIA-L4", gpus_per_node=4)  # three pods of one GPU
     model = str(build_test_model())
     api = client.CoreV1Api(cluster.api_client())
     apps = client.AppsV1Api(cluster.api_client())
