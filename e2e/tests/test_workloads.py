@@ -73,10 +73,10 @@ def test_the_cpu_stand_in_changes_only_what_it_lists():
                    "--kv-cache-memory-bytes", str(vllm_cpu.DEFAULT_KV_CACHE_BYTES)]
     # A size the command (extraArgs) or VLLM_CPU_KVCACHE_SPACE gives is kept, never replaced.
     sized = vllm_cpu.cpu_argv(["--model", "/m", "--kv-cache-memory-bytes", "1048576"], "10.0.0.1", {})
-    assert sized == ["--model", "/m", "--kv-cache-memory-bytes", "1048576", "--host", "10.0.0.1"]
+    assert sized == ["--model", "/m", "--kv-cache-memory-bytes", "1048576", "--host", "10.0.0.1", "--enforce-eager"]
     assert "--kv-cache-memory-bytes" not in vllm_cpu.cpu_argv(["--model", "/m"], "10.0.0.1", {"VLLM_CPU_KVCACHE_SPACE": "1"})
     # Every change is listed in CPU_STAND_IN (the one place the harness's CPU translation is named).
-    assert set(vllm_cpu.DROPPED_FLAGS) | {"--host"} <= set(vllm_cpu.CPU_STAND_IN)
+    assert set(vllm_cpu.DROPPED_FLAGS) | {"--host", "--enforce-eager"} <= set(vllm_cpu.CPU_STAND_IN)
     env = vllm_cpu.cpu_env({"A": "1"}, "/pods/p")
     assert env == {"A": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": "/pods/p/vllm-cache"}
     assert set(env) - {"A"} <= set(vllm_cpu.CPU_STAND_IN)
