@@ -3,15 +3,17 @@
     python -m e2e.demo [--keep] [--timeout 1200]
 
 1. starts the control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok, the pod
-   runner, MinIO) with two GPU pools (H100 ×8 and L4 ×1) and a CPU node;
+   runner, MinIO) with one GPU pool (H100 ×8) and a CPU node;
 2. installs fewerbits with the real Helm from `charts/fewerbits`; the operator's pod is run by the
    pod runner as `python -m fewerbits_operator` under its own ServiceAccount token, so the chart's
    RBAC is what it has;
 3. uploads the small test model (trained briefly on a fixed text) to MinIO and applies a
    QuantizedModel for it;
 4. shows each condition as it changes until `Ready` (the quantization Job is the real
-   llm-compressor run, on this CPU; vLLM is played by llm-d-inference-sim);
-5. prints `kubectl get qm`, the endpoint and a completion request sent to a serving pod;
+   llm-compressor run, on this CPU; the serving pod runs the real launcher and real vLLM, its CPU
+   build standing in for the H100: image `fewerbits-test/vllm-cpu`, e2e/vllm_cpu.py);
+5. prints `kubectl get qm`, the endpoint, a completion vLLM generated from the artifact the Job
+   just produced, and one line of the pod's /metrics;
 6. tears everything down (unless --keep: then `python -m e2e.cluster down` stops it).
 """
 
@@ -113,10 +115,19 @@ def merge_spec(spec: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return out
 
 
-def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str) -> dict[str, Any]:
+DEMO_VLLM_IMAGE = "fewerbits-test/vllm-cpu:1"
+"""Served by real vLLM (its CPU build) through the real launcher: e2e/workloads.py rule `vllm-cpu`."""
+
+
+def model_manifest(c: cluster_mod.Cluster, namespace: str, name: str, source_uri: str, secret: str,
+                   real_vllm: bool = False) -> dict[str, Any]:
+    """The demo's QuantizedModel. ``real_vllm``: served by vLLM's CPU build, one replica (a real
+    server is 3.4 GB here, so no autoscaling); otherwise by the simulator, autoscaled 1-3."""
+    serving = {"serving": {"image": DEMO_VLLM_IMAGE}} if real_vllm else {
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3}}
     spec = test_model_spec(c.s3.endpoint, source_uri, secret, "quantized",
                            quantization={"qualityGate": {"maxPerplexityIncreasePercent": 5, "evalSamples": 8}},
-                           autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 3})
+                           **serving)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
@@ -170,19 +181,36 @@ def wait_ready(c: cluster_mod.Cluster, namespace: str, name: str, timeout: float
     raise TimeoutError(f"{namespace}/{name} not Ready after {timeout:.0f}s")
 
 
-def completion(c: cluster_mod.Cluster, namespace: str, model: str) -> tuple[str, dict[str, Any]]:
-    """Send a completion to one serving pod (no kube-proxy here: pods are reached at their IPs)."""
+def serving_pod_ip(c: cluster_mod.Cluster, namespace: str, model: str) -> str:
+    """A ready serving pod's IP (no kube-proxy here: pods are reached at their IPs)."""
     from kubernetes import client
 
     pods = client.CoreV1Api(c.api_client()).list_namespaced_pod(
         namespace, label_selector=f"fewerbits.io/model={model},app.kubernetes.io/component=server").items
     pod = next(p for p in pods if p.status.pod_ip and any(
         x.type == "Ready" and x.status == "True" for x in p.status.conditions or []))
-    url = f"http://{pod.status.pod_ip}:8000/v1/completions"
-    req = urllib.request.Request(url, data=json.dumps({"model": model, "prompt": "The river ran", "max_tokens": 8})
-                                 .encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    return pod.status.pod_ip
+
+
+def completion(c: cluster_mod.Cluster, namespace: str, model: str) -> tuple[str, dict[str, Any]]:
+    """Send a completion to one ready serving pod of the model."""
+    return completion_at(serving_pod_ip(c, namespace, model), model)
+
+
+def completion_at(ip: str, model: str) -> tuple[str, dict[str, Any]]:
+    """A greedy completion from the serving pod at ``ip``."""
+    url = f"http://{ip}:8000/v1/completions"
+    body = {"model": model, "prompt": "The river ran", "max_tokens": 8, "temperature": 0}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
         return url, json.load(r)
+
+
+def metrics_line(ip: str, name: str = "vllm:generation_tokens_total") -> str:
+    """The first sample of one metric from the serving pod's /metrics."""
+    with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return next((ln for ln in text.splitlines() if ln.startswith(name)), f"{name}: not in /metrics")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,16 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     c.start()
     ok = False
     try:
-        say(f"control plane up in {c.timings['total']:.1f}s; adding GPU pools H100x8 and L4x1 and a CPU node")
+        say(f"control plane up in {c.timings['total']:.1f}s; adding a GPU pool H100x8 and a CPU node")
         c.add_gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
-        c.add_gpu_pool("l4", "NVIDIA-L4")
         c.add_cpu_node("cpu-0")
         create_namespace_with_secret(c, "demo", "s3-credentials")
         say("installing fewerbits with Helm (operator runs under its own ServiceAccount)")
         install_chart(c, "fewerbits-system", ["demo"])
         say("uploading the test model to the S3 server")
         source = upload_test_model(c)
-        manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials")
+        manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials", real_vllm=True)
         c.apply(manifest)
         say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")
         wait_ready(c, "demo", "tiny-llama", a.timeout)
@@ -220,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  quality: perplexity {q['baselinePerplexity']:.2f} -> {q['perplexity']:.2f} "
               f"({q['increasePercent']:+.3f}%, gate {q['maxIncreasePercent']:g}%)")
         print(f"  endpoint (in-cluster): {obj['status']['endpoint']}")
-        url, answer = completion(c, "demo", "tiny-llama")
-        print(f"  POST {url} ->\n  {json.dumps(answer)[:300]}")
+        ip = serving_pod_ip(c, "demo", "tiny-llama")
+        url, answer = completion_at(ip, "tiny-llama")
+        print(f"  POST {url} (vLLM, serving the artifact the Job just produced) ->")
+        print(f"  {answer['model']}: {answer['choices'][0]['text']!r} ({answer['usage']['completion_tokens']} tokens)")
+        print(f"  GET http://{ip}:8000/metrics -> {metrics_line(ip)}")
         print()
         if a.keep:
             print(f"left running: export KUBECONFIG={c.kubeconfig}; stop with: python -m e2e.cluster down")

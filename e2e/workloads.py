@@ -11,10 +11,11 @@ Kinds of rule:
   command — run the container's own command + args (`python`/`python3` mean this interpreter).
   vllm    — a vLLM OpenAI server: run llm-d-inference-sim with the served model name, port and
             max-num-seqs taken from the vLLM arguments.
-  transformers — a vLLM container answered by a REAL model on this CPU: `transformers serve` of the
-            directory vLLM would load (the fetched artifact on the pod's volume), under the served
-            model name, at the pod IP and vLLM's port. For tests that judge what a model says
-            (the serving canary); the simulator's text is random.
+  vllm-cpu — a vLLM container run for real: its own command line (the launcher, then `vllm serve`
+            with the operator's argv) under vLLM's CPU build, the stand-in for a GPU node; what a
+            CPU cannot honour is translated in one place, e2e/vllm_cpu.py (CPU_STAND_IN). For
+            tests that judge what vLLM does (the canary, real metrics, start failures); the
+            simulator's text is random.
   noop    — a container that "runs" (init: succeeds at once; main: stays running) without a process.
   epp     — the Gateway API Inference Extension's endpoint picker: run the `epp` binary e2e/build.sh
             built from its Go module (the image's entrypoint) with the container's args; its ports
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class ImageRule:
     match: str            # substring of the image reference, e.g. "fewerbits-quantjob"
-    kind: str             # module | command | vllm | epp | noop
+    kind: str             # module | command | vllm | vllm-cpu | epp | noop
     module: str = ""      # for kind=module
 
     def to_json(self) -> dict:
@@ -51,9 +52,9 @@ DEFAULT_RULES = (
     ImageRule("fewerbits-quantjob", "module", "fewerbits_quantjob"),
     ImageRule("fewerbits-runtime", "module", "fewerbits_runtime"),
     ImageRule("vllm/vllm-openai", "vllm"),
-    # A vLLM image for tests that need real text: `transformers serve` on the CPU (before the
-    # generic `fewerbits-test/` rule, which would run the container's command).
-    ImageRule("fewerbits-test/vllm-cpu", "transformers"),
+    # The real server for tests whose verdict depends on what vLLM does: vLLM's CPU build behind the
+    # real launcher (before the generic `fewerbits-test/` rule, which would run the command as is).
+    ImageRule("fewerbits-test/vllm-cpu", "vllm-cpu"),
     # The endpoint picker the operator deploys for an InferencePool (picker.py, FEWERBITS_EPP_IMAGE).
     ImageRule("gateway-api-inference-extension/epp", "epp"),
     ImageRule("fewerbits-test/", "command"),
@@ -174,15 +175,19 @@ def sim_argv(sim_binary: str, v: VLLMArgs, listen_port: int, metrics: str = "fak
     return argv
 
 
-def transformers_argv(v: VLLMArgs, host: str) -> list[str]:
-    """`transformers serve` (this interpreter's) for a vLLM container: it loads the model named by
-    the first served model name, which the runner links to the model directory in its working
-    directory, so requests naming the served model name load exactly that directory. vLLM's
-    other arguments (dtype, KV-cache dtype, parallelism) have no CPU equivalent and are dropped."""
-    from pathlib import Path
+def vllm_cpu_argv(command: list[str], args: list[str], vllm_python: str) -> list[str]:
+    """A `vllm-cpu` container's own command line, as the image would run it: `python3` is the image's
+    interpreter (the vLLM environment's, where the launcher copy runs with the torch vLLM brings) and
+    `vllm` is found on PATH (e2e/vllm_cpu.py, put there by the runner). Nothing is translated here:
+    the launcher sees the argv the operator rendered."""
+    argv = list(command) + list(args)
+    if not argv:
+        raise ValueError("a vLLM container needs a command (the launcher, or vllm serve)")
+    if argv[0] in ("python", "python3", "python3.11"):
+        argv[0] = vllm_python
+    return argv
 
-    exe = Path(sys.executable).parent / "transformers"
-    return [str(exe), "serve", "--host", host, "--port", str(v.port), "--device", "cpu", v.served_model_names[0]]
+
 EPP_PORT_FLAGS = {"--grpc-port": 9002, "--grpc-health-port": 9003, "--metrics-port": 9090}
 """The picker's listening ports and their defaults (cmd/epp/runner, v1.1.0)."""
 

@@ -47,18 +47,41 @@ def test_pod_runs_do_not_shadow_thread_internals():
     assert not shadowed
 
 
-def test_the_cpu_vllm_image_runs_transformers_serve_on_the_directory_vllm_would_load():
+def test_the_cpu_vllm_image_runs_the_containers_own_command_with_the_images_python():
     rules = workloads.default_rules()
-    assert workloads.rule_for("fewerbits-test/vllm-cpu:1", rules).kind == "transformers"
+    assert workloads.rule_for("fewerbits-test/vllm-cpu:1", rules).kind == "vllm-cpu"
     assert workloads.rule_for("fewerbits-test/python:1", rules).kind == "command"
     # What the operator renders: the launch wrapper, then `vllm serve <model dir>` and its arguments.
-    v = workloads.parse_vllm_args(["python3", "-m", "fewerbits_runtime", "launch", "--manifest", "/models/k/m.json",
-                                   "--", "vllm", "serve", "/models/k", "--host", "0.0.0.0", "--port", "8000",
-                                   "--served-model-name", "q", "--kv-cache-dtype", "fp8"])
-    assert (v.model, v.served_model_names, v.port) == ("/models/k", ["q"], 8000)
-    argv = workloads.transformers_argv(v, "10.244.0.7")
-    assert argv[0].endswith("/transformers") and argv[1:] == ["serve", "--host", "10.244.0.7", "--port", "8000",
-                                                             "--device", "cpu", "q"]
+    rendered = ["python3", "-m", "fewerbits_runtime", "launch", "--manifest", "/m/k/m.json", "--node-cc", "9.0",
+                "--", "vllm", "serve", "/m/k", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "q",
+                "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9"]
+    argv = workloads.vllm_cpu_argv(rendered[:2], rendered[2:], "/venv/bin/python")
+    assert argv == ["/venv/bin/python", *rendered[1:]]  # the launcher gets the argv untouched
+    v = workloads.parse_vllm_args(rendered)
+    assert (v.model, v.served_model_names, v.port) == ("/m/k", ["q"], 8000)
+
+
+def test_the_cpu_stand_in_changes_only_what_it_lists():
+    from e2e import vllm_cpu
+
+    vllm_argv = ["serve", "/m/k", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "q",
+                 "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2", "--gpu-memory-utilization=0.9",
+                 "--max-model-len", "256", "--enforce-eager"]
+    out = vllm_cpu.cpu_argv(vllm_argv, "10.244.0.7", {})
+    assert out == ["--model", "/m/k", "--port", "8000", "--served-model-name", "q", "--kv-cache-dtype", "fp8",
+                   "--max-model-len", "256", "--enforce-eager", "--host", "10.244.0.7",
+                   "--kv-cache-memory-bytes", str(vllm_cpu.DEFAULT_KV_CACHE_BYTES)]
+    # A size the command (extraArgs) or VLLM_CPU_KVCACHE_SPACE gives is kept, never replaced.
+    sized = vllm_cpu.cpu_argv(["--model", "/m", "--kv-cache-memory-bytes", "1048576"], "10.0.0.1", {})
+    assert sized == ["--model", "/m", "--kv-cache-memory-bytes", "1048576", "--host", "10.0.0.1", "--enforce-eager"]
+    assert "--kv-cache-memory-bytes" not in vllm_cpu.cpu_argv(["--model", "/m"], "10.0.0.1", {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    # Every change is listed in CPU_STAND_IN (the one place the harness's CPU translation is named).
+    assert set(vllm_cpu.DROPPED_FLAGS) | {"--host", "--enforce-eager"} <= set(vllm_cpu.CPU_STAND_IN)
+    env = vllm_cpu.cpu_env({"A": "1"}, "/pods/p")
+    assert env == {"A": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": "/pods/p/vllm-cache"}
+    assert set(env) - {"A"} <= set(vllm_cpu.CPU_STAND_IN)
+
+
 def test_the_operators_endpoint_picker_runs_the_built_binary_on_free_ports():
     from fewerbits_operator.settings import OperatorSettings
 

@@ -1,20 +1,18 @@
-"""The serving canary end to end on the real control plane, with a REAL server on this CPU.
+"""The serving canary end to end on the real control plane, judged against REAL vLLM.
 
-The model's `serving.image` is `fewerbits-test/vllm-cpu:transformers-serve`: the pod runner answers
-that vLLM container with `transformers serve` of the directory vLLM would load (the artifact the
-pod's own fetch init container downloaded and verified), under the served model name, at the pod's
-IP and vLLM's port (e2e/workloads.py, rule `transformers`). So the canary Job
-(`python -m fewerbits_quantjob canary`, real, lm-eval included) talks to a real model through the
-OpenAI-compatible API. What `transformers serve` lacks (prompt logprobs, vLLM's kernels and FP8 KV
-cache) is named in the verdict's skipped metrics; that branch is tested in
-tests/unit/test_canary_eval.py against vLLM's recorded answer shape.
+The model's `serving.image` is `fewerbits-test/vllm-cpu:1`: the pod runner runs that container's
+own command line (the real launcher from the copy the fetch init container installed, then
+`vllm serve` with the operator's argv) under vLLM's CPU build, the stand-in for a GPU node
+(e2e/workloads.py rule `vllm-cpu`, translations listed in e2e/vllm_cpu.py). So the canary Job
+(`python -m fewerbits_quantjob canary`, real, lm-eval included) measures perplexity through vLLM's
+prompt logprobs and generates through vLLM, with the FP8 KV cache applied (`--kv-cache-dtype fp8`).
 
-One model, three rollouts: (a) the sound artifact passes its canary and takes traffic (events
+One model, four rollouts: (a) the sound artifact passes its canary and takes traffic (events
 canary → verdict → traffic); (b) the artifact damaged in place (every weight but the norms
 zeroed: the quality-evaluation tests' recipe) behind a new served configuration (the one-field
 fallback `quantization.kvCache: none`) fails, never takes traffic, and the sound pods keep
-serving; (c) an image whose server cannot start is reported with the pod's reason, and the sound
-pods still serve.
+serving; (c) an image without a server is reported with the pod's reason; (d) a setting vLLM
+refuses at start is reported with vLLM's own message; the sound pods serve throughout.
 """
 
 from __future__ import annotations
@@ -31,10 +29,14 @@ from tests.integration.test_quality import upload_fixtures
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
 
-IMAGE = "fewerbits-test/vllm-cpu:transformers-serve"
+IMAGE = "fewerbits-test/vllm-cpu:1"
 BROKEN_IMAGE = "fewerbits-test/no-vllm:1"
 """Run as its own command (e2e/workloads.py): the runtime launcher checks the artifact and finds no
 `vllm` to exec, as an image without the server (or with a broken one) would fail on start."""
+BAD_ARGS = ["--monokernel"]
+"""A flag of vLLM 0.33 (the parser the operator checks extraArgs against) that the image's vLLM (the
+0.32 CPU build) does not have: an image older than the operator's parser. vLLM's own parser refuses
+it at start (`error: unrecognized arguments: --monokernel`), in ~20 s and before any weights."""
 BUCKET = "artifacts"
 
 def damage_in_place(s3, storage_uri: str, key: str, work: Path) -> None:
@@ -62,6 +64,25 @@ def damage_in_place(s3, storage_uri: str, key: str, work: Path) -> None:
         files.append(ManifestFile(path=f.path, sizeBytes=len(body), sha256=hashlib.sha256(body).hexdigest()))
     damaged = manifest.model_copy(update={"files": files, "totalBytes": sum(f.sizeBytes for f in files)})
     c.put_object(Bucket=bucket, Key=prefix + MANIFEST_NAME, Body=json.dumps(damaged.to_wire()).encode())
+
+
+def kv_cache_tokens(cluster, namespace: str, pod) -> int:
+    """The KV cache size vLLM reports at start (`KV cache size: 131,072 tokens`)."""
+    import re
+
+    log = cluster.pod_logs(namespace, pod.metadata.name, "vllm")
+    sizes = re.findall(r"KV cache size: ([\d,]+) tokens", log)
+    assert sizes, log[-3000:]
+    return int(sizes[-1].replace(",", ""))
+
+
+def fp8_kv_tokens() -> int:
+    """Tokens the harness's KV cache (e2e/vllm_cpu.py) holds for the test model at one byte per value."""
+    from e2e.vllm_cpu import DEFAULT_KV_CACHE_BYTES
+    from tests.testmodel import MODEL_RECIPE as m
+
+    head_dim = m["hidden_size"] // m["num_attention_heads"]
+    return DEFAULT_KV_CACHE_BYTES // (2 * m["num_hidden_layers"] * m["num_key_value_heads"] * head_dim)
 
 
 def _ready(pod) -> bool:
@@ -142,13 +163,20 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     assert c1["phase"] == "Passed" and c1["kvCacheDtype"] == "fp8", c1
     (metric,) = [m for m in c1["metrics"] if m["name"] == "custom:rougeL"]
     assert metric["served"] > 0 and metric["base"] > 0 and metric["jobQuantized"] is not None and metric["passed"]
-    assert {s["name"] for s in c1["skipped"]} >= {"perplexity"}  # transformers serve offers no prompt logprobs
+    # Perplexity through vLLM's prompt logprobs, on the Job's own held-out windows.
+    (ppl,) = [m for m in c1["metrics"] if m["name"] == "perplexity"]
+    assert ppl["passed"] and ppl["served"] > 1 and ppl["jobQuantized"] > 1, ppl
+    assert "perplexity" not in {s["name"] for s in c1["skipped"]}, c1["skipped"]
+    # The FP8 KV cache applied for real: vLLM sized its cache at one byte per value.
+    assert kv_cache_tokens(cluster, namespace, canary_pod) == fp8_kv_tokens(), "the canary's KV cache is not FP8"
     served = _served_by_service(core, namespace, "c")
     assert served and all(p.metadata.labels["fewerbits.io/model"] == "c" and _ready(p) for p in served)
     models.wait("the canary and its Job removed", lambda: not core.list_namespaced_pod(
         namespace, label_selector="fewerbits.io/canary-of=c").items and not [
         j for j in models.jobs(namespace) if j.metadata.name.startswith("fewerbits-canary-")],
         timeout=120, namespace=namespace, name="c")
+    print(f"\nperplexity: Job (quantized, transformers) {ppl['jobQuantized']:.4f}, served by vLLM "
+          f"{ppl['served']:.4f}, base {ppl['base']:.4f}")
     print(f"\ncanary timing: apply→QualityGatePassed {t_gate - t0:.1f}s, canary (pod + evaluation) "
           f"{t_verdict - t_gate:.1f}s, verdict→Ready (the rollout itself) {t_ready - t_verdict:.1f}s, "
           f"evaluation {c1['seconds']:.1f}s, {c1['requests']} requests")
@@ -164,6 +192,9 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
         (p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
          if _ready(p)), None), timeout=300, namespace=namespace, name="c")
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}  # never an endpoint
+    damaged_pod = next(p for p in core.list_namespaced_pod(namespace, label_selector="fewerbits.io/canary-of=c").items
+                       if _ready(p))
+    assert kv_cache_tokens(cluster, namespace, damaged_pod) == fp8_kv_tokens() // 2  # the 16-bit KV cache
     failed = _verdict(models, namespace, "c", timeout=600)
     assert failed["reason"] == "CanaryFailed", failed
     assert "custom:rougeL" in failed["message"] and "KV cache auto" in failed["message"], failed
@@ -184,3 +215,11 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     assert models.condition(namespace, "c", "Ready")["status"] == "True"
     models.wait("the crashed canary removed", lambda: not core.list_namespaced_pod(
         namespace, label_selector="fewerbits.io/canary-of=c").items, timeout=120, namespace=namespace, name="c")
+
+    # (d) vLLM refuses a setting at start: its own message in the verdict; the sound pods keep serving.
+    models.patch_spec(namespace, "c", {"serving": {"image": IMAGE, "extraArgs": BAD_ARGS}})
+    refused = _verdict(models, namespace, "c", timeout=300)
+    assert refused["reason"] == "CanaryNotReady" and "unrecognized arguments: --monokernel" in refused["message"], \
+        refused
+    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
+    assert models.condition(namespace, "c", "Ready")["status"] == "True"

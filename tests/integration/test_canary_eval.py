@@ -7,8 +7,9 @@ Job figures, as a broken kernel or KV cache would leave them.
 The evaluation runs as in its pod (`python -m fewerbits_quantjob canary`, the contract in
 FEWERBITS_CANARY_CONTRACT) for the unreachable endpoint; the two verdicts call the same entry
 point in-process (`canary.run(env)`) to keep the imports of lm-eval and transformers to one.
-`transformers serve` offers no prompt logprobs: perplexity is skipped with that reason here, and
-that branch is tested against vLLM's recorded response shape in tests/unit/test_canary_eval.py.
+`transformers serve` offers no prompt logprobs: perplexity is skipped with that reason here. That
+is why this test keeps a text-only server (the branch a server without prompt logprobs takes); the
+prompt-logprobs branch runs against real vLLM (its CPU build) in tests/integration/test_canary.py.
 """
 
 from __future__ import annotations

@@ -47,6 +47,14 @@ def upload_standin(cluster) -> str:
     return f"s3://{demo.MODEL_BUCKET}/{PREFIX}"
 
 
+def container_argv(cluster, namespace: str, pod: str, container: str = "vllm") -> list[str]:
+    """The container's command and args as the pod runner started it, $(VAR) expanded."""
+    import json
+
+    (folder,) = (cluster.state_dir / "pods").glob(f"{namespace}_{pod}_*")
+    return json.loads((folder / f"{container}.argv.json").read_text())
+
+
 @pytest.fixture
 def namespace(cluster):
     """An `mn-` namespace, watched by this module's own operator only (the session's watches `t-*`)."""
@@ -103,6 +111,17 @@ def test_model_spanning_two_nodes_ready_scales_and_survives_a_worker_loss(cluste
     for p in group:
         assert p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
         assert [c.name for c in p.spec.init_containers] == ["fetch"]
+    # The live pods' command lines with LWS's variables expanded (what the runner handed the
+    # "runtime"; the simulator then plays vLLM): rank from LWS_WORKER_INDEX, the leader's address.
+    ranks = []
+    for p in group:
+        argv = container_argv(cluster, namespace, p.metadata.name)
+        env = {e.name: e.value for e in p.spec.containers[0].env or []}
+        assert not [a for a in argv if "$(" in a], argv
+        assert env["LWS_LEADER_ADDRESS"] and argv[argv.index("--master-addr") + 1] == env["LWS_LEADER_ADDRESS"], argv
+        ranks.append(argv[argv.index("--node-rank") + 1])
+        assert ranks[-1] == env["LWS_WORKER_INDEX"], (argv, env)
+    assert sorted(ranks) == ["0", "1"], ranks
     # The Service answers through the leader.
     url, answer = demo.completion(cluster, namespace, "big")
     assert answer["choices"]

@@ -1,0 +1,131 @@
+"""The pod runner's real vLLM: a container of the `fewerbits-test/vllm-cpu` image runs its own command
+line — the real launcher (installed by the init container, as the fetcher does), then `vllm serve`
+with the argv as written — under vLLM's CPU build, the stand-in for a GPU node (e2e/vllm_cpu.py).
+
+One server start for the whole file (~60 s): it serves completions, prompt logprobs and /metrics,
+with the FP8 KV cache applied. Two pods that never start a server run beside it: the launcher's
+compute-capability refusal stops before vLLM, and a flag vLLM does not know fails the container
+with vLLM's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from e2e import vllm_cpu
+from e2e.tests.test_harness import PY, pods, wait_for
+from tests.testmodel import build_test_model
+
+pytestmark = pytest.mark.cluster
+
+IMAGE = "fewerbits-test/vllm-cpu:1"
+STAND_IN_MARK = "fewerbits e2e: vLLM's CPU build for `vllm"
+"""The line e2e/vllm_cpu.py writes before it execs vLLM: present in a log means vLLM was started."""
+
+
+def _pod_spec(model: str, launch: list[str], vllm_args: list[str], restart: str = "Always") -> dict:
+    """A serving pod shaped like the operator's: an init container puts the model and the launcher on
+    shared volumes, the vLLM container runs `python3 -m fewerbits_runtime launch ... -- vllm serve`."""
+    install = ("import shutil; from pathlib import Path; from fewerbits_runtime.install import install_launcher; "
+               f"shutil.copytree({model!r}, '/models/k'); install_launcher(Path('/fewerbits/launcher'))")
+    return {
+        "restartPolicy": restart,
+        "volumes": [{"name": n, "emptyDir": {}} for n in ("models", "launcher", "tmp")],
+        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+        "terminationGracePeriodSeconds": 5,
+        "initContainers": [{"name": "fetch", "image": PY, "command": ["python", "-c", install],
+                            "volumeMounts": [{"name": "models", "mountPath": "/models"},
+                                             {"name": "launcher", "mountPath": "/fewerbits"}]}],
+        "containers": [{
+            "name": "vllm", "image": IMAGE,
+            "command": ["python3", "-m", "fewerbits_runtime", "launch", *launch, "--",
+                        "vllm", "serve", "/models/k", *vllm_args],
+            "env": [{"name": "PYTHONPATH", "value": "/fewerbits/launcher"}, {"name": "HOME", "value": "/tmp"},
+                    {"name": "HF_HOME", "value": "/tmp/hf"}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
+            "ports": [{"name": "http", "containerPort": 8000}],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                             {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
+                             {"name": "tmp", "mountPath": "/tmp"}],
+        }],
+    }
+
+
+def _post(ip: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://{ip}:8000{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _terminated(api, namespace: str, name: str, timeout: float):
+    def check():
+        (cs,) = api.read_namespaced_pod(name, namespace).status.container_statuses or [None]
+        return cs and cs.state.terminated
+    try:
+        return wait_for(f"{name} terminated", check, timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pod status: {api.read_namespaced_pod(name, namespace).status}") from None
+
+
+def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, namespace):
+    gpu_pool("l4-vllm-cpu", "NVIDIA-L4", gpus_per_node=4)  # three pods of one GPU
+    model = str(build_test_model())
+    api = client.CoreV1Api(cluster.api_client())
+    apps = client.AppsV1Api(cluster.api_client())
+    # The served pod: bf16 weights with the FP8 KV cache, as the operator renders it for an H100.
+    served = ["--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny", "--dtype", "bfloat16",
+              "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "1", "--max-model-len", "256",
+              "--gpu-memory-utilization", "0.9", "--enforce-eager"]
+    apps.create_namespaced_deployment(namespace, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cpu"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cpu"}},
+                 "template": {"metadata": {"labels": {"app": "cpu"}},
+                              "spec": _pod_spec(model, ["--format", "none", "--node-cc", "9.0"], served)}}})
+    # Beside it, two pods that never start a server. An FP8-block artifact on an A100 (CC 8.0): the
+    # launcher refuses before vLLM. A flag vLLM does not know: vLLM's parser refuses it.
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "refused"}, "spec": _pod_spec(
+        model, ["--format", "fp8-block", "--node-cc", "8.0"], served, restart="Never")})
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "badflag"}, "spec": _pod_spec(
+        model, ["--format", "none", "--node-cc", "9.0"], [*served, "--no-such-vllm-flag", "1"], restart="Never")})
+
+    refused = _terminated(api, namespace, "refused", timeout=120)
+    assert refused.exit_code != 0
+    verdict = json.loads(refused.message)
+    assert verdict["reason"] == "GPUIncompatible" and "fp8-block" in verdict["message"], verdict
+    assert verdict["computeCapability"] == "8.0", verdict
+    assert STAND_IN_MARK not in cluster.pod_logs(namespace, "refused", "vllm")
+
+    wait_for("Deployment available", lambda: (apps.read_namespaced_deployment("cpu", namespace).status.ready_replicas
+                                              or 0) == 1, timeout=420, interval=1)
+    [pod] = pods(api, namespace, "app=cpu")
+    ip = pod.status.pod_ip
+    log = cluster.pod_logs(namespace, pod.metadata.name, "vllm")
+    assert STAND_IN_MARK in log  # the launcher exec'd `vllm`, the stand-in started vLLM
+    prompt = "It was the best of times, it was the worst of times,"
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    answers = [_post(ip, "/v1/completions", body)["choices"][0]["text"] for _ in range(2)]
+    assert answers[0] and answers[0] == answers[1], answers  # greedy: real text, the same twice
+    scored = _post(ip, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                           "prompt_logprobs": 0})
+    logprobs = [next(iter(t.values()))["logprob"] for t in scored["choices"][0]["prompt_logprobs"][1:]]
+    assert logprobs and all(lp <= 0 for lp in logprobs), logprobs  # one real log-probability per prompt token
+    with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=30) as r:
+        metrics = r.read().decode()
+    assert 'vllm:kv_cache_usage_perc{' in metrics and 'vllm:num_requests_waiting{' in metrics
+    # The FP8 KV cache applied for real: the cache holds one byte per value, twice the tokens of 16 bits.
+    cfg = json.loads((build_test_model() / "config.json").read_text())
+    per_token_fp8 = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * (
+        cfg["hidden_size"] // cfg["num_attention_heads"])
+    tokens = vllm_cpu.DEFAULT_KV_CACHE_BYTES // per_token_fp8
+    assert f"KV cache size: {tokens:,} tokens" in log, [ln for ln in log.splitlines() if "KV cache" in ln]
+
+    bad = _terminated(api, namespace, "badflag", timeout=240)
+    assert bad.exit_code != 0 and "--no-such-vllm-flag" in (bad.message or ""), bad.message
+    print(f"\nvLLM CPU: completion {answers[0]!r}; prompt logprobs of {len(logprobs)} tokens")
