@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from .base import ApiModel
-from .datasets import BUILTIN_DATASET_SHA256
+from .datasets import AUTO_CALIBRATION, AUTO_FALLBACK, AUTO_HUB_DATASET, BUILTIN_DATASET_SHA256
 from .validation import PATH_TRICKS_CEL, S3_BUCKET, SAFE_PATH, check_no_path_tricks
 
 __all__ = ["BENCHMARK_SEED", "BENCHMARKS_UNIQUE_CEL", "CUSTOM_EVAL_METRICS", "BenchmarkSpec", "CustomEvalSpec",
@@ -132,7 +132,10 @@ def eval_overlaps_calibration(calibration_dataset: str, eval_dataset: str) -> st
     """Why the evaluation set is the calibration set (perplexity on the data the quantizer was fitted
     to flatters the quantized model), or None. By identity: the same built-in set or S3 object, or
     the same split of the same Hub dataset; content shared under different names is not seen."""
-    if _dataset_identity(calibration_dataset, "train") != _dataset_identity(eval_dataset, "test"):
+    # `auto` calibrates on the pinned Hub set, or on the built-in fallback where the Hub is out of reach.
+    calibrated = ([AUTO_HUB_DATASET, AUTO_FALLBACK] if calibration_dataset == AUTO_CALIBRATION
+                  else [calibration_dataset])
+    if _dataset_identity(eval_dataset, "test") not in [_dataset_identity(c, "train") for c in calibrated]:
         return None
     return (f"qualityGate.evalDataset {eval_dataset!r} is the calibration data (calibration.dataset "
             f"{calibration_dataset!r}): perplexity measured on the data the quantizer was fitted to flatters the "

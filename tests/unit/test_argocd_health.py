@@ -123,6 +123,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.JOB_RUNNING: ("Quantized", "Progressing"),
     Reason.JOB_PENDING: ("Quantized", "Progressing"),
     Reason.JOB_SUCCEEDED: ("Quantized", None),
+    Reason.CALIBRATION_REDUCED: ("Quantized", None),  # True: published, calibrated on less than asked
     Reason.JOB_FAILED: ("Quantized", "Degraded"),
     Reason.STORAGE_UNAVAILABLE: ("Quantized", "Degraded"),
     Reason.QUEUED: ("Quantized", "Progressing"),

@@ -413,7 +413,10 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         if default is None:
             assert key not in env, f"{key}: unset means None"
             continue
-        parsed = type(default)(json.loads(env[key]) if isinstance(default, list) else env[key])
+        if isinstance(default, bool):  # pydantic-settings reads "true"/"false"; bool("false") would be True
+            parsed = {"true": True, "false": False}[env[key]]
+        else:
+            parsed = type(default)(json.loads(env[key]) if isinstance(default, list) else env[key])
         assert parsed == default, f"{key}: chart {env[key]!r}, operator {default!r}"
 
 

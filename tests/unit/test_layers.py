@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("cli", frozenset({"__main__", "cli", "plan_cmd", "explain_cmd", "quality_cmd", "validate_cmd"})),
     # the long-running process: watches, queues, loops, HTTP endpoints, the autoscaler's adapter
     ("runtime", frozenset({"runner", "workqueue", "activator", "admission", "policy_status", "reconcile",
-                           "autoscaler.kube_io"})),
+                           "autoscaler.kube_io", "handlers", "leader", "resync", "kopf_storage",
+                           "atzero", "metricsprobe"})),
     # one reconcile: observe -> decide -> execute; and the lifecycles that reuse its steps
     ("core", frozenset({"observe", "decide", "execute", "retention", "nodecache"})),
     # the features decide composes: serving (canary, multi-node, routing, rendering) and artifacts
@@ -34,11 +35,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         "artifacts", "pincache", "quality_gate", "datasetcheck",
         "jobresources", "jobfailure", "effective",
         "autoscaler", "autoscaler.loop", "autoscaler.algorithm", "autoscaler.capacity", "autoscaler.metrics",
+        "autoscaler.forecast",
     })),
     # values and clients every layer may use: the writes, the facts, the foreign APIs' coordinates,
     # the API and storage clients, settings, metrics, the planner
     ("base", frozenset({
-        "", "actions", "observed", "terminations", "apis", "settings", "kube", "informer", "storage", "metrics",
+        "", "actions", "observed", "terminations", "apis", "settings", "kube", "storage", "metrics",
+        "indexes", "relevance", "freshness", "scope", "ttlcache",
         "claims", "queueing", "datapins",
         "planner", "planner.catalog", "planner.jobsize", "planner.multinode", "planner.rules", "planner.shape",
         "planner.vllm_args",

@@ -52,7 +52,11 @@ def test_overlap_is_judged_by_identity(calibration, evaluation, overlaps):
 def test_an_eval_set_equal_to_the_calibration_set_is_refused_naming_the_field():
     with pytest.raises(ValidationError) as e:
         QuantizedModelSpec.model_validate(_spec({"format": "w4a16-gptq", "qualityGate": {"evalDataset": "general-en"}}))
-    assert "qualityGate.evalDataset 'general-en' is the calibration data (calibration.dataset 'general-en')" in str(e.value)
+    assert "qualityGate.evalDataset 'general-en' is the calibration data (calibration.dataset 'auto')" in str(e.value)
+    with pytest.raises(ValidationError) as e:  # named explicitly, the same
+        QuantizedModelSpec.model_validate(_spec({"format": "w4a16-gptq", "qualityGate": {"evalDataset": "general-en"},
+                                                 "calibration": {"dataset": "general-en"}}))
+    assert "(calibration.dataset 'general-en')" in str(e.value)
     with pytest.raises(ValidationError):  # auto may calibrate on some pool
         QuantizationSpec.model_validate({"calibration": {"dataset": "s3://b/c.jsonl"},
                                          "qualityGate": {"evalDataset": "s3://b/c.jsonl"}})
