@@ -56,8 +56,8 @@ DEPLOYMENTS: dict[str, str] = {}
 
 def render(c, key: str, total: int, mode: str) -> dict:
     from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
-    from fewerbits_operator.render import Owner, render_deployment
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.serving.render import Owner, render_deployment
+    from fewerbits_operator.base.settings import OperatorSettings
 
     spec = QuantizedModelSpec.model_validate({
         "source": {"uri": "hf://fewerbits-test/bench", "revision": "0" * 40},

@@ -76,7 +76,7 @@ class Reason:
     BLOCKED = "Blocked"
     LEADER_WORKER_SET_MISSING = "LeaderWorkerSetMissing"
     """Deployed: a variant's replica spans nodes and the cluster does not serve LeaderWorkerSet."""
-    # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.routing)
+    # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.serving.routing)
     ROUTING_UNAVAILABLE = "RoutingUnavailable"
     INFERENCE_POOL_CONFLICT = "InferencePoolConflict"
     METRICS_UNAVAILABLE = "MetricsUnavailable"

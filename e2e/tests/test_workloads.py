@@ -83,7 +83,7 @@ def test_the_cpu_stand_in_changes_only_what_it_lists():
 
 
 def test_the_operators_endpoint_picker_runs_the_built_binary_on_free_ports():
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.base.settings import OperatorSettings
 
     rule = workloads.rule_for(OperatorSettings().epp_image, workloads.default_rules())
     assert rule is not None and rule.kind == "epp"

@@ -15,10 +15,10 @@ def main() -> int:
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event INFO lines: one per event at 300 models
     import kopf
 
-    from .handlers import register
-    from .runner import Operator
-    from .scope import kopf_scope
-    from .settings import get_settings
+    from fewerbits_operator.runtime.handlers import register
+    from fewerbits_operator.runtime.runner import Operator
+    from fewerbits_operator.base.scope import kopf_scope
+    from fewerbits_operator.base.settings import get_settings
 
     settings = get_settings()
     scope = kopf_scope(settings.namespaces)

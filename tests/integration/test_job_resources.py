@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from e2e.demo import MODEL_BUCKET
-from fewerbits_operator.jobresources import quantity_bytes
+from fewerbits_operator.artifacts.jobresources import quantity_bytes
 from tests.integration.faults import enforce_pod_security
 
 pytestmark = [pytest.mark.cluster]

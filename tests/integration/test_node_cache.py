@@ -235,8 +235,8 @@ def test_streamed_load_checks_the_manifest_and_fails_on_unreachable_storage(s3, 
 def _node_cache_deployment(cluster, namespace: str, key: str, total: int, node_label: str, replicas: int,
                            budget: str | None = None) -> dict:
     from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
-    from fewerbits_operator.render import Owner, render_deployment
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.serving.render import Owner, render_deployment
+    from fewerbits_operator.base.settings import OperatorSettings
 
     spec = QuantizedModelSpec.model_validate({
         "source": {"uri": "hf://fewerbits-test/node-cache", "revision": "0" * 40},
@@ -313,12 +313,12 @@ def test_referenced_artifacts_are_evicted_last_through_the_operators_configmap(c
 
     from e2e import demo
     from fewerbits_api.base import GROUP, VERSION
-    from fewerbits_operator.kube import Kube
-    from fewerbits_operator.nodecache import REFERENCES_CONFIGMAP
-    from fewerbits_operator.reconcile import Reconciler
-    from fewerbits_operator.runner import Operator
-    from fewerbits_operator.settings import OperatorSettings
-    from fewerbits_operator.storage import ObjectStore
+    from fewerbits_operator.base.kube import Kube
+    from fewerbits_operator.core.nodecache import REFERENCES_CONFIGMAP
+    from fewerbits_operator.runtime.reconcile import Reconciler
+    from fewerbits_operator.runtime.runner import Operator
+    from fewerbits_operator.base.settings import OperatorSettings
+    from fewerbits_operator.base.storage import ObjectStore
     from tests.unit.test_nodecache_eviction import _entry
 
     api = cluster.api_client()
@@ -440,9 +440,9 @@ def test_a_leaderworkerset_group_uses_the_cache_of_each_pods_node(cluster, lws, 
     from kubernetes import client
 
     from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
-    from fewerbits_operator.lws import render_lws
-    from fewerbits_operator.render import Owner
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.serving.lws import render_lws
+    from fewerbits_operator.serving.render import Owner
+    from fewerbits_operator.base.settings import OperatorSettings
 
     s3c = cluster.s3.client()
     with __import__("contextlib").suppress(Exception):

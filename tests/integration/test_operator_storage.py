@@ -6,7 +6,7 @@ import pytest
 
 from fewerbits_api.artifact import ArtifactKeyInputs, Manifest, artifact_prefix
 from fewerbits_api.quantizedmodel import StorageSpec
-from fewerbits_operator.storage import ObjectStore, S3Credentials, StorageError
+from fewerbits_operator.base.storage import ObjectStore, S3Credentials, StorageError
 
 pytestmark = pytest.mark.s3
 

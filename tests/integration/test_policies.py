@@ -133,7 +133,7 @@ def test_explain_shows_sources_and_a_policy_edit_is_an_event(cluster, run, names
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("crds", "operator", "quantjob",
                                                                                 "runtime", "."))}
-    out = subprocess.run([sys.executable, "-m", "fewerbits_operator.cli", "explain", "explained", "-n", namespace,
+    out = subprocess.run([sys.executable, "-m", "fewerbits_operator.cli.main", "explain", "explained", "-n", namespace,
                           "--kubeconfig", str(cluster.kubeconfig)], capture_output=True, text=True, env=env,
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -143,7 +143,7 @@ def test_explain_shows_sources_and_a_policy_edit_is_an_event(cluster, run, names
     assert rows["spec.serving.maxModelLen"] == ["512", "model"]
     assert rows["rules.maxReplicas"] == ["8", "policy", base]
     assert f"Policies (highest priority first): {team}, {base}" in out.stdout
-    out = subprocess.run([sys.executable, "-m", "fewerbits_operator.cli", "explain", "explained", "-n", namespace,
+    out = subprocess.run([sys.executable, "-m", "fewerbits_operator.cli.main", "explain", "explained", "-n", namespace,
                           "--kubeconfig", str(cluster.kubeconfig), "-o", "json"], capture_output=True, text=True,
                          env=env, timeout=60)
     assert json.loads(out.stdout)["policies"] == [team, base]

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from e2e import demo
 from e2e.addons.prometheus import OPERATOR_LABELS, register_host_process
 from fewerbits_operator.autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
-from fewerbits_operator.kube import Kube
+from fewerbits_operator.base.kube import Kube
 from tests.integration.test_autoscaling import set_load
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]

@@ -35,7 +35,7 @@ from e2e.addons.epp import PICKER_ROLE
 from e2e.demo import ARTIFACT_BUCKET
 
 from e2e.tests.test_harness import wait_for
-from fewerbits_operator import picker as epp
+from fewerbits_operator.serving import picker as epp
 
 pytestmark = [pytest.mark.cluster, pytest.mark.quantize]
 # One fp8-dynamic artifact for the routing and scale-from-zero tests: the second is a cache hit.

@@ -29,9 +29,9 @@ def rendered_pods() -> dict[str, dict]:
     in tests/unit/test_render.py keeps them equal to the renderers' output)."""
     job = yaml.safe_load((GOLDEN / "job.yaml").read_text())
     deployment = yaml.safe_load((GOLDEN / "deployment.yaml").read_text())
-    from fewerbits_operator.picker import SCORING_CONFIG, render_picker
-    from fewerbits_operator.render import Owner
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.serving.picker import SCORING_CONFIG, render_picker
+    from fewerbits_operator.serving.render import Owner
+    from fewerbits_operator.base.settings import OperatorSettings
 
     settings = OperatorSettings()
     picker = render_picker(Owner("m", "ns", "uid"), settings.epp_image, settings.epp_cluster_role, SCORING_CONFIG)

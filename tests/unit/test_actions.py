@@ -9,8 +9,10 @@ import typing
 
 import pytest
 
-from fewerbits_operator import actions, execute
-from fewerbits_operator.actions import ACTION_TYPES, Action, DeleteDeployment, Event, WorkloadKind
+from fewerbits_operator.base import actions
+
+from fewerbits_operator.core import execute
+from fewerbits_operator.base.actions import ACTION_TYPES, Action, DeleteDeployment, Event, WorkloadKind
 
 
 def test_every_action_type_has_an_executor_and_a_place_in_the_order():

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import REGISTRY
 
-from fewerbits_operator.activator import Activator, model_of, serve, variant_to_wake
+from fewerbits_operator.runtime.activator import Activator, model_of, serve, variant_to_wake
 
 
 class FakeKube:
@@ -125,7 +125,7 @@ def test_variant_to_wake_none_when_one_has_replicas():
 def test_a_model_back_at_zero_while_requests_wait_is_woken_again_and_the_wait_is_remembered(monkeypatch):
     import time as _time
 
-    from fewerbits_operator import activator as mod
+    from fewerbits_operator.runtime import activator as mod
     monkeypatch.setattr(mod, "REWAKE_SECONDS", 0.05)
     kube = FakeKube(ready_after=None)  # its Deployments stay at zero: as if scaled down again meanwhile
     act = Activator(kube, timeout=0.3, poll=0.01, forward=echo)
@@ -192,7 +192,7 @@ class StreamingPod:
 
 
 def test_a_streamed_answer_passes_through_event_by_event(monkeypatch):
-    from fewerbits_operator import activator as mod
+    from fewerbits_operator.runtime import activator as mod
 
     pod = StreamingPod(events=3)
     monkeypatch.setattr(mod, "VLLM_PORT", pod.port)

@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 
 from fewerbits_api.conditions import CONDITION_TYPES, Reason
-from fewerbits_operator.actions import ACTION_TYPES, Action
+from fewerbits_operator.base.actions import ACTION_TYPES, Action
 from tests.unit.test_decide import CASES
 from tests.unit.test_layers import LAYERS
 
@@ -58,7 +58,7 @@ def test_the_action_types_and_their_count():
 
 
 def test_the_layers_table_names_every_module_of_the_layers_test():
-    text = section("Layers, and the subpackages they become")
+    text = section("Layers and subpackages")
     listed = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)?)/?`", text))
     grouped = ("planner.", "autoscaler.")  # listed as their package (autoscaler/kube_io by name)
     modules = {m.replace(".", "/") for _, mods in LAYERS for m in mods

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fewerbits_api.policy import KueueQueueing, QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import ArtifactFailure, ArtifactStatus
 from fewerbits_api.conditions import Reason
-from fewerbits_operator.claims import Claim, new_claim
-from fewerbits_operator.datapins import EVAL_FIELD
-from fewerbits_operator.decide import (
+from fewerbits_operator.base.claims import Claim, new_claim
+from fewerbits_operator.base.datapins import EVAL_FIELD
+from fewerbits_operator.core.decide import (
     AddJobOwner,
     ClaimArtifact,
     CreateJob,
@@ -25,8 +25,8 @@ from fewerbits_operator.decide import (
     refusal_step,
     start_step,
 )
-from fewerbits_operator.observed import ArtifactFacts, JobFacts, JobState
-from fewerbits_operator.queueing import KUEUE, OPERATOR_CAP, Admission, QueueFacts, operator_queue
+from fewerbits_operator.base.observed import ArtifactFacts, JobFacts, JobState
+from fewerbits_operator.base.queueing import KUEUE, OPERATOR_CAP, Admission, QueueFacts, operator_queue
 from tests.unit.test_decide import NOW, NS, SETTINGS, UID, World, manifest
 
 EARLIER = "2026-11-23T11:00:00Z"

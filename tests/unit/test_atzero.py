@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from fewerbits_api.quantizedmodel import EffectiveAutoscaling
-from fewerbits_operator.atzero import (
+from fewerbits_operator.runtime.atzero import (
     LABEL_MANAGED_BY,
     LABEL_SERVICE_NAME,
     MANAGED_BY,

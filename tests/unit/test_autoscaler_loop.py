@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from fewerbits_api.quantizedmodel import EffectiveAutoscaling
-from fewerbits_operator.kube import Kube
+from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.autoscaler.kube_io import KubeAutoscalerIO
 from fewerbits_operator.autoscaler.loop import (
     AUTOSCALER_FIELDS,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from fewerbits_operator.artifacts import planned_artifacts
-from fewerbits_operator.datapins import DataPin, unpinned_data
-from fewerbits_operator.observed import ArtifactFacts
-from fewerbits_operator.decide import CreateJob, decide
+from fewerbits_operator.artifacts.keys import planned_artifacts
+from fewerbits_operator.base.datapins import DataPin, unpinned_data
+from fewerbits_operator.base.observed import ArtifactFacts
+from fewerbits_operator.core.decide import CreateJob, decide
 from fewerbits_api.quantizedmodel import QuantizedModelSpec
 
 from tests.unit.test_decide import SETTINGS, World, base_spec, policy
@@ -131,7 +131,7 @@ def test_the_job_contract_carries_the_pin_and_both_sides_compute_one_identity():
 def test_changed_evaluation_data_needs_a_new_evaluation():
     from fewerbits_api.artifact import QualityReport
     from fewerbits_api.quality import eval_identity
-    from fewerbits_operator.quality_gate import needs_evaluation
+    from fewerbits_operator.artifacts.quality_gate import needs_evaluation
 
     gate = QuantizedModelSpec.model_validate(eval_world().spec).quantization.qualityGate
     measured = QualityReport(baselinePerplexity=10.0, perplexity=10.1, increasePercent=1.0, maxIncreasePercent=5,

@@ -1,4 +1,4 @@
-"""The serving canary's decisions (operator/fewerbits_operator/canary.py), on the same hand-built
+"""The serving canary's decisions (operator/fewerbits_operator/serving/canary.py), on the same hand-built
 worlds as test_decide.py: a new served configuration runs one unexposed pod, is judged by a Job,
 and takes traffic only after a passing verdict; what served keeps serving throughout."""
 
@@ -12,13 +12,13 @@ from fewerbits_api import conditions as C
 from fewerbits_api.canary import CanaryContract, ServingMetric, ServingQualityResult
 from fewerbits_api.conditions import Reason
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
-from fewerbits_operator import canary as K
-from fewerbits_operator import routing
-from fewerbits_operator.artifacts import artifact_format
-from fewerbits_operator.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
-from fewerbits_operator.execute import ordered
-from fewerbits_operator.observed import CanaryLeftovers, ContainerTermination, JobFacts, JobState
-from fewerbits_operator.render import LABEL_MODEL, Owner, render_service
+from fewerbits_operator.serving import canary as K
+from fewerbits_operator.serving import routing
+from fewerbits_operator.artifacts.keys import artifact_format
+from fewerbits_operator.core.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
+from fewerbits_operator.core.execute import ordered
+from fewerbits_operator.base.observed import CanaryLeftovers, ContainerTermination, JobFacts, JobState
+from fewerbits_operator.serving.render import LABEL_MODEL, Owner, render_service
 
 from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, base_spec, policy, term
 
@@ -346,7 +346,7 @@ def test_cases_cover_every_canary_reason():
 def test_quality_cli_shows_served_scores_beside_the_jobs(capsys):
     import argparse
 
-    from fewerbits_operator import quality_cmd
+    from fewerbits_operator.cli import quality_cmd
 
     w = canary_world()
     o = run(w, result=result(w, False, "custom:exact_match served 0.1 vs base 0.9: 11.1% (min 95%), KV cache fp8"))

@@ -11,15 +11,15 @@ from typing import Any
 from fewerbits_api import conditions as C
 from fewerbits_api.canary import CanaryContract
 from fewerbits_api.conditions import Reason
-from fewerbits_operator import canary as K
-from fewerbits_operator import routing
-from fewerbits_operator.canary_observe import read_canaries
-from fewerbits_operator.observed import CanaryLeftovers
-from fewerbits_operator.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
-from fewerbits_operator.execute import ordered
-from fewerbits_operator.lws import leader_selector
-from fewerbits_operator.observed import JobFacts, JobState
-from fewerbits_operator.render import ANNOTATION_ARTIFACT_KEY, LABEL_MODEL, LABEL_VARIANT, Owner, render_service
+from fewerbits_operator.serving import canary as K
+from fewerbits_operator.serving import routing
+from fewerbits_operator.serving.canary_observe import read_canaries
+from fewerbits_operator.base.observed import CanaryLeftovers
+from fewerbits_operator.core.decide import CreateDeployment, CreateJob, DeleteDeployment, ReplaceDeployment, decide
+from fewerbits_operator.core.execute import ordered
+from fewerbits_operator.serving.lws import leader_selector
+from fewerbits_operator.base.observed import JobFacts, JobState
+from fewerbits_operator.serving.render import ANNOTATION_ARTIFACT_KEY, LABEL_MODEL, LABEL_VARIANT, Owner, render_service
 
 from tests.unit.test_canary import result, target
 from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, base_spec

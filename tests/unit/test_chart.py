@@ -21,7 +21,7 @@ import yaml
 
 from e2e import versions
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.base.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fewerbits"
@@ -169,7 +169,7 @@ def test_schema_rejects(helm: list[str], values: list[str], complaint: str):
 
 # ------------------------------------------------------------------ RBAC
 
-# What the operator does, from operator/fewerbits_operator/kube.py (the autoscaler uses it too; the
+# What the operator does, from operator/fewerbits_operator/base/kube.py (the autoscaler uses it too; the
 # watched caches list and watch through it) (see templates/_rbac.tpl for the why of each line). Changing RBAC means changing this table.
 NAMESPACED_RULES = {
     ("fewerbits.io", "quantizedmodels"): {"get", "list", "watch"},

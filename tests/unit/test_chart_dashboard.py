@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from fewerbits_operator import metrics as operator_metrics
+from fewerbits_operator.base import metrics as operator_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "fewerbits.json"
@@ -120,7 +120,7 @@ def test_panels_cover_what_operators_ask_about():
 def test_operator_metrics_in_the_dashboard_exist():
     used = {m for e in _exprs(_dashboard()) for m in METRIC.findall(e) if not m.startswith("fewerbits_autoscaler_")}
     assert used, "the dashboard queries no operator metric?"
-    assert used <= operator_series(), f"not exported by fewerbits_operator.metrics: {sorted(used - operator_series())}"
+    assert used <= operator_series(), f"not exported by fewerbits_operator.base.metrics: {sorted(used - operator_series())}"
 
 
 # The autoscaler's Prometheus metrics are being written (operator/fewerbits_operator/autoscaler/);

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from fewerbits_operator.claims import CLAIM_GRACE_SECONDS, Claim, ClaimState, claim_state, new_claim
-from fewerbits_operator.decide import ClaimArtifact, CreateJob, decide
-from fewerbits_operator.observed import ArtifactFacts
+from fewerbits_operator.base.claims import CLAIM_GRACE_SECONDS, Claim, ClaimState, claim_state, new_claim
+from fewerbits_operator.core.decide import ClaimArtifact, CreateJob, decide
+from fewerbits_operator.base.observed import ArtifactFacts
 
 from tests.unit.test_decide import NOW, NS, SETTINGS, World
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from fewerbits_operator.cli import main
+from fewerbits_operator.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,13 +18,13 @@ import pytest
 from kopf._core.engines.indexing import OperatorIndexer
 from kubernetes.client.exceptions import ApiException
 
-from fewerbits_operator.freshness import GONE, rv_at_least
-from fewerbits_operator.handlers import KINDS, register
-from fewerbits_operator.indexes import IndexView, index_entry, node_entry, selector_matches, without_managed_fields
-from fewerbits_operator.kube import Kube
-from fewerbits_operator.runner import Operator, configure_kopf
-from fewerbits_operator.scope import kopf_scope, namespace_watched, plain_names
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.base.freshness import GONE, rv_at_least
+from fewerbits_operator.runtime.handlers import KINDS, register
+from fewerbits_operator.base.indexes import IndexView, index_entry, node_entry, selector_matches, without_managed_fields
+from fewerbits_operator.base.kube import Kube
+from fewerbits_operator.runtime.runner import Operator, configure_kopf
+from fewerbits_operator.base.scope import kopf_scope, namespace_watched, plain_names
+from fewerbits_operator.base.settings import OperatorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,8 +19,8 @@ from fewerbits_api.artifact import CalibrationUsed, Manifest, QualityReport
 from fewerbits_api.conditions import CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
-from fewerbits_operator.artifacts import job_name, planned_artifacts
-from fewerbits_operator.decide import (
+from fewerbits_operator.artifacts.keys import job_name, planned_artifacts
+from fewerbits_operator.core.decide import (
     AddJobOwner,
     ClaimArtifact,
     CreateDeployment,
@@ -33,8 +33,8 @@ from fewerbits_operator.decide import (
     decide,
     effective_for,
 )
-from fewerbits_operator.execute import ordered
-from fewerbits_operator.observed import (
+from fewerbits_operator.core.execute import ordered
+from fewerbits_operator.base.observed import (
     ArtifactFacts,
     BrokenPolicy,
     ContainerTermination,
@@ -43,9 +43,9 @@ from fewerbits_operator.observed import (
     Observed,
 )
 from fewerbits_operator.planner import pool_from_product, shape_from_config
-from fewerbits_operator.render import deployment_name, render_deployment, render_service, Owner
-from fewerbits_operator.routing import RoutingFacts
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.serving.render import deployment_name, render_deployment, render_service, Owner
+from fewerbits_operator.serving.routing import RoutingFacts
+from fewerbits_operator.base.settings import OperatorSettings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 NOW = "2026-11-23T12:00:00Z"
@@ -674,7 +674,7 @@ def test_transition_times_come_from_the_observation_only():
 
 
 def test_deletes_run_before_creates():
-    from fewerbits_operator.decide import CreateJob as CJ, DeleteDeployment as DD
+    from fewerbits_operator.core.decide import CreateJob as CJ, DeleteDeployment as DD
 
     assert [type(a) for a in ordered((CJ({}), DD("n", "d"), CreateService({})))] == [DD, CJ, CreateService]
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from fewerbits_api import conditions as C
-from fewerbits_operator.decide import CreateDeployment, DeleteDeployment, decide
+from fewerbits_operator.core.decide import CreateDeployment, DeleteDeployment, decide
 from fewerbits_operator.planner import pool_from_product, shape_from_config
 from tests.unit.test_decide import NS, SETTINGS, World
 
@@ -93,7 +93,7 @@ def test_kube_reads_the_lws_api_from_discovery():
     from kubernetes import client as k
     from kubernetes.client.rest import ApiException
 
-    from fewerbits_operator.kube import Kube
+    from fewerbits_operator.base.kube import Kube
 
     served = k.V1APIResourceList(group_version="leaderworkerset.x-k8s.io/v1", resources=[k.V1APIResource(
         kind="LeaderWorkerSet", name="leaderworkersets", namespaced=True, singular_name="leaderworkerset",

@@ -6,7 +6,7 @@ import pytest
 
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import StorageSpec
-from fewerbits_operator.effective import deep_merge, effective_spec, matching_policies
+from fewerbits_operator.artifacts.effective import deep_merge, effective_spec, matching_policies
 
 SPEC = {"source": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "abc123"},
         "storage": {"uri": "s3://bkt/q"}}
@@ -121,7 +121,7 @@ def test_unknown_builtin_dataset_is_named():
 
 
 def test_namespace_patterns_include_and_exclude():
-    from fewerbits_operator.kube import namespace_watched
+    from fewerbits_operator.base.kube import namespace_watched
 
     assert namespace_watched("t-abc", ["t-*"]) and not namespace_watched("demo", ["t-*"])
     assert namespace_watched("anything", [])

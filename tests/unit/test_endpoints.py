@@ -10,7 +10,7 @@ import pytest
 
 from fewerbits_api.endpoints import EndpointRefused, check_endpoint, endpoint_matches, endpoint_refusal
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_operator.effective import combine_policies, deep_merge, effective_spec, effective_values
+from fewerbits_operator.artifacts.effective import combine_policies, deep_merge, effective_spec, effective_values
 
 SPEC = {"source": {"uri": "s3://models/llama", "endpoint": "http://127.0.0.1:9000"},
         "storage": {"uri": "s3://bkt/q", "endpoint": "http://127.0.0.1:9000"}}
@@ -340,7 +340,7 @@ def test_urllib_and_boto3_connect_to_the_pin_keeping_the_host_header(pins, monke
 
 def test_the_operator_refuses_before_connecting_naming_the_field(pins):
     from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
-    from fewerbits_operator.storage import ModelConfigError, ObjectStore, S3Credentials, StorageError
+    from fewerbits_operator.base.storage import ModelConfigError, ObjectStore, S3Credentials, StorageError
 
     endpoints, dns, _ = pins
     dns.table["minio.storage.svc"] = ["10.96.3.4"]

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from fewerbits_operator import explain_cmd
+from fewerbits_operator.cli import explain_cmd
 
 MODEL = {"apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
          "metadata": {"name": "m", "namespace": "team-a"},
@@ -78,7 +78,7 @@ def test_explain_unknown_model(capsys):
 
 
 def test_cli_lists_explain():
-    from fewerbits_operator.cli import build_parser
+    from fewerbits_operator.cli.main import build_parser
 
     args = build_parser().parse_args(["explain", "m", "-n", "team-a"])
     assert (args.name, args.namespace, args.func) == ("m", "team-a", explain_cmd.run)

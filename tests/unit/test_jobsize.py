@@ -13,12 +13,12 @@ from fewerbits_api.conditions import Reason
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.policy import QuantizationJobPlacement, QuantizationPolicy
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelSpec
-from fewerbits_operator.artifacts import planned_artifacts
-from fewerbits_operator.cli import main
-from fewerbits_operator.jobfailure import classify
-from fewerbits_operator.jobresources import quantity_bytes
-from fewerbits_operator.observe import evictions, job_limits
-from fewerbits_operator.observed import ContainerTermination, JobFacts, JobState
+from fewerbits_operator.artifacts.keys import planned_artifacts
+from fewerbits_operator.cli.main import main
+from fewerbits_operator.artifacts.jobfailure import classify
+from fewerbits_operator.artifacts.jobresources import quantity_bytes
+from fewerbits_operator.core.observe import evictions, job_limits
+from fewerbits_operator.base.observed import ContainerTermination, JobFacts, JobState
 from fewerbits_operator.planner import PlanRequest, load_model_shape, plan, pool_from_product
 from fewerbits_operator.planner.jobsize import (
     DOWNLOAD_GBPS,
@@ -32,8 +32,8 @@ from fewerbits_operator.planner.jobsize import (
     size_plan_jobs,
     source_bytes,
 )
-from fewerbits_operator.render import Owner, render_job
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.serving.render import Owner, render_job
+from fewerbits_operator.base.settings import OperatorSettings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 LLAMA_70B = CONFIGS / "llama-3.1-70b.json"
@@ -277,7 +277,7 @@ def test_observe_reads_evictions_and_limits_from_pod_and_job():
 
 
 def test_a_job_may_run_on_every_pool_that_can_hold_it_preferring_the_chosen_one():
-    from fewerbits_operator.jobresources import pool_placement
+    from fewerbits_operator.artifacts.jobresources import pool_placement
     from fewerbits_operator.planner.jobsize import job_pool_selectors
 
     shape = load_model_shape(CONFIGS / "llama-3.2-1b.json")
@@ -299,7 +299,7 @@ def test_a_job_may_run_on_every_pool_that_can_hold_it_preferring_the_chosen_one(
 
 
 def test_only_custom_s3_datasets_a_new_job_would_read_are_checked():
-    from fewerbits_operator.datasetcheck import EVAL_FIELD, datasets_to_check
+    from fewerbits_operator.artifacts.datasetcheck import EVAL_FIELD, datasets_to_check
 
     spec = QuantizedModelSpec.model_validate({
         "source": {"uri": "hf://a/b"}, "storage": {"uri": "s3://bkt/q"},
@@ -318,8 +318,8 @@ def test_an_unreadable_dataset_is_named_with_its_field():
     from botocore.exceptions import ClientError
 
     from fewerbits_api.quantizedmodel import StorageSpec
-    from fewerbits_operator.datasetcheck import EVAL_FIELD, check
-    from fewerbits_operator.storage import ObjectStore, S3Credentials
+    from fewerbits_operator.artifacts.datasetcheck import EVAL_FIELD, check
+    from fewerbits_operator.base.storage import ObjectStore, S3Credentials
 
     class Store(ObjectStore):
         """The real store over a stand-in S3 client (its HEAD answers ``code``)."""
@@ -359,7 +359,7 @@ def test_the_plan_shows_the_copy_job_of_a_source_served_as_it_is(capsys):
 
 
 def test_a_policy_caps_the_copy_and_the_refusal_names_the_figures(tmp_path, capsys):
-    from fewerbits_operator.effective import combine_policies
+    from fewerbits_operator.artifacts.effective import combine_policies
 
     policies = [QuantizationPolicy.model_validate({"metadata": {"name": n}, "spec": {"rules": {"maxSourceCopyGiB": v}}})
                 for n, v in (("team", 1000), ("platform", 100))]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from kopf._core.engines.indexing import OperatorIndexer
 
-from fewerbits_operator.indexes import IndexView, node_entry
-from fewerbits_operator.relevance import RelevanceFilter, node_relevant, policy_relevant
-from fewerbits_operator.ttlcache import TTLCache
+from fewerbits_operator.base.indexes import IndexView, node_entry
+from fewerbits_operator.base.relevance import RelevanceFilter, node_relevant, policy_relevant
+from fewerbits_operator.base.ttlcache import TTLCache
 
 
 def node(name: str, rv: str, *, product: str = "NVIDIA-H100-80GB-HBM3", gpus: str = "8",

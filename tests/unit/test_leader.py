@@ -12,7 +12,7 @@ import threading
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from fewerbits_operator.leader import LeaseElector
+from fewerbits_operator.runtime.leader import LeaseElector
 
 
 class LeaseStore:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fewerbits_api.lmeval_tasks import benchmark_problems, index
 from fewerbits_api.quantizedmodel import QuantizedModelSpec
-from fewerbits_operator.effective import effective_spec
+from fewerbits_operator.artifacts.effective import effective_spec
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from fewerbits_api.names import DEST_MANIFEST_NAME
 from fewerbits_api.quantizedmodel import QuantizedModelSpec
 from fewerbits_operator.planner.vllm_args import check_vllm_args
-from fewerbits_operator.render import render_deployment
+from fewerbits_operator.serving.render import render_deployment
 from tests.unit.test_render import OWNER, SETTINGS, SPEC, VARIANT
 
 KEY = "f" * 64

@@ -13,11 +13,11 @@ from kopf._core.engines.indexing import OperatorIndexer
 from kubernetes import client as k
 from kubernetes.client.rest import ApiException
 
-from fewerbits_operator.indexes import index_entry
-from fewerbits_operator.kube import Kube
-from fewerbits_operator.lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
-from fewerbits_operator.runner import Operator
-from fewerbits_operator.ttlcache import TTLCache
+from fewerbits_operator.base.indexes import index_entry
+from fewerbits_operator.base.kube import Kube
+from fewerbits_operator.serving.lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
+from fewerbits_operator.runtime.runner import Operator
+from fewerbits_operator.base.ttlcache import TTLCache
 
 MANAGED = {"app.kubernetes.io/managed-by": "fewerbits", "fewerbits.io/model": "m"}
 LWS = {"metadata": {"namespace": "t-a", "name": "m-h100x8", "uid": "u", "resourceVersion": "2", "labels": MANAGED,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fewerbits_operator.autoscaler.loop import Autoscaler
 from fewerbits_operator.autoscaler.metrics import DirectScrapeSource
-from fewerbits_operator.metricsprobe import MetricsProbe, metrics_event, probed
+from fewerbits_operator.runtime.metricsprobe import MetricsProbe, metrics_event, probed
 
 from tests.unit.test_autoscaler_loop import FakeIO, servers  # noqa: F401 - the fixture
 

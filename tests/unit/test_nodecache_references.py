@@ -3,7 +3,7 @@ the fetch init container of a node-cache pod reading it."""
 
 from __future__ import annotations
 
-from fewerbits_operator.nodecache import (
+from fewerbits_operator.core.nodecache import (
     REFERENCES_CONFIGMAP,
     REFERENCES_MOUNT,
     ApplyReferences,
@@ -12,7 +12,7 @@ from fewerbits_operator.nodecache import (
     decide_references,
     references_body,
 )
-from fewerbits_operator.render import render_deployment
+from fewerbits_operator.serving.render import render_deployment
 from fewerbits_runtime.nodecache import read_referenced
 from tests.unit.test_render import OWNER, SETTINGS, SPEC, VARIANT
 

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from fewerbits_operator import artifacts, canary_observe, decide as decide_mod, observe
-from fewerbits_operator.decide import current_plan, decide, effective_for
-from fewerbits_operator.observed import Planning
+from fewerbits_operator.artifacts import keys as artifacts
+
+from fewerbits_operator.serving import canary_observe
+
+from fewerbits_operator.core import decide as decide_mod
+
+from fewerbits_operator.core import observe
+from fewerbits_operator.core.decide import current_plan, decide, effective_for
+from fewerbits_operator.base.observed import Planning
 from tests.unit.test_decide import SETTINGS, World
 from tests.unit.test_reconcile_fake import NAME, NS, publish, world  # noqa: F401  (the fixture)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
-from fewerbits_operator.datapins import DataPin
-from fewerbits_operator.pincache import PinCache, PinKey, settled_etag
-from fewerbits_operator.reconcile import Reconciler
-from fewerbits_operator.settings import OperatorSettings
-from fewerbits_operator.storage import StorageError
+from fewerbits_operator.base.datapins import DataPin
+from fewerbits_operator.artifacts.pincache import PinCache, PinKey, settled_etag
+from fewerbits_operator.runtime.reconcile import Reconciler
+from fewerbits_operator.base.settings import OperatorSettings
+from fewerbits_operator.base.storage import StorageError
 from tests.unit.test_reconcile_fake import NAME, NS, FakeKube, FakeStore, publish
 
 DATA = "s3://data/calib.jsonl"

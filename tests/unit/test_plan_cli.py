@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fewerbits_operator.cli import main
+from fewerbits_operator.cli.main import main
 
 HERE = Path(__file__).parent
 CONFIGS = HERE / "fixtures" / "model_configs"

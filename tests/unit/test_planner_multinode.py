@@ -10,7 +10,7 @@ import pytest
 
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.quantizedmodel import PlanVariant, RejectedPool
-from fewerbits_operator.cli import main
+from fewerbits_operator.cli.main import main
 from fewerbits_operator.planner import PlanRequest, check_vllm_args, load_model_shape, plan_pool, pool_from_product
 from fewerbits_operator.planner.multinode import stage_weight_bytes_per_gpu
 from fewerbits_operator.planner.rules import GIB, runtime_reserve_bytes

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fewerbits_api.policy import QuantizationPolicy
-from fewerbits_operator.effective import combine_policies, deep_merge, effective_spec, effective_values, matching_policies
+from fewerbits_operator.artifacts.effective import combine_policies, deep_merge, effective_spec, effective_values, matching_policies
 
 SPEC = {"source": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "abc123"},
         "storage": {"uri": "s3://bkt/q"}}

@@ -3,7 +3,7 @@ both; written only where it changed (zero writes at rest)."""
 
 from __future__ import annotations
 
-from fewerbits_operator.policy_status import policy_statuses, status_writes
+from fewerbits_operator.runtime.policy_status import policy_statuses, status_writes
 
 NOW = "2026-11-23T12:00:00Z"
 

@@ -28,8 +28,8 @@ from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quality import eval_overlaps_calibration
 from fewerbits_api.policy import QuantizationPolicySpec
 from fewerbits_api.quantizedmodel import QuantizedModelSpec
-from fewerbits_operator.artifacts import job_name
-from fewerbits_operator.effective import effective_spec
+from fewerbits_operator.artifacts.keys import job_name
+from fewerbits_operator.artifacts.effective import effective_spec
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from fewerbits_api.artifact import Manifest, QualityReport
 from fewerbits_api.quality import MetricResult, eval_identity
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizedModelStatus
-from fewerbits_operator import quality_cmd
-from fewerbits_operator.decide import decide
-from fewerbits_operator.quality_gate import judge_quality, worst_recovery
+from fewerbits_operator.cli import quality_cmd
+from fewerbits_operator.core.decide import decide
+from fewerbits_operator.artifacts.quality_gate import judge_quality, worst_recovery
 from tests.unit.test_decide import NOW, SETTINGS, World, base_spec
 
 BENCH = {"task": "arc_easy", "limit": 100, "metric": "acc", "minRecoveryPercent": 97}
@@ -156,7 +156,7 @@ def _published_under(measured: QualityGateSpec) -> World:
 def test_changed_gate_starts_an_evaluation_only_job_not_a_quantization():
     import json
 
-    from fewerbits_operator.decide import CreateJob
+    from fewerbits_operator.core.decide import CreateJob
 
     w = _published_under(QualityGateSpec(maxPerplexityIncreasePercent=5))
     o = decide(w.observed(), SETTINGS)
@@ -187,7 +187,7 @@ def test_the_evaluation_result_beside_the_artifact_answers_the_gate():
 
 
 def test_an_older_perplexity_only_manifest_starts_no_job_for_a_perplexity_only_gate():
-    from fewerbits_operator.quality_gate import needs_evaluation
+    from fewerbits_operator.artifacts.quality_gate import needs_evaluation
 
     gate = QualityGateSpec(maxPerplexityIncreasePercent=5)
     q = report(gate).model_copy(update={"metrics": [], "evalIdentity": None})

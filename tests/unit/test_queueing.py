@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fewerbits_operator.admission import AdmissionGate
-from fewerbits_operator.decide import CreateJob, decide
-from fewerbits_operator.observed import JobFacts, JobState
-from fewerbits_operator.policy_status import NamespaceModels, namespace_models, policy_statuses
-from fewerbits_operator.queueing import (
+from fewerbits_operator.runtime.admission import AdmissionGate
+from fewerbits_operator.core.decide import CreateJob, decide
+from fewerbits_operator.base.observed import JobFacts, JobState
+from fewerbits_operator.runtime.policy_status import NamespaceModels, namespace_models, policy_statuses
+from fewerbits_operator.base.queueing import (
     Admission,
     QueueFacts,
     Waiter,
@@ -17,7 +17,7 @@ from fewerbits_operator.queueing import (
     slot_changed,
     waiters_of,
 )
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.base.settings import OperatorSettings
 
 from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, policy
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from fewerbits_api.artifact import Manifest, QualityReport
-from fewerbits_operator.execute import StatusConflict
+from fewerbits_operator.core.execute import StatusConflict
 from fewerbits_operator.planner import pool_from_product
-from fewerbits_operator.reconcile import Reconciler
-from fewerbits_operator.settings import OperatorSettings
-from fewerbits_operator.storage import ModelConfigError
+from fewerbits_operator.runtime.reconcile import Reconciler
+from fewerbits_operator.base.settings import OperatorSettings
+from fewerbits_operator.base.storage import ModelConfigError
 
 CONFIG = json.loads((Path(__file__).parent / "fixtures" / "model_configs" / "llama-3.2-1b.json").read_text())
 NS, NAME = "team", "m"

@@ -3,8 +3,8 @@ the small helpers of observe and decide."""
 
 import json
 
-from fewerbits_operator.decide import termination_text
-from fewerbits_operator.observed import ContainerTermination
+from fewerbits_operator.core.decide import termination_text
+from fewerbits_operator.base.observed import ContainerTermination
 
 
 def _termination_text(term: dict) -> str:
@@ -36,7 +36,7 @@ def test_long_messages_are_cut():
 
 
 def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when_unreadable():
-    from fewerbits_operator.observe import may_select as _may_select
+    from fewerbits_operator.core.observe import may_select as _may_select
 
     raw = {"metadata": {"name": "p"}, "spec": {"namespaceSelector": {"matchLabels": {"team": "a"}},
                                                "formatByGPUFamily": {"hopper": "auto"}}}
@@ -48,7 +48,7 @@ def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when
 
 def test_serving_targets_are_told_as_written():
     from fewerbits_api.quantizedmodel import ServingTarget
-    from fewerbits_operator.decide import _target_text
+    from fewerbits_operator.core.decide import _target_text
 
     assert _target_text(ServingTarget(family="hopper")) == "family hopper"
     assert _target_text(ServingTarget(product="NVIDIA-B200")) == "product NVIDIA-B200"

@@ -15,8 +15,8 @@ from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import CONTRACT_ENV, QuantJobContract
 from fewerbits_api.policy import QuantizationJobPlacement
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
-from fewerbits_operator.artifacts import job_name, key_inputs, planned_artifacts
-from fewerbits_operator.render import (
+from fewerbits_operator.artifacts.keys import job_name, key_inputs, planned_artifacts
+from fewerbits_operator.serving.render import (
     ANNOTATION_SPEC_HASH,
     Owner,
     render_deployment,
@@ -24,7 +24,7 @@ from fewerbits_operator.render import (
     render_service,
     startup_budget_seconds,
 )
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.base.settings import OperatorSettings
 
 GOLDEN = Path(__file__).parent / "golden"
 OWNER = Owner("llama", "ml", "0b1c2d3e-0000-4000-8000-000000000001")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
-from fewerbits_operator.lws import (
+from fewerbits_operator.serving.lws import (
     COMPONENT_WORKER,
     LWS_API_VERSION,
     leader_selector,
@@ -16,8 +16,8 @@ from fewerbits_operator.lws import (
     startup_budget_multinode,
 )
 from fewerbits_operator.planner import check_vllm_args
-from fewerbits_operator.render import POD_SECURITY, Owner, render_deployment, render_service, startup_budget_seconds
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.serving.render import POD_SECURITY, Owner, render_deployment, render_service, startup_budget_seconds
+from fewerbits_operator.base.settings import OperatorSettings
 
 from tests.unit.test_render import golden
 

@@ -14,10 +14,10 @@ import copy
 
 import pytest
 
-from fewerbits_operator.lws import COMPONENT_WORKER, SHM_SIZE, render_lws
-from fewerbits_operator.nodecache import NODE_CACHE_MOUNT
+from fewerbits_operator.serving.lws import COMPONENT_WORKER, SHM_SIZE, render_lws
+from fewerbits_operator.core.nodecache import NODE_CACHE_MOUNT
 from fewerbits_operator.planner import check_vllm_args
-from fewerbits_operator.render import render_deployment
+from fewerbits_operator.serving.render import render_deployment
 
 from tests.unit.test_render_lws import OWNER, SELECTOR, SETTINGS, SPEC, VARIANT
 

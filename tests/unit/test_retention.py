@@ -3,8 +3,8 @@ mark, clear, delete) and the order execute deletes in (manifest first)."""
 
 from __future__ import annotations
 
-from fewerbits_operator.execute import execute_retention
-from fewerbits_operator.retention import (
+from fewerbits_operator.core.execute import execute_retention
+from fewerbits_operator.core.retention import (
     ClearMark,
     DeleteArtifact,
     Location,

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fewerbits_api.quantizedmodel import QuantizedModelSpec
-from fewerbits_operator import routing
-from fewerbits_operator.decide import CreateService, decide
-from fewerbits_operator.execute import ordered
-from fewerbits_operator.render import Owner
-from fewerbits_operator.routing import CreateInferencePool, PatchInferencePool, RoutingFacts
+from fewerbits_operator.serving import routing
+from fewerbits_operator.core.decide import CreateService, decide
+from fewerbits_operator.core.execute import ordered
+from fewerbits_operator.serving.render import Owner
+from fewerbits_operator.serving.routing import CreateInferencePool, PatchInferencePool, RoutingFacts
 
 from tests.unit.test_decide import NAME, NS, SETTINGS, UID, World, _ready_world, base_spec
 
@@ -117,7 +117,7 @@ def test_cost_weight_setting_and_rule_are_checked():
     from pydantic import ValidationError
 
     from fewerbits_api.policy import PolicyRules
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.base.settings import OperatorSettings
     with pytest.raises(ValidationError, match="FEWERBITS_GPU_COST_WEIGHTS: GPU cost weight 'NVIDIA-L4=0'"):
         OperatorSettings(gpu_cost_weights="NVIDIA-L4=0")
     with pytest.raises(ValidationError, match="poolCostWeights"):
@@ -126,7 +126,7 @@ def test_cost_weight_setting_and_rule_are_checked():
 
 # ---------------------------------------------------------------- the operator's endpoint picker
 
-from fewerbits_operator import picker as epp  # noqa: E402
+from fewerbits_operator.serving import picker as epp  # noqa: E402
 
 
 def picker_world(objects=None, unmetered=False):
@@ -211,7 +211,7 @@ def test_a_picker_object_someone_else_owns_is_a_conflict_never_written():
 
 
 def test_back_to_service_routing_removes_the_pickers_deployment_only():
-    from fewerbits_operator.decide import DeleteDeployment
+    from fewerbits_operator.core.decide import DeleteDeployment
     w = World(spec=base_spec(serving={"maxModelLen": 4096}))
     _ready_world(w)
     dep = rendered()["Deployment"]

@@ -13,7 +13,7 @@ import pytest
 from fewerbits_api import conditions as C
 from fewerbits_api.conditions import Reason
 from fewerbits_api.quantizedmodel import QuantizedModelSpec, VariantServingStatus
-from fewerbits_operator.actions import (
+from fewerbits_operator.base.actions import (
     CreateDeployment,
     CreateInferencePool,
     CreateService,
@@ -22,7 +22,7 @@ from fewerbits_operator.actions import (
     ReplaceDeployment,
     WorkloadKind,
 )
-from fewerbits_operator.decide import (
+from fewerbits_operator.core.decide import (
     ArtifactVerdict,
     RoutingStep,
     ServingStep,
@@ -40,10 +40,10 @@ from fewerbits_operator.decide import (
     serving_status,
     variant_workload,
 )
-from fewerbits_operator.observed import CanaryLeftovers, ContainerTermination
-from fewerbits_operator.render import ANNOTATION_SPEC_HASH, LABEL_VARIANT, Owner, endpoint
-from fewerbits_operator.observed import PickerFacts, RoutingFacts
-from fewerbits_operator.picker import KINDS
+from fewerbits_operator.base.observed import CanaryLeftovers, ContainerTermination
+from fewerbits_operator.serving.render import ANNOTATION_SPEC_HASH, LABEL_VARIANT, Owner, endpoint
+from fewerbits_operator.base.observed import PickerFacts, RoutingFacts
+from fewerbits_operator.serving.picker import KINDS
 from tests.unit.test_decide import NAME, NS, SETTINGS, UID, World, manifest
 from tests.unit.test_decide_lws import H100X8X2, world as lws_world
 

@@ -6,11 +6,11 @@ tools. Pure: keys, the legacy match, and ``decide`` on hand-built facts."""
 from __future__ import annotations
 
 from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS, ArtifactKeyInputs, Manifest
-from fewerbits_operator.artifacts import legacy_candidates, outdated_tools, serves_planned
-from fewerbits_operator.decide import CreateJob, ReplaceDeployment, decide
-from fewerbits_operator.observed import ArtifactFacts
-from fewerbits_operator.render import Owner, render_deployment, render_service
-from fewerbits_operator.settings import OperatorSettings
+from fewerbits_operator.artifacts.keys import legacy_candidates, outdated_tools, serves_planned
+from fewerbits_operator.core.decide import CreateJob, ReplaceDeployment, decide
+from fewerbits_operator.base.observed import ArtifactFacts
+from fewerbits_operator.serving.render import Owner, render_deployment, render_service
+from fewerbits_operator.base.settings import OperatorSettings
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from tests.unit.test_decide import NAME, NS, SETTINGS, UID, World, base_spec, manifest

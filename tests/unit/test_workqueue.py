@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from fewerbits_operator import runner as runner_mod
-from fewerbits_operator.resync import model_steady, next_resync
-from fewerbits_operator.runner import Operator
-from fewerbits_operator.settings import OperatorSettings
-from fewerbits_operator.workqueue import WorkQueue, run_worker
+from fewerbits_operator.runtime import runner as runner_mod
+from fewerbits_operator.runtime.resync import model_steady, next_resync
+from fewerbits_operator.runtime.runner import Operator
+from fewerbits_operator.base.settings import OperatorSettings
+from fewerbits_operator.runtime.workqueue import WorkQueue, run_worker
 
 
 class FakeClock:

@@ -26,9 +26,9 @@ def render() -> int:
     for p in ("crds", "operator", "runtime", ""):
         sys.path.insert(0, str(REPO / p))
     from fewerbits_api.quantizedmodel import PlanVariant, QuantizedModelSpec
-    from fewerbits_operator.lws import render_lws
-    from fewerbits_operator.render import Owner, render_deployment
-    from fewerbits_operator.settings import OperatorSettings
+    from fewerbits_operator.serving.lws import render_lws
+    from fewerbits_operator.serving.render import Owner, render_deployment
+    from fewerbits_operator.base.settings import OperatorSettings
 
     spec = QuantizedModelSpec.model_validate({
         "source": {"uri": "hf://meta-llama/Llama-3.1-8B", "revision": "0" * 40},

@@ -6,13 +6,13 @@
   decision (docs/autoscaling.md).
 - ``loop``: the ``Autoscaler`` that observes, decides and writes only the Deployment's scale
   subresource, the autoscaler-owned fields of ``status.serving`` and Events.
-- I/O goes through ``fewerbits_operator.kube.Kube``, which implements ``AutoscalerIO`` (one module talks to the API server).
+- I/O goes through ``fewerbits_operator.base.kube.Kube``, which implements ``AutoscalerIO`` (one module talks to the API server).
 """
 
-from .algorithm import Decision, History, Observation, Tuning, bounds, decide
-from .forecast import Forecast, Forecaster, ForecastTuning, foresee, foresight_step
-from .loop import AUTOSCALER_FIELDS, Autoscaler, AutoscalerIO, merge_serving
-from .metrics import (
+from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, Tuning, bounds, decide
+from fewerbits_operator.autoscaler.forecast import Forecast, Forecaster, ForecastTuning, foresee, foresight_step
+from fewerbits_operator.autoscaler.loop import AUTOSCALER_FIELDS, Autoscaler, AutoscalerIO, merge_serving
+from fewerbits_operator.autoscaler.metrics import (
     DirectScrapeSource,
     MetricsSource,
     PodSample,

@@ -49,7 +49,7 @@ from typing import Sequence
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec
 
-from .metrics import PodSample
+from fewerbits_operator.autoscaler.metrics import PodSample
 
 EPS = 1e-9
 

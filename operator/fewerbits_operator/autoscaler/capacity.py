@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from .algorithm import Decision, Tuning
+from fewerbits_operator.autoscaler.algorithm import Decision, Tuning
 
 EPS = 1e-9
 

@@ -49,7 +49,7 @@ from typing import Literal
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec
 
-from .algorithm import Decision, Tuning, bounds
+from fewerbits_operator.autoscaler.algorithm import Decision, Tuning, bounds
 
 EPS = 1e-9
 DAY = 86400.0

@@ -12,8 +12,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from ..kube import CONFLICT_RETRIES, Kube
-from .loop import merge_serving
+from fewerbits_operator.base.kube import CONFLICT_RETRIES, Kube
+from fewerbits_operator.autoscaler.loop import merge_serving
 
 
 class KubeAutoscalerIO:

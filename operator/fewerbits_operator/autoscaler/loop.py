@@ -9,7 +9,7 @@ scaling decision. It never writes a spec. Its bounds and targets are the ones re
 published in ``status.autoscaling`` (the spec over policy defaults, the policy's cap): one place
 decides which policy governs a model, and an invalid or violated policy, which leaves that field
 empty, stops scaling (fail closed). All API I/O goes through the ``AutoscalerIO`` protocol
-(``fewerbits_operator.kube.Kube`` implements it).
+(``fewerbits_operator.base.kube.Kube`` implements it).
 
 Recommendation history lives in memory, per variant. Losing it on a restart is safe: a
 scale-down waits the full ``scaleDownDelaySeconds`` again (``algorithm._record``). So does the
@@ -31,11 +31,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from fewerbits_api.quantizedmodel import AUTOSCALER_FIELDS, EffectiveAutoscaling
 
-from ..render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
-from .algorithm import Decision, History, Observation, Tuning, bounds, decide
-from .capacity import economics_from_plan, rebalance
-from .forecast import Forecast, Forecaster, foresight_step
-from .metrics import MetricsSource, PodSample, PodTarget
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, LABEL_VARIANT, VLLM_PORT
+from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, Tuning, bounds, decide
+from fewerbits_operator.autoscaler.capacity import economics_from_plan, rebalance
+from fewerbits_operator.autoscaler.forecast import Forecast, Forecaster, foresight_step
+from fewerbits_operator.autoscaler.metrics import MetricsSource, PodSample, PodTarget
 
 log = logging.getLogger("fewerbits.autoscaler")
 
@@ -44,7 +44,7 @@ log = logging.getLogger("fewerbits.autoscaler")
 
 class AutoscalerIO(Protocol):
     """The API verbs the autoscaler needs. The first three and ``list_deployments``/``post_event``
-    have the signatures of ``fewerbits_operator.kube.Kube``'s methods of the same names."""
+    have the signatures of ``fewerbits_operator.base.kube.Kube``'s methods of the same names."""
 
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
         """QuantizedModels (raw objects, status included) in these namespaces; empty: all."""

@@ -10,8 +10,8 @@ The operator calls::
     errors = check_vllm_args(spec.serving.extraArgs)     # [] when vLLM would accept them
 """
 
-from .catalog import CATALOG, GPUPool, GPUSpec, lookup_product, pool_from_product, pool_name, pools_from_nodes
-from .rules import (
+from fewerbits_operator.planner.catalog import CATALOG, GPUPool, GPUSpec, lookup_product, pool_from_product, pool_name, pools_from_nodes
+from fewerbits_operator.planner.rules import (
     PlanRequest,
     compute_dtype,
     estimate_weights,
@@ -22,8 +22,8 @@ from .rules import (
     pool_targeted,
     unmatched_targets,
 )
-from .shape import ModelConfigError, ModelShape, load_model_shape, shape_from_config
-from .vllm_args import VLLM_VERSION, check_vllm_args, vllm_arg_spec
+from fewerbits_operator.planner.shape import ModelConfigError, ModelShape, load_model_shape, shape_from_config
+from fewerbits_operator.planner.vllm_args import VLLM_VERSION, check_vllm_args, vllm_arg_spec
 
 __all__ = [
     "CATALOG",

@@ -42,9 +42,9 @@ from typing import Iterable, Mapping, Sequence
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import QuantizationJobSize
 
-from .catalog import GPUPool
-from .rules import estimate_weights
-from .shape import ModelShape
+from fewerbits_operator.planner.catalog import GPUPool
+from fewerbits_operator.planner.rules import estimate_weights
+from fewerbits_operator.planner.shape import ModelShape
 
 GIB = 2**30
 

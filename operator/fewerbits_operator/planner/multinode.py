@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 from fewerbits_api.formats import QuantFormat
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .catalog import GPUPool
-    from .rules import Fit, PlanRequest
-    from .shape import ModelShape
+    from fewerbits_operator.planner.catalog import GPUPool
+    from fewerbits_operator.planner.rules import Fit, PlanRequest
+    from fewerbits_operator.planner.shape import ModelShape
 
 MAX_NODES_PER_REPLICA = 64
 """The CRD's bound on ``nodesPerReplica`` (a LeaderWorkerSet group of more pods is not planned)."""
@@ -64,7 +64,7 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
                      target_len: int | None, request: PlanRequest) -> Fit:
     """The fewest nodes (2 up to the pool's) on which ``fmt`` fits with tensor parallelism inside
     each node, or a Fit with ``tp=None`` whose reason carries the numbers across the pool."""
-    from . import rules as r
+    from fewerbits_operator.planner import rules as r
 
     weights = r.estimate_weights(shape, fmt, request.ignore)
     fmt_name = "16 bits (format none)" if fmt is QuantFormat.NONE else fmt.value

@@ -21,9 +21,9 @@ from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, RejectedPool, 
 
 from fewerbits_api.architectures import effective_ignore, matches, quantize_blocker
 
-from .catalog import CC, GPUPool, family_from_cc
-from .shape import LinearGroup, ModelShape
-from .vllm_args import plan_args
+from fewerbits_operator.planner.catalog import CC, GPUPool, family_from_cc
+from fewerbits_operator.planner.shape import LinearGroup, ModelShape
+from fewerbits_operator.planner.vllm_args import plan_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from fewerbits_api.policy import QuantizationPolicySpec
@@ -754,7 +754,7 @@ def _or_across_nodes(shape: ModelShape, pool: GPUPool, single: Fit, kv_dtype: st
     warning that says why, or ``single`` with the multi-node numbers added to its reason."""
     if single.tp is not None or pool.node_count < 2:
         return single
-    from .multinode import fit_across_nodes
+    from fewerbits_operator.planner.multinode import fit_across_nodes
 
     multi = fit_across_nodes(shape, pool, single.fmt, kv_dtype, target_len, request)
     if multi.tp is None:

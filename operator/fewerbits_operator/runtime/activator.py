@@ -1,0 +1,300 @@
+"""Scale from zero: the activator holds a request for a model at zero replicas while one replica
+starts, then passes it on (docs/routing.md, "Scale from zero").
+
+Why an activator and not the endpoint picker: the EPP (Gateway API Inference Extension v1.1.0)
+answers a request for a pool with no ready pod with an error at once; it has no hook that holds a
+request or asks for capacity. So, as Knative does, a small HTTP component sits in the path while a
+model can be at zero: it runs in every operator replica (``FEWERBITS_ACTIVATOR_PORT``; it needs
+no leadership: it holds requests and wakes a variant, both safe from several replicas), and
+``atzero.py`` points the model's own Service at it (an extra EndpointSlice) while the model has no
+more than one ready serving pod, so the user's URL reaches it at zero.
+
+For each request (the model from the ``Host`` the Service was called by,
+``<model>.<namespace>.svc[...]``, or the ``X-Fewerbits-Model: <namespace>/<model>`` header):
+
+1. a ready serving pod exists: forward to it at once;
+2. otherwise the request waits, bounded in count per model (``activator_queue``) and in time
+   (``activator_timeout_seconds``); past either it is answered 503 with ``Retry-After``;
+3. the first waiting request wakes the model: one variant (the first of the plan with a
+   Deployment) goes from 0 to 1 replica through the scale subresource, written conditionally on
+   the scale's resourceVersion and only while it is at 0 (two replicas waking at once write once;
+   a wake never lowers a count the autoscaler raised), with an event ``ScaledFromZero``;
+4. the waiting requests are forwarded as soon as a pod is ready, and the answer is passed back as
+   it arrives (server-sent events of ``stream: true`` chunk by chunk, never buffered whole).
+
+Prometheus metrics: ``fewerbits_activator_wakes_total``, ``fewerbits_activator_hold_seconds``,
+``fewerbits_activator_rejected_total{reason=queue|timeout}``, ``fewerbits_activator_waiting``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterable, Iterator
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from fewerbits_operator.base.kube import Kube
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT
+
+log = logging.getLogger("fewerbits.activator")
+
+SCALED_FROM_ZERO = "ScaledFromZero"
+RETRY_AFTER_SECONDS = 5
+
+WAKES = Counter("fewerbits_activator_wakes_total",
+                "Variants the activator scaled from 0 to 1 replica (conditional writes that took effect)")
+HOLD_SECONDS = Histogram("fewerbits_activator_hold_seconds",
+                         "How long a request waited in the activator for a ready replica (served or not)",
+                         buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600))
+REJECTED = Counter("fewerbits_activator_rejected_total",
+                   "Requests answered 503 with Retry-After: the per-model queue was full (queue) or no "
+                   "replica became ready in time (timeout)", ["reason"])
+WAITING = Gauge("fewerbits_activator_waiting", "Requests waiting in the activator for a ready replica")
+for _r in ("queue", "timeout"):
+    REJECTED.labels(_r)
+
+Body = bytes | Iterable[bytes]
+"""A whole body, or chunks passed on as they arrive (a streamed completion)."""
+Response = tuple[int, dict[str, str], Body]
+HOST = re.compile(r"^(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)\.svc(\.|:|$)")
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+def model_of(host: str | None, header: str | None) -> tuple[str, str] | None:
+    """(namespace, name) of the model a request is for, or None."""
+    if header and "/" in header:
+        ns, _, name = header.partition("/")
+        return ns.strip(), name.strip()
+    m = HOST.match((host or "").lower())
+    return (m.group("ns"), m.group("name")) if m else None
+
+
+def ready_pod(pods: list[dict[str, Any]]) -> str | None:
+    """`ip:port` of a ready serving pod, or None."""
+    for p in pods:
+        st = p.get("status") or {}
+        if (p.get("metadata") or {}).get("deletionTimestamp") or not st.get("podIP"):
+            continue
+        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []):
+            return f"{st['podIP']}:{VLLM_PORT}"
+    return None
+
+
+def variant_to_wake(model: dict[str, Any], deployments: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Deployment to bring from zero: the first variant of the plan that has one (the planner
+    lists its variants best first), else the first Deployment; None when one already has replicas."""
+    if any(int((d.get("spec") or {}).get("replicas") or 0) > 0 for d in deployments):
+        return None
+    order = [v.get("pool") for v in (((model.get("status") or {}).get("plan") or {}).get("variants") or [])]
+    by_variant = {(d["metadata"].get("labels") or {}).get("fewerbits.io/variant"): d for d in deployments}
+    for pool in order:
+        if pool in by_variant:
+            return by_variant[pool]
+    return deployments[0] if deployments else None
+
+
+REWAKE_SECONDS = 5.0
+
+
+@dataclass
+class ModelGate:
+    """The requests waiting for one model, and whether a wake-up was asked."""
+
+    waiting: int = 0
+    woke_at: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Activator:
+    def __init__(self, kube: Kube, *, queue: int = 100, timeout: float = 300.0, poll: float = 0.5,
+                 forward: Callable[[str, str, str, bytes, dict[str, str]], Response] | None = None):
+        self.kube = kube
+        self.queue = queue
+        self.timeout = timeout
+        self.poll = poll
+        self.forward = forward or forward_http
+        self._gates: dict[tuple[str, str], ModelGate] = {}
+        self._lock = threading.Lock()
+        self.woken = 0
+        """Wake-ups asked (a counter for tests and metrics)."""
+        self._held: dict[tuple[str, str], float] = {}
+
+    def last_held(self, ns: str, name: str) -> float | None:
+        """When (epoch seconds) a request for this model last waited here for a replica: the
+        autoscaler keeps a woken model from going back to zero for scaleDownDelaySeconds after it."""
+        with self._lock:
+            return self._held.get((ns, name))
+
+    def _note_held(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._held[key] = time.time()
+
+    def gate(self, key: tuple[str, str]) -> ModelGate:
+        with self._lock:
+            return self._gates.setdefault(key, ModelGate())
+
+    def pods(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_COMPONENT}=server")
+
+    def wake(self, ns: str, name: str, model: dict[str, Any]) -> str | None:
+        """Scale one variant from zero (once per wait). Returns what it did, for the log."""
+        deps = self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")
+        dep = variant_to_wake(model, deps)
+        if dep is None:
+            return None
+        dname = dep["metadata"]["name"]
+        # Conditional: only from 0, at the resourceVersion read (another activator replica, or the
+        # autoscaler, may have written meanwhile: then this write is refused and nothing is lost).
+        if not self.kube.wake_scale(ns, dname):
+            return None
+        self.woken += 1
+        WAKES.inc()
+        msg = f"a request arrived while every variant was at zero replicas: Deployment {dname} scaled 0->1"
+        self.kube.post_event(model, "Normal", SCALED_FROM_ZERO, msg)
+        log.info("%s/%s: %s", ns, name, msg)
+        return dname
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
+        key = model_of(headers.get("host"), headers.get("x-fewerbits-model"))
+        if key is None:
+            return error(400, "the request names no model: call the model's Service (Host <model>.<namespace>.svc) "
+                              "or set X-Fewerbits-Model: <namespace>/<model>")
+        ns, name = key
+        model = self.kube.get_model(ns, name)
+        if model is None:
+            return error(404, f"no QuantizedModel {ns}/{name}")
+        target = ready_pod(self.pods(ns, name))
+        if target is None and not ((model.get("status") or {}).get("autoscaling") or {}).get("enabled"):
+            # Replicas come from spec.serving.replicas: reconcile would undo a wake-up.
+            return error(503, f"{ns}/{name} has no ready replica and autoscaling is off: nothing to wake "
+                              "(raise spec.serving.replicas or enable autoscaling with minReplicas 0)")
+        if target is None:
+            g = self.gate(key)
+            with g.lock:
+                if g.waiting >= self.queue:
+                    REJECTED.labels("queue").inc()
+                    return error(503, f"{ns}/{name} is starting and {g.waiting} requests already wait for it",
+                                 {"Retry-After": str(RETRY_AFTER_SECONDS)})
+                g.waiting += 1
+            self._note_held(key)
+            WAITING.inc()
+            t0 = time.monotonic()
+            try:
+                target = self._wait(ns, name, model, g)
+            finally:
+                with g.lock:
+                    g.waiting -= 1
+                self._note_held(key)
+                WAITING.dec()
+                HOLD_SECONDS.observe(time.monotonic() - t0)
+            if target is None:
+                REJECTED.labels("timeout").inc()
+                return error(503, f"{ns}/{name}: no replica became ready within {self.timeout:.0f}s; "
+                                  "it is still starting", {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+        return self.forward(method, f"http://{target}{path}", target, body, fwd)
+
+    def _wait(self, ns: str, name: str, model: dict[str, Any], g: ModelGate) -> str | None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            with g.lock:
+                # One wake per wait, asked again every REWAKE_SECONDS: a no-op while a variant has
+                # replicas (variant_to_wake), a new wake if the model fell back to zero meanwhile.
+                ask = g.woke_at is None or time.monotonic() - g.woke_at > min(self.timeout, REWAKE_SECONDS)
+                if ask:
+                    g.woke_at = time.monotonic()
+            if ask:
+                try:
+                    self.wake(ns, name, model)
+                except Exception as e:  # noqa: BLE001 - a failed write is retried on the next wait
+                    log.warning("%s/%s: scale from zero failed: %s", ns, name, e)
+                    with g.lock:
+                        g.woke_at = None
+            target = ready_pod(self.pods(ns, name))
+            if target:
+                with g.lock:
+                    g.woke_at = None
+                return target
+            time.sleep(self.poll)
+        return None
+
+
+def error(code: int, message: str, extra: dict[str, str] | None = None) -> Response:
+    body = json.dumps({"error": {"message": message, "type": "fewerbits_activator", "code": code}}).encode()
+    return code, {"Content-Type": "application/json", **(extra or {})}, body
+
+
+CHUNK = 64 * 1024
+
+
+def forward_http(method: str, url: str, target: str, body: bytes, headers: dict[str, str]) -> Response:
+    """Send the request to the pod; the answer's body is an iterator that yields what the pod has
+    sent as soon as it arrives (``read1``), so server-sent events pass through one by one."""
+    path = url.split(target, 1)[1] or "/"
+    host, _, port = target.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    try:
+        conn.request(method, path, body=body if method not in ("GET", "HEAD") else None, headers=headers)
+        resp = conn.getresponse()
+    except OSError as e:
+        conn.close()
+        return error(502, f"forwarding to {target} failed: {e}")
+    hdrs = {k: v for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP}
+    return resp.status, {**hdrs, "X-Fewerbits-Endpoint": target}, _chunks(resp, conn)
+
+
+def _chunks(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) -> Iterator[bytes]:
+    try:
+        while chunk := resp.read1(CHUNK):
+            yield chunk
+    finally:
+        conn.close()
+
+
+def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _any(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            code, hdrs, out = activator.handle(self.command, self.path, headers, body)
+            self.send_response(code)
+            for k, v in hdrs.items():
+                self.send_header(k, v)
+            if isinstance(out, (bytes, bytearray)):
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+                return
+            # Passed through as it arrives: HTTP/1.1 chunked, one chunk per read from the pod.
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for chunk in out:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            finally:
+                close = getattr(out, "close", None)
+                if close is not None:
+                    close()
+
+        do_GET = do_POST = do_PUT = do_DELETE = _any
+
+        def log_message(self, *args: Any) -> None:  # requests are logged by handle, not per line
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="fewerbits-activator", daemon=True).start()
+    return server

@@ -1,0 +1,225 @@
+"""The model's own endpoint at zero replicas: its Service points at the activator (docs/routing.md,
+"Through the model's Service at zero").
+
+A model with ``autoscaling.minReplicas: 0`` may have no pod; a client that calls its Service (the
+endpoint in status) must still be answered. As Knative does for a revision at zero, the activator
+is put in the Service's data path, here by one extra **EndpointSlice** for the model's Service:
+
+- labelled ``kubernetes.io/service-name: <model>`` (kube-proxy, and any gateway that resolves
+  Services through EndpointSlices, merges every slice with that label, whoever manages it) and
+  ``endpointslice.kubernetes.io/managed-by: activator.fewerbits.io`` (the EndpointSlice
+  controller leaves slices it does not manage alone, so the Service keeps its selector and its
+  own slice of pods);
+- listing the activator's ready endpoints, copied from the slices of the activator's own Service
+  (``FEWERBITS_ACTIVATOR_SERVICE``, ``<namespace>/<name>``, kept by the EndpointSlice controller:
+  a dead operator replica leaves them there and so leaves this slice at the next pass), on the
+  port named like the Service's (``http``).
+
+When: while the model may reach zero (``status.autoscaling``: enabled, ``minReplicas: 0``) and
+has at most one ready serving pod. So the activator is in the path **before** the last pod goes
+(the last ready pod and the activator share the traffic; the activator forwards what it gets to
+that pod), and leaves it only once a second pod is ready: there is no moment at which the Service
+has no ready endpoint because of this switch, in either direction. The Service's selector is never
+changed. Knative keeps its activator in the path of a revision with little spare capacity for the
+same reason (``target-burst-capacity``).
+
+Every operator replica runs this loop (no leadership): each computes the same slice from the same
+facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
+left to the next pass), so two replicas converge instead of fighting.
+
+Everything but ``ZeroRouter`` is pure.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL
+
+log = logging.getLogger("fewerbits.atzero")
+
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+MANAGED_BY = "activator.fewerbits.io"
+"""A label value (no "/"), after the EndpointSlice controller's own `endpointslice-controller.k8s.io`."""
+SERVICE_PORT_NAME = "http"
+"""The model Service's port name (render.render_service): a slice's port must carry it."""
+
+
+@dataclass(frozen=True)
+class ActivatorEndpoint:
+    ip: str
+    port: int
+
+
+def activator_endpoints(slices: list[dict[str, Any]]) -> list[ActivatorEndpoint]:
+    """The ready endpoints of the activator's own Service, from its EndpointSlices (the port named
+    ``http``, the chart's; a single unnamed port also counts)."""
+    out: set[ActivatorEndpoint] = set()
+    for s in slices:
+        ports = s.get("ports") or []
+        port = next((p.get("port") for p in ports if p.get("name") == SERVICE_PORT_NAME), None)
+        if port is None and len(ports) == 1:
+            port = ports[0].get("port")
+        if not port:
+            continue
+        for e in s.get("endpoints") or []:
+            if (e.get("conditions") or {}).get("ready") is False:
+                continue
+            out |= {ActivatorEndpoint(a, int(port)) for a in e.get("addresses") or []}
+    return sorted(out, key=lambda e: (e.port, e.ip))
+
+
+def may_reach_zero(model: dict[str, Any]) -> bool:
+    auto = published_autoscaling(model)
+    return auto is not None and auto.enabled and auto.minReplicas == 0
+
+
+def ready_serving_pods(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
+               and (p.get("status") or {}).get("podIP") and is_ready(p))
+
+
+def activator_in_path(model: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
+    """Whether the model's Service must also point at the activator: it may reach zero and has no
+    more than one ready serving pod (see the module docstring for why one, not zero)."""
+    return may_reach_zero(model) and ready_serving_pods(pods) <= 1
+
+
+def slice_name(model: str, port: int) -> str:
+    return f"{model}-activator-{port}"
+
+
+def render_slices(model: dict[str, Any], endpoints: list[ActivatorEndpoint]) -> list[dict[str, Any]]:
+    """One EndpointSlice per activator port and address family (a slice has one of each), owned by
+    the model (deleted with it)."""
+    md = model["metadata"]
+    groups: dict[tuple[int, str], list[str]] = {}
+    for e in endpoints:
+        family = "IPv6" if ipaddress.ip_address(e.ip).version == 6 else "IPv4"
+        groups.setdefault((e.port, family), []).append(e.ip)
+    out = []
+    for (port, family), ips in sorted(groups.items()):
+        out.append({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {
+                "name": slice_name(md["name"], port) + ("-v6" if family == "IPv6" else ""),
+                "namespace": md["namespace"],
+                "labels": {LABEL_SERVICE_NAME: md["name"], LABEL_MANAGED_BY: MANAGED_BY, LABEL_MODEL: md["name"]},
+                "ownerReferences": [{"apiVersion": model.get("apiVersion", "fewerbits.io/v1alpha1"),
+                                     "kind": model.get("kind", "QuantizedModel"), "name": md["name"],
+                                     "uid": md["uid"]}],
+            },
+            "addressType": family,
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": True, "serving": True, "terminating": False}}
+                          for ip in sorted(ips)],
+            "ports": [{"name": SERVICE_PORT_NAME, "port": port, "protocol": "TCP"}],
+        })
+    return out
+
+
+def _content(s: dict[str, Any]) -> Any:
+    md = s.get("metadata") or {}
+    return (md.get("labels"), s.get("addressType"), s.get("endpoints"), s.get("ports"),
+            [(r.get("uid"), r.get("name")) for r in md.get("ownerReferences") or []])
+
+
+@dataclass(frozen=True)
+class SliceChanges:
+    create: tuple[dict[str, Any], ...] = ()
+    replace: tuple[dict[str, Any], ...] = ()
+    """Desired slices carrying the resourceVersion of the one they replace."""
+    delete: tuple[tuple[str, str, str], ...] = ()
+    """(namespace, name, resourceVersion)."""
+
+
+def slice_changes(desired: list[dict[str, Any]], current: list[dict[str, Any]]) -> SliceChanges:
+    """What to write so that the model's activator slices are ``desired``; nothing when they are."""
+    cur = {s["metadata"]["name"]: s for s in current}
+    want = {s["metadata"]["name"]: s for s in desired}
+    create = tuple(s for n, s in want.items() if n not in cur)
+    replace = tuple({**s, "metadata": {**s["metadata"], "resourceVersion": cur[n]["metadata"].get("resourceVersion")}}
+                    for n, s in want.items() if n in cur and _content(cur[n]) != _content(s))
+    delete = tuple((s["metadata"]["namespace"], n, s["metadata"].get("resourceVersion", ""))
+                   for n, s in cur.items() if n not in want)
+    return SliceChanges(create, replace, delete)
+
+
+def decide_model(model: dict[str, Any], pods: list[dict[str, Any]], endpoints: list[ActivatorEndpoint],
+                 current: list[dict[str, Any]]) -> SliceChanges:
+    desired = render_slices(model, endpoints) if endpoints and activator_in_path(model, pods) else []
+    return slice_changes(desired, current)
+
+
+class ZeroRouterIO(Protocol):
+    """``fewerbits_operator.base.kube.Kube`` implements these."""
+
+    def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]: ...
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    def list_endpoint_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
+    def create_endpoint_slice(self, body: dict[str, Any]) -> None: ...
+    def replace_endpoint_slice(self, body: dict[str, Any]) -> bool: ...
+    def delete_endpoint_slice(self, namespace: str, name: str, resource_version: str) -> None: ...
+
+
+class ZeroRouter:
+    """The loop: every ``period`` seconds, each model's activator slices are brought to what
+    ``decide_model`` says."""
+
+    def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None):
+        self.io = io
+        self.activator_ns, _, self.activator_name = activator_service.partition("/")
+        self.namespaces = list(namespaces or [])
+        self.passes = 0
+        """Completed passes (tests wait on it instead of sleeping)."""
+
+    def run_once(self) -> dict[str, SliceChanges]:
+        endpoints = activator_endpoints(self.io.list_endpoint_slices(
+            self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
+        done: dict[str, SliceChanges] = {}
+        current_by_ns: dict[str, list[dict[str, Any]]] = {}
+        for model in self.io.list_models(self.namespaces):
+            md = model.get("metadata") or {}
+            ns, name = md.get("namespace", ""), md.get("name", "")
+            try:
+                if ns not in current_by_ns:
+                    current_by_ns[ns] = self.io.list_endpoint_slices(ns, f"{LABEL_MANAGED_BY}={MANAGED_BY}")
+                current = [s for s in current_by_ns[ns]
+                           if (s["metadata"].get("labels") or {}).get(LABEL_SERVICE_NAME) == name]
+                pods = (self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_COMPONENT}=server")
+                        if may_reach_zero(model) else [])
+                changes = decide_model(model, pods, endpoints, current)
+                self._apply(changes)
+                if changes.create or changes.replace or changes.delete:
+                    done[f"{ns}/{name}"] = changes
+                    log.info("%s/%s: activator %s the Service's path", ns, name,
+                             "out of" if changes.delete and not (changes.create or changes.replace) else "in")
+            except Exception as e:  # one model never stops the rest; the next pass retries
+                log.warning("activator path of %s/%s not updated: %s: %s", ns, name, type(e).__name__, e)
+        self.passes += 1
+        return done
+
+    def _apply(self, changes: SliceChanges) -> None:
+        for body in changes.create:
+            self.io.create_endpoint_slice(body)
+        for body in changes.replace:
+            self.io.replace_endpoint_slice(body)
+        for ns, name, rv in changes.delete:
+            self.io.delete_endpoint_slice(ns, name, rv)
+
+    def run_forever(self, stop: threading.Event, period: float = 2.0) -> None:
+        log.info("activator path kept for models that may reach zero (every %.0fs, activator Service %s/%s)",
+                 period, self.activator_ns, self.activator_name)
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run_once()
+            except Exception as e:
+                log.warning("activator path pass failed: %s: %s", type(e).__name__, e)
+            stop.wait(max(0.0, period - (time.monotonic() - started)))

@@ -1,0 +1,78 @@
+"""The kopf registration: what kopf watches and indexes, and where each event goes. Every handler
+is a one-line delegation to the runner (runner.Operator); nothing here decides.
+
+kopf is the watch layer and the process: ``@kopf.index`` holds every object observe reads
+(indexes.py), ``@kopf.on.event`` feeds the work queue, ``on.startup`` / ``on.cleanup`` /
+``on.probe`` start and stop the runner and answer the liveness probe. No handler persists
+anything: ``on.event`` and indexes keep no state on the object (no finalizer, no annotation); the
+high-level ``on.create/update/resume`` handlers and timers, which would, are not used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import kopf
+
+from fewerbits_api.base import GROUP, VERSION
+from fewerbits_api.policy import PLURAL as POLICY_PLURAL
+from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
+
+from fewerbits_operator.base.indexes import index_entry, node_entry
+from fewerbits_operator.serving.lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
+from fewerbits_operator.base.scope import KopfScope
+
+if TYPE_CHECKING:
+    from fewerbits_operator.runtime.runner import Operator
+
+MANAGED = {"app.kubernetes.io/managed-by": "fewerbits"}
+"""The Jobs, Deployments and LeaderWorkerSets the operator creates carry this label (render.py)."""
+KINDS: dict[str, tuple[str, str, str, dict[str, str] | None]] = {
+    "models": (GROUP, VERSION, QM_PLURAL, None),
+    "jobs": ("batch", "v1", "jobs", MANAGED),
+    "deployments": ("apps", "v1", "deployments", MANAGED),
+    "leaderworkersets": (LWS_GROUP, LWS_VERSION, LWS_PLURAL, MANAGED),
+    "nodes": ("", "v1", "nodes", None),
+    "policies": (GROUP, VERSION, POLICY_PLURAL, None),
+}
+"""Index and event handler per kind: ``<kind>_index`` is also the kwarg kopf passes the index as."""
+
+
+def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) -> None:
+    """Every handler of the operator, on ``registry``."""
+    when = (lambda namespace, **_: scope.serves(namespace)) if scope.patterns else None
+    for kind, (group, version, plural, labels) in KINDS.items():
+        coords = (group, version, plural) if group else (version, plural)
+        entry = node_entry if kind == "nodes" else index_entry
+        kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(entry))
+        kopf.on.event(*coords, labels=labels, when=when, id=f"{kind}_event", registry=registry)(_on_event(op, kind))
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:  # an own registry has none of kopf's default login handlers
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in KINDS})
+
+    @kopf.on.cleanup(registry=registry)
+    def cleanup(**_: Any) -> None:  # sync: kopf runs it in its executor (it joins threads)
+        op.on_cleanup()
+
+    # PERMANENT: a failing probe answers 500 at once (kopf would otherwise retry it with back-off
+    # inside the kubelet's request).
+    @kopf.on.probe(id="runtime", errors=kopf.ErrorsMode.PERMANENT, registry=registry)
+    def runtime(**_: Any) -> str:
+        return op.probe()
+
+
+def _indexer(entry: Any) -> Any:
+    async def index(body: kopf.Body, **_: Any) -> Any:  # async: kopf awaits it in its loop, no thread hop
+        return entry(body)
+    return index
+
+
+def _on_event(op: "Operator", kind: str) -> Any:
+    async def on_event(type: str | None, body: kopf.Body, **_: Any) -> None:  # noqa: A002 — kopf's kwarg
+        op.on_event(kind, type, dict(body))
+    return on_event
