@@ -222,3 +222,55 @@ def test_a_streamed_answer_passes_through_event_by_event(monkeypatch):
         srv.shutdown()
         srv.server_close()
         pod.srv.shutdown()
+
+
+class GatedKube(FakeKube):
+    """The woken pod becomes ready only once the test opens ``ready``."""
+
+    def __init__(self):
+        super().__init__(ready_after=1)
+        self.ready = threading.Event()
+        self.polled = threading.Event()
+
+    def list_pods(self, ns, selector):
+        if self.scaled:
+            self.polled.set()
+        return super().list_pods(ns, selector) if self.ready.is_set() else []
+
+
+def test_drain_waits_for_the_held_request_to_be_answered():
+    """SIGTERM while a request is held: drain returns only once it has been forwarded and answered,
+    so a replica shutting down (rolling update, failover) loses none of the requests it holds."""
+    kube = GatedKube()
+    act = Activator(kube, poll=0.01, forward=echo)
+    server = serve(act, 0, "127.0.0.1")
+    port = server.server_address[1]
+    answered: list[int] = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", body=b"{}", headers={"Host": HOST["host"]})
+        answered.append(conn.getresponse().status)
+
+    t = threading.Thread(target=client)
+    t.start()
+    try:
+        assert kube.polled.wait(10)  # held: woken, waiting for a ready pod
+        assert act.in_flight == 1
+        assert act.drain(0.05) == 1  # still held: a short drain gives up and says how many
+        drained: list[int] = []
+        d = threading.Thread(target=lambda: drained.append(act.drain(30)))
+        d.start()
+        assert drained == [] and answered == []  # nothing is answered while no pod is ready
+        kube.ready.set()
+        d.join(30)
+        t.join(30)
+        assert drained == [0] and answered == [200] and act.in_flight == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_drain_returns_at_once_when_nothing_is_held():
+    act = Activator(FakeKube(), poll=0.01, forward=echo)
+    assert act.in_flight == 0 and act.drain(0) == 0

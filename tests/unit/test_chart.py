@@ -501,3 +501,12 @@ def test_gpu_cost_weights_and_the_pickers_role_reach_the_operator(helm: list[str
     from fewerbits_operator.autoscaler.capacity import parse_cost_weights
     assert parse_cost_weights(env["FEWERBITS_GPU_COST_WEIGHTS"]) == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
     assert env["FEWERBITS_EPP_CLUSTER_ROLE"] == "fb-fewerbits-epp"
+
+
+def test_the_grace_period_covers_the_requests_the_activator_holds(helm: list[str]):
+    """A terminating replica answers the requests its activator holds (runner._drain_activator)
+    before it ends: the grace period is the activator's wait plus the reconciles' 30 s."""
+    spec = operator_deployment(render(helm, ["activator.timeoutSeconds=120"]))["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 150
+    spec = operator_deployment(render(helm, ["activator.enabled=false"]))["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 30

@@ -126,6 +126,37 @@ class Activator:
         self.woken = 0
         """Wake-ups asked (a counter for tests and metrics)."""
         self._held: dict[tuple[str, str], float] = {}
+        self._in_flight = 0
+        self._idle = threading.Condition()
+
+    # ------------------------------------------------------------ draining (SIGTERM)
+
+    def begin(self) -> None:
+        """A request arrived (held, forwarded or streamed until its last byte)."""
+        with self._idle:
+            self._in_flight += 1
+
+    def end(self) -> None:
+        with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        with self._idle:
+            return self._in_flight
+
+    def drain(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` s) until no request is held or being answered here, while the
+        server keeps serving them: a replica shutting down (a rolling update, a drained node, the
+        leader handing over) loses none of the requests it holds. Its pod leaves the activator
+        Service's ready endpoints as it terminates, so new requests reach the other replica.
+        Returns how many requests were still in flight when it gave up (0: drained)."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._in_flight and (left := deadline - time.monotonic()) > 0:
+                self._idle.wait(left)
+            return self._in_flight
 
     def last_held(self, ns: str, name: str) -> float | None:
         """When (epoch seconds) a request for this model last waited here for a replica: the
@@ -264,6 +295,13 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHT
         protocol_version = "HTTP/1.1"
 
         def _any(self) -> None:
+            activator.begin()
+            try:
+                self._answer()
+            finally:
+                activator.end()
+
+        def _answer(self) -> None:
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n) if n else b""
             headers = {k.lower(): v for k, v in self.headers.items()}

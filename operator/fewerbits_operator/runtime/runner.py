@@ -143,6 +143,19 @@ class Operator:
         self.join(STOP_SECONDS)
         if self.elector is not None:
             self.elector.release()
+        self._drain_activator()
+
+    def _drain_activator(self) -> None:
+        """The requests this replica's activator holds are answered before the process ends (the
+        other replica takes the new ones): bounded by the activator's own wait, which the chart's
+        terminationGracePeriodSeconds covers."""
+        activator = getattr(self, "activator", None)
+        if activator is None or not activator.in_flight:
+            return
+        log.info("draining the activator: %d request(s) held or being answered", activator.in_flight)
+        left = activator.drain(activator.timeout + 5.0)
+        if left:
+            log.warning("activator: %d request(s) still in flight at shutdown", left)
 
     def probe(self) -> str:
         """kopf's ``on.probe`` (the liveness endpoint): raises while a thread died."""
