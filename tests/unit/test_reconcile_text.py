@@ -25,6 +25,22 @@ def test_plain_text_message_keeps_its_last_line_only():
     assert _termination_text(term) == "exit 1, Error: RuntimeError: CUDA out of memory"
 
 
+def test_vllm_refusals_keep_the_flag_or_field_they_name():
+    """vLLM's own start failures: argparse names the flag on the last line; a config error ends with
+    pydantic's link, and the field's name sits two lines up: both reach the Ready condition."""
+    argparse = "usage: api_server.py [-h] ...\napi_server.py: error: unrecognized arguments: --monokernel"
+    assert _termination_text({"exitCode": 2, "message": argparse}) == \
+        "exit 2, Error: api_server.py: error: unrecognized arguments: --monokernel"
+    pydantic = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
+                "max_num_seqs\n  Input should be greater than 0 [type=greater_than, input_value=0]\n"
+                "    For further information visit https://errors.pydantic.dev/2.12/v/greater_than\n")
+    text = _termination_text({"exitCode": 1, "message": pydantic})
+    assert text.startswith("exit 1, Error: pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                           "SchedulerConfig max_num_seqs Input should be greater than 0"), text
+    assert "errors.pydantic.dev" not in text
+
+
 def test_no_message_and_a_json_lookalike_still_read_well():
     assert _termination_text({"exitCode": 137, "reason": "OOMKilled"}) == "exit 137, OOMKilled"
     assert _termination_text({"exitCode": 2, "message": "{not json"}) == "exit 2, Error: {not json"

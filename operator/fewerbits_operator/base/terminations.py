@@ -9,6 +9,7 @@ and the canary Job's JSON summaries, or the last line of a plain message), below
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping
 
 from fewerbits_api.canary import CanaryTermination
@@ -62,6 +63,26 @@ def evictions(pods: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
 # ------------------------------------------------------------------ telling them
 
 
+_BOILERPLATE = ("For further information visit",)
+"""Trailing lines that name nothing (pydantic's link under each validation error)."""
+_EXCEPTION = re.compile(r"^[\w.]*(Error|Exception)\b[^:]*:|\berror: ")
+TAIL_LINES = 6
+"""How far up from the end a failing program's own error line is looked for."""
+
+
+def failure_line(message: str, limit: int = 600) -> str:
+    """The line of a plain termination message (the end of a program's log) that says why: the
+    last exception or ``error:`` line among the last few, with what follows it (pydantic puts the
+    field's name on the next line: ``ValidationError: 1 validation error for SchedulerConfig
+    max_num_seqs Input should be greater than 0``), else the last line that is not boilerplate."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip() and not ln.strip().startswith(_BOILERPLATE)]
+    tail = lines[-TAIL_LINES:]
+    for i in range(len(tail) - 1, -1, -1):
+        if _EXCEPTION.search(tail[i]):
+            return " ".join(tail[i:])[:limit]
+    return tail[-1][:limit] if tail else ""
+
+
 def termination_text(t: ContainerTermination) -> str:
     """A container's termination as one line: the runtime's JSON message when it wrote one."""
     msg = t.message.strip()
@@ -69,7 +90,7 @@ def termination_text(t: ContainerTermination) -> str:
     if isinstance(doc, dict):
         parts = [str(doc.get("reason") or t.reason or "Error"), str(doc.get("message") or "")]
         return f"exit {t.exit_code}, " + ": ".join(p for p in parts if p)[:600]
-    last = msg.splitlines()[-1][:600] if msg else ""
+    last = failure_line(msg)
     return f"exit {t.exit_code}, {t.reason or 'Error'}" + (f": {last}" if last else "")
 
 
@@ -91,7 +112,7 @@ def job_failure_text(job: JobFacts) -> str:
             continue
         summary = decoded(msg)
         if summary is NOT_JSON:
-            return f"Job {job.name} failed: {msg.splitlines()[-1][:500]}"
+            return f"Job {job.name} failed: {failure_line(msg, 500)}"
         if isinstance(summary, dict):
             parts = [summary.get("stage") and f"stage {summary['stage']}", summary.get("reason"), summary.get("message")]
             return f"Job {job.name} failed: " + ": ".join(str(p) for p in parts if p)[:800]
