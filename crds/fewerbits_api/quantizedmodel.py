@@ -186,11 +186,13 @@ class QuantizationSpec(ApiModel):
 
     # The API server refuses what it can see by name (eval_overlaps_calibration's exact-equality
     # part: the same built-in set, S3 object, or named split of a Hub set); the model refuses the
-    # Hub default-split case too. Data-free formats read no calibration data: nothing to overlap.
+    # Hub default-split case too. `auto` falls back to the built-in general-en where the Hub is out of
+    # reach, so it overlaps that set. Data-free formats read no calibration data: nothing to overlap.
     model_config = ApiModel.model_config | {"json_schema_extra": {
         "x-kubernetes-validations": [{
             "rule": (f"!has(self.qualityGate) || (has(self.format) && self.format in [{_DATA_FREE}]) || "
-                     f"{_EVAL} != {_CALIB} || ({_EVAL}.startsWith('hf://') && !{_EVAL}.matches('#[^/]+/.+$'))"),
+                     f"(({_EVAL} != {_CALIB} || ({_EVAL}.startsWith('hf://') && !{_EVAL}.matches('#[^/]+/.+$'))) && "
+                     f"!({_CALIB} == 'auto' && {_EVAL} == 'general-en'))"),
             "message": "qualityGate.evalDataset is the calibration data (calibration.dataset): perplexity measured on "
                        "the data the quantizer was fitted to flatters the quantized model; use held-out text",
             "fieldPath": ".qualityGate.evalDataset",

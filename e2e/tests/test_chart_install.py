@@ -48,7 +48,10 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch", "delete"},  # delete: the canary's evaluation Job
     ("", "pods", ""): {"list"},
     ("apps", "deployments", ""): {"list", "watch", "create", "update", "delete"},
-    ("apps", "deployments", "scale"): {"get", "patch"},
+    # update: the activator's wake replaces the scale only from 0, at the resourceVersion it read.
+    ("apps", "deployments", "scale"): {"get", "patch", "update"},
+    # The model's Service at zero (atzero.py): one extra EndpointSlice to the activator per model.
+    ("discovery.k8s.io", "endpointslices", ""): {"list", "create", "update", "delete"},
     # Asked only where the LeaderWorkerSet CRD is installed (discovery lists it): see the comparison.
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ""): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets", "scale"): {"get", "patch"},
@@ -77,6 +80,8 @@ CLUSTER = {  # cluster-scoped (ClusterRole "-cluster-reads"), so allowed in ever
 OWN = {  # in the release namespace only (the leader election's Role, leader.py); get and update are
     # limited to the Lease's name (asked by name below), create cannot be
     ("coordination.k8s.io", "leases", ""): {"create"},
+    # The activator Service's ready endpoints, copied into each model's EndpointSlice at zero (atzero.py).
+    ("discovery.k8s.io", "endpointslices", ""): {"list"},
 }
 
 

@@ -141,7 +141,7 @@ def run_oneshot(model, tokenizer, fmt: QuantFormat, specs: list[recipes.Modifier
                       max_seq_length=max_seq_length,
                       # The key promises the same bytes for the same inputs: no random sample order.
                       shuffle_calibration_samples=False)
-    modifiers = recipes.instantiate(specs)
+    modifiers = recipes.instantiate(recipes.for_model(specs, getattr(model.config, "model_type", None)))
     with cpu_awq_pin_memory_guard(fmt, progress):
         return oneshot(model=model, processor=tokenizer, recipe=modifiers, **kwargs)
 

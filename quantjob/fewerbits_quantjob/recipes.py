@@ -45,6 +45,30 @@ class ModifierSpec:
     kwargs: dict[str, Any]
 
 
+_LM = r"re:.*language_model.*"
+AWQ_LANGUAGE_MODEL_MAPPINGS: dict[str, list[dict[str, Any]]] = {
+    # llm-compressor 0.14 resolves AWQ's mappings over the whole model; Gemma-3's SigLIP tower has
+    # v_proj but no o_proj (out_proj), so its default mapping `v_proj -> o_proj` matched three smooth
+    # layers at once ("AWQ needs to match a single smoothlayer", scripts/vllm-check.sh). The same
+    # mappings as llm-compressor's _gemma3_mappings, anchored to the language model (the vision
+    # tower stays 16-bit anyway: fewerbits_api.architectures' ignore list).
+    "gemma3": [
+        {"smooth_layer": _LM + "v_proj$", "balance_layers": [_LM + "o_proj$"]},
+        {"smooth_layer": _LM + "pre_feedforward_layernorm$", "balance_layers": [_LM + "gate_proj$", _LM + "up_proj$"]},
+        {"smooth_layer": _LM + "up_proj$", "balance_layers": [_LM + "down_proj$"]},
+    ],
+}
+"""AWQ mappings by ``model_type`` where llm-compressor's own do not resolve on the multimodal model."""
+
+
+def for_model(specs: list[ModifierSpec], model_type: str | None) -> list[ModifierSpec]:
+    """``specs`` with the AWQ mappings the loaded model's ``model_type`` needs (pure): where the
+    table has none, or a spec already names its mappings, unchanged."""
+    mappings = AWQ_LANGUAGE_MODEL_MAPPINGS.get(model_type or "")
+    return [ModifierSpec(s.kind, {"mappings": mappings, **s.kwargs})
+            if s.kind == "AWQModifier" and mappings and "mappings" not in s.kwargs else s for s in specs]
+
+
 def build_recipe_spec(fmt: QuantFormat, ignore: list[str],
                       model_config: Mapping[str, Any] | None = None) -> list[ModifierSpec]:
     """The modifiers for ``fmt`` as data (pure: no llm-compressor import, unit-testable).

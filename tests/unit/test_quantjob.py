@@ -360,3 +360,42 @@ def test_s3_source_uses_its_own_endpoint_and_region():
     assert own.meta.endpoint_url == "http://models.example:9000" and own.meta.region_name == "us-west-2"
     fallback = source_client(SourceSpec(uri="s3://models/m"), storage, {})
     assert fallback.meta.endpoint_url == "http://artifacts.example:9000" and fallback.meta.region_name == "eu-west-1"
+
+
+def test_awq_mappings_for_the_loaded_models_type_are_pure_data():
+    specs = recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, ["lm_head"])
+    assert recipes.for_model(specs, "llama") == specs  # llm-compressor's own mappings resolve there
+    (awq, quant) = recipes.for_model(specs, "gemma3")
+    assert awq.kind == "AWQModifier" and quant == specs[1]
+    assert all("language_model" in m["smooth_layer"] for m in awq.kwargs["mappings"])
+    named = [recipes.ModifierSpec("AWQModifier", {"mappings": []}), specs[1]]
+    assert recipes.for_model(named, "gemma3") == named  # a spec's own mappings are kept
+
+
+@pytest.mark.quantize
+def test_gemma3_awq_mappings_resolve_on_the_real_multimodal_model():
+    """The zoo's Gemma-3 (SigLIP tower with v_proj and out_proj, Gemma-3 text model) loaded as the
+    Job loads it: llm-compressor's default mapping matched a vision v_proj and two language v_proj as
+    one smooth layer; the language-model mappings resolve one smooth layer per decoder layer."""
+    pytest.importorskip("llmcompressor")
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from fewerbits_quantjob import quantize
+    from tests.testmodel.zoo import build_zoo_model
+
+    model, _ = quantize.load_for_quantization(build_zoo_model("gemma3"), trust_remote_code=False)
+    specs = recipes.for_model(recipes.build_recipe_spec(QuantFormat.W4A16_AWQ, ["lm_head"]), model.config.model_type)
+    awq, quant = recipes.instantiate(specs)
+    assert isinstance(quant, QuantizationModifier)
+    # What the QuantizationModifier after AWQ marks (AWQ smooths only layers that carry a scheme):
+    # the language model's Linear layers; the vision tower and lm_head are in the ignore list.
+    import torch
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".language_model." in f".{name}":
+            module.quantization_scheme = quant.scheme
+    awq._set_resolved_mappings(model)  # the default mappings raised here
+    smoothed = [m.smooth_name for m in awq._resolved_mappings]
+    assert smoothed and all(".language_model." in f".{n}" for n in smoothed), smoothed
+    layers = model.config.text_config.num_hidden_layers
+    assert len([n for n in smoothed if n.endswith("up_proj")]) == layers  # up -> down, in every decoder layer
