@@ -60,13 +60,29 @@ AWQ_LANGUAGE_MODEL_MAPPINGS: dict[str, list[dict[str, Any]]] = {
 }
 """AWQ mappings by ``model_type`` where llm-compressor's own do not resolve on the multimodal model."""
 
+SMOOTHQUANT_LANGUAGE_MODEL_MAPPINGS: dict[str, list[list[Any]]] = {
+    # The same failure for SmoothQuant (w8a8-int8): its default `q/k/v_proj <- input_layernorm` also
+    # matched SigLIP's q/k/v_proj, whose scope has no input_layernorm ("Error resolving mappings").
+    # Anchored to the language model; Gemma's MLP is fed by pre_feedforward_layernorm, not by
+    # post_attention_layernorm as in the default mappings.
+    "gemma3": [
+        [[_LM + "q_proj$", _LM + "k_proj$", _LM + "v_proj$"], _LM + "input_layernorm$"],
+        [[_LM + "gate_proj$", _LM + "up_proj$"], _LM + "pre_feedforward_layernorm$"],
+    ],
+}
+"""SmoothQuant mappings ``[balance layers, smooth layer]`` by ``model_type``, likewise."""
+
 
 def for_model(specs: list[ModifierSpec], model_type: str | None) -> list[ModifierSpec]:
-    """``specs`` with the AWQ mappings the loaded model's ``model_type`` needs (pure): where the
+    """``specs`` with the AWQ and SmoothQuant mappings the loaded model's ``model_type`` needs (pure): where the
     table has none, or a spec already names its mappings, unchanged."""
-    mappings = AWQ_LANGUAGE_MODEL_MAPPINGS.get(model_type or "")
-    return [ModifierSpec(s.kind, {"mappings": mappings, **s.kwargs})
-            if s.kind == "AWQModifier" and mappings and "mappings" not in s.kwargs else s for s in specs]
+    tables = {"AWQModifier": AWQ_LANGUAGE_MODEL_MAPPINGS, "SmoothQuantModifier": SMOOTHQUANT_LANGUAGE_MODEL_MAPPINGS}
+
+    def with_mappings(s: ModifierSpec) -> ModifierSpec:
+        mappings = tables.get(s.kind, {}).get(model_type or "")
+        return ModifierSpec(s.kind, {"mappings": mappings, **s.kwargs}) if mappings and "mappings" not in s.kwargs else s
+
+    return [with_mappings(s) for s in specs]
 
 
 def build_recipe_spec(fmt: QuantFormat, ignore: list[str],

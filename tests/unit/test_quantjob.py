@@ -370,10 +370,14 @@ def test_awq_mappings_for_the_loaded_models_type_are_pure_data():
     assert all("language_model" in m["smooth_layer"] for m in awq.kwargs["mappings"])
     named = [recipes.ModifierSpec("AWQModifier", {"mappings": []}), specs[1]]
     assert recipes.for_model(named, "gemma3") == named  # a spec's own mappings are kept
+    (sq, gptq) = recipes.for_model(recipes.build_recipe_spec(QuantFormat.W8A8_INT8, ["lm_head"]), "gemma3")
+    assert sq.kind == "SmoothQuantModifier" and [m[1] for m in sq.kwargs["mappings"]] == [
+        r"re:.*language_model.*input_layernorm$", r"re:.*language_model.*pre_feedforward_layernorm$"]
+    assert "mappings" not in gptq.kwargs
 
 
 @pytest.mark.quantize
-def test_gemma3_awq_mappings_resolve_on_the_real_multimodal_model():
+def test_gemma3_awq_and_smoothquant_mappings_resolve_on_the_real_multimodal_model():
     """The zoo's Gemma-3 (SigLIP tower with v_proj and out_proj, Gemma-3 text model) loaded as the
     Job loads it: llm-compressor's default mapping matched a vision v_proj and two language v_proj as
     one smooth layer; the language-model mappings resolve one smooth layer per decoder layer."""
@@ -399,3 +403,8 @@ def test_gemma3_awq_mappings_resolve_on_the_real_multimodal_model():
     assert smoothed and all(".language_model." in f".{n}" for n in smoothed), smoothed
     layers = model.config.text_config.num_hidden_layers
     assert len([n for n in smoothed if n.endswith("up_proj")]) == layers  # up -> down, in every decoder layer
+
+    sq, _ = recipes.instantiate(recipes.for_model(
+        recipes.build_recipe_spec(QuantFormat.W8A8_INT8, ["lm_head"]), model.config.model_type))
+    resolved = sq._resolve_mappings(model)  # the default mappings raised here (SigLIP's q/k/v_proj)
+    assert len(resolved) == 2 * layers and all(".language_model." in f".{m.smooth_name}" for m in resolved)
