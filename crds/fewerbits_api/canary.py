@@ -28,10 +28,10 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, Mapping
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from .base import API_VERSION, ApiModel
-from .quantizedmodel import QualityGateSpec, StorageSpec
+from .quantizedmodel import PinnedGateContract, QualityGateSpec, StorageSpec
 
 __all__ = ["CANARY_CONTRACT_ENV", "SERVING_DIR", "CanaryContract", "CanaryLimits", "CanaryTermination",
            "ServingMetric", "SkippedMetric", "ServingQualityResult", "serving_config_hash",
@@ -58,7 +58,7 @@ class CanaryLimits(ApiModel):
     """Per request. A request that times out is an error (fail closed), never a skipped document."""
 
 
-class CanaryContract(ApiModel):
+class CanaryContract(PinnedGateContract):
     """Everything one canary evaluation needs: one served configuration, one verdict."""
 
     apiVersion: Literal["fewerbits.io/v1alpha1"] = API_VERSION
@@ -82,14 +82,6 @@ class CanaryContract(ApiModel):
     qualityGate: QualityGateSpec = Field(default_factory=QualityGateSpec)
     """The gate the quantization Job judged with: the same windows, benchmarks, custom set and
     thresholds are used here."""
-    evalDatasetEtag: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    """The ETag the operator read of an S3 `qualityGate.evalDataset`: part of the evaluation
-    identity (fewerbits_api.quality.eval_identity); the Job refuses other bytes (DatasetChanged)."""
-
-    @model_validator(mode="after")
-    def _pin_eval_dataset(self):
-        self.qualityGate._eval_dataset_etag = self.evalDatasetEtag
-        return self
     evalMaxSeqLength: Annotated[int, Field(ge=16, le=131072)] = 2048
     """Tokens per perplexity window, as the quantization Job cut them."""
     limits: CanaryLimits = Field(default_factory=CanaryLimits)

@@ -20,7 +20,7 @@ from .names import (  # noqa: F401 - re-exported: the Job's termination message
     TERMINATION_LOG_ENV,
     TERMINATION_MESSAGE_MAX_BYTES,
 )
-from .quantizedmodel import CalibrationSpec, QualityGateSpec, StorageSpec
+from .quantizedmodel import CalibrationSpec, PinnedGateContract, QualityGateSpec, StorageSpec
 
 CONTRACT_ENV = "FEWERBITS_JOB_CONTRACT"
 """Environment variable holding the contract JSON."""
@@ -48,7 +48,7 @@ class JobSource(ApiModel):
     """For `pvc://` sources: where the claim's root is mounted in the Job's pod."""
 
 
-class QuantJobContract(ApiModel):
+class QuantJobContract(PinnedGateContract):
     """Everything one quantization Job needs: one Job, one artifact key, one result.
 
     What decides the artifact's bytes (source URI and revision, format, ignore list, calibration
@@ -68,14 +68,6 @@ class QuantJobContract(ApiModel):
     """How to reach the base model (credentials by environment, see module doc)."""
     qualityGate: QualityGateSpec = Field(default_factory=QualityGateSpec)
     """Evaluation data and the gate to judge against."""
-    evalDatasetEtag: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    """The ETag the operator read of an S3 `qualityGate.evalDataset`: part of the evaluation
-    identity (fewerbits_api.quality.eval_identity); the Job refuses other bytes (DatasetChanged)."""
-
-    @model_validator(mode="after")
-    def _pin_eval_dataset(self):
-        self.qualityGate._eval_dataset_etag = self.evalDatasetEtag
-        return self
     evalMaxSeqLength: Annotated[int, Field(ge=16, le=131072)] = 2048
     """Tokens per evaluation window (the model's calibration sequence length)."""
     storage: StorageSpec

@@ -174,6 +174,20 @@ class QualityGateSpec(ApiModel):
         out._eval_dataset_etag = etag
         return out
 
+
+class PinnedGateContract(ApiModel):
+    """A Job contract's S3 evaluation-set pin (the quantization and canary contracts): the ETag the
+    operator read travels beside ``qualityGate`` on the wire and is put back on it when read."""
+
+    evalDatasetEtag: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The ETag the operator read of an S3 `qualityGate.evalDataset`: part of the evaluation
+    identity (fewerbits_api.quality.eval_identity); the Job refuses other bytes (DatasetChanged)."""
+
+    @model_validator(mode="after")
+    def _pin_eval_dataset(self):
+        self.qualityGate._eval_dataset_etag = self.evalDatasetEtag  # type: ignore[attr-defined]
+        return self
+
 _DATA_FREE = ", ".join(f"'{f.value}'" for f in QuantFormat
                        if f is not QuantFormat.AUTO and not FORMAT_FACTS[f].needs_calibration_data)
 _EVAL = "(has(self.qualityGate.evalDataset) ? self.qualityGate.evalDataset : 'general-en-heldout')"
