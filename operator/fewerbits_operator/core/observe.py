@@ -125,7 +125,9 @@ class Observer:
         the_plan, verdict = current_plan(Observed(**facts), eff)
         facts["planning"] = Planning(the_plan, verdict)  # decide reuses it: the planner runs once a pass
         facts.update(self._data_pin(md, spec, old, the_plan, storage_creds))
-        facts.update(self._eval_pin(md, spec, eff, storage_creds))
+        facts.update(self._eval_pin(md, spec, storage_creds))
+        if "eval_pin" in facts:  # the pin enters the evaluation identity: effective_for applies it
+            eff = effective_for(Observed(**facts), self.settings)
         wanted = planned_artifacts(spec, the_plan, facts.get("data_pin"))  # once per pass: reused below
         artifacts = {p.key: self._artifact_facts(ns, spec, p, old, eff, storage_creds) for p in wanted}
         facts["artifacts"] = _freeze(artifacts)
@@ -181,7 +183,7 @@ class Observer:
         except StorageError as e:
             return {"data_error": str(e)}
 
-    def _eval_pin(self, md: Mapping[str, Any], spec, eff, creds) -> dict[str, Any]:
+    def _eval_pin(self, md: Mapping[str, Any], spec, creds) -> dict[str, Any]:
         """The S3 evaluation set's ETag (it enters the evaluation identity), reused for the same time
         as the calibration ETag; unreadable: unpinned (the identity names the URI only, and the Job
         reads what is there)."""
@@ -193,7 +195,6 @@ class Observer:
                                 lambda: DataPin(eval_uri, *self.store.head_object(spec.storage, eval_uri, creds)))
         except StorageError:
             return {}
-        eff.effective.eval_pin = pin
         return {"eval_pin": pin}
 
     def _artifact_facts(self, ns: str, spec, planned, old: QuantizedModelStatus, eff, creds) -> ArtifactFacts:
