@@ -454,15 +454,20 @@ def _compressed_tensors_format(qc: Mapping[str, Any]) -> tuple[QuantFormat | Non
     return None, detail
 
 
-def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> ModelShape:
-    """The shape of a model from its parsed ``config.json``.
+@dataclass(frozen=True)
+class _Identity:
+    """What the config says the model is, and which mapping holds its language model."""
 
-    Reads dense decoders (Llama, Mistral, Qwen2/3, Gemma/Gemma2/Gemma3 — whose language model is
-    nested in ``text_config``) and mixtures of experts (Mixtral ``num_local_experts``, Qwen2/3-MoE
-    ``num_experts`` with ``moe_intermediate_size`` and shared experts, DeepSeek-V2/V3 routed and
-    shared experts with multi-head latent attention). Other decoders are read as Llama-like (gated
-    MLP), with a note. Raises ModelConfigError naming the missing or malformed field.
-    """
+    model_type: str
+    architectures: tuple[str, ...]
+    cfg: Mapping[str, Any]
+    """The language model's settings: ``text_config`` when nested (Gemma-3, VL), else the config."""
+    nested: bool
+    text_type: str
+    notes: tuple[str, ...]
+
+
+def _identity(config: Mapping[str, Any], where: str) -> _Identity:
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"{where}: expected a JSON object")
     # Truncated: it is echoed in plan warnings, and the file is not ours.
@@ -470,30 +475,45 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     archs = config.get("architectures") or ()
     if not isinstance(archs, (list, tuple)):
         raise ModelConfigError(f"{where}: 'architectures' must be a list, got {type(archs).__name__}")
-    architectures = tuple(str(a) for a in archs)
     text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
     cfg: Mapping[str, Any] = text if text is not None else config
     text_type = str(cfg.get("model_type") or model_type)[:128]
     if text is not None and not text.get("model_type") and model_type == "gemma3":
         text_type = "gemma3_text"
     notes: list[str] = []
-    known = set(_TYPE_DEFAULTS) | {"gemma3"}
-    if text_type not in known:
+    if text_type not in set(_TYPE_DEFAULTS) | {"gemma3"}:
         notes.append(
             f"model_type {text_type or '(none)'!r} is not one the planner knows; "
             "sized as a Llama-like decoder (gated MLP), so the estimate may be off"
         )
+    return _Identity(model_type, tuple(str(a) for a in archs), cfg, text is not None, text_type, tuple(notes))
 
+
+@dataclass(frozen=True)
+class _Dims:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    intermediate: int
+    tie: bool
+
+
+def _dims(config: Mapping[str, Any], ident: _Identity, where: str) -> _Dims:
+    """The decoder's sizes, each checked and named when missing or malformed."""
+    cfg, text_type = ident.cfg, ident.text_type
+    defaults = _TYPE_DEFAULTS.get(text_type, {})
     hidden = _req_int(cfg, "hidden_size", text_type, where)
     layers = _req_int(cfg, "num_hidden_layers", text_type, where, maximum=MAX_LAYERS)
     heads = _req_int(cfg, "num_attention_heads", text_type, where)
-    kv_heads = _opt_int(_TYPE_DEFAULTS.get(text_type, {}) | {k: v for k, v in cfg.items() if v is not None},
+    kv_heads = _opt_int(defaults | {k: v for k, v in cfg.items() if v is not None},
                         "num_key_value_heads", heads, where) or heads
     if kv_heads > heads:
         raise ModelConfigError(f"{where}: 'num_key_value_heads' ({kv_heads}) must not exceed "
                                f"'num_attention_heads' ({heads})")
-    head_dim = (_opt_int(cfg, "head_dim", where=where) or _TYPE_DEFAULTS.get(text_type, {}).get("head_dim")
-                or hidden // heads)
+    head_dim = _opt_int(cfg, "head_dim", where=where) or defaults.get("head_dim") or hidden // heads
     if head_dim < 1:
         raise ModelConfigError(f"{where}: 'num_attention_heads' ({heads}) exceeds 'hidden_size' ({hidden}) "
                                "and no 'head_dim' is given")
@@ -501,18 +521,27 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     intermediate = _opt_int(cfg, "intermediate_size", where=where)
     tie_value = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     if tie_value is None:
-        tie_value = _TYPE_DEFAULTS.get(text_type, {}).get("tie_word_embeddings", _TIE_DEFAULT)
-    tie = bool(tie_value)
-    rope = _rope_scaling(cfg)
-    max_pos, max_len = _derived_max_len(cfg, text_type, rope, where)
-    dtype = config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+        tie_value = defaults.get("tie_word_embeddings", _TIE_DEFAULT)
+    return _Dims(hidden, layers, heads, kv_heads, head_dim, vocab, intermediate, bool(tie_value))
 
-    norms_per_layer = _NORMS_PER_LAYER.get(text_type, 2)
-    other_per_layer = norms_per_layer * hidden
 
-    # --- attention
-    mla = bool(cfg.get("kv_lora_rank"))
-    if mla:
+@dataclass(frozen=True)
+class _Attention:
+    projs: tuple[tuple[str, int], ...]
+    """(projection name, parameters) of one layer's attention."""
+    other_per_layer: int
+    """Norms, biases and latent norms of one layer (parameters outside the linear layers)."""
+    kv_cache_heads: int
+    kv_head_dim: int
+    kv_tensors: int
+    head_dim: int
+    mla: bool
+
+
+def _attention(ident: _Identity, d: _Dims, where: str) -> _Attention:
+    cfg, text_type, hidden, heads = ident.cfg, ident.text_type, d.hidden, d.heads
+    other_per_layer = _NORMS_PER_LAYER.get(text_type, 2) * hidden
+    if cfg.get("kv_lora_rank"):
         # DeepSeek multi-head latent attention: q (optionally through a low-rank q_lora), a joint
         # compressed kv latent plus a shared rope key, and its up-projection.
         q_lora = _opt_int(cfg, "q_lora_rank", where=where)
@@ -523,22 +552,36 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         q_head = nope + rope_dim
         q_projs = ([("q_a_proj", hidden * q_lora), ("q_b_proj", q_lora * heads * q_head)] if q_lora
                    else [("q_proj", hidden * heads * q_head)])
-        attn_projs = q_projs + [("kv_a_proj_with_mqa", hidden * (kv_lora + rope_dim)),
-                                ("kv_b_proj", kv_lora * heads * (nope + v_dim)), ("o_proj", heads * v_dim * hidden)]
-        other_per_layer += kv_lora + (q_lora or 0)
-        kv_cache_heads, kv_head_dim, kv_tensors = 1, kv_lora + rope_dim, 1
-        head_dim = q_head
-    else:
-        attn_projs = [("q_proj", hidden * heads * head_dim), ("k_proj", hidden * kv_heads * head_dim),
-                      ("v_proj", hidden * kv_heads * head_dim), ("o_proj", hidden * heads * head_dim)]
-        if text_type in _QKV_BIAS_TYPES or cfg.get("attention_bias"):
-            other_per_layer += (heads + 2 * kv_heads) * head_dim
-        if text_type in _QK_NORM_TYPES:
-            other_per_layer += 2 * head_dim
-        kv_cache_heads, kv_head_dim, kv_tensors = kv_heads, head_dim, 2
+        projs = q_projs + [("kv_a_proj_with_mqa", hidden * (kv_lora + rope_dim)),
+                           ("kv_b_proj", kv_lora * heads * (nope + v_dim)), ("o_proj", heads * v_dim * hidden)]
+        return _Attention(tuple(projs), other_per_layer + kv_lora + (q_lora or 0), 1, kv_lora + rope_dim, 1,
+                          q_head, True)
+    kv_heads, head_dim = d.kv_heads, d.head_dim
+    projs = [("q_proj", hidden * heads * head_dim), ("k_proj", hidden * kv_heads * head_dim),
+             ("v_proj", hidden * kv_heads * head_dim), ("o_proj", hidden * heads * head_dim)]
+    if text_type in _QKV_BIAS_TYPES or cfg.get("attention_bias"):
+        other_per_layer += (heads + 2 * kv_heads) * head_dim
+    if text_type in _QK_NORM_TYPES:
+        other_per_layer += 2 * head_dim
+    return _Attention(tuple(projs), other_per_layer, kv_heads, head_dim, 2, head_dim, False)
 
-    # --- MLP / experts
-    experts = _opt_int(cfg, "num_local_experts", where=where) or _opt_int(cfg, "num_experts", where=where) or _opt_int(cfg, "n_routed_experts", where=where)
+
+@dataclass(frozen=True)
+class _Experts:
+    experts: int
+    top_k: int
+    moe_inter: int
+    shared_inter: int
+    sparse_step: int
+    mlp_only: frozenset[int]
+    first_dense: int
+    moe_freq: int
+
+
+def _experts(cfg: Mapping[str, Any], intermediate: int, where: str) -> _Experts:
+    """The mixture-of-experts settings (Mixtral, Qwen-MoE, DeepSeek), or none (experts 0)."""
+    experts = (_opt_int(cfg, "num_local_experts", where=where) or _opt_int(cfg, "num_experts", where=where)
+               or _opt_int(cfg, "n_routed_experts", where=where))
     top_k = _opt_int(cfg, "num_experts_per_tok", where=where)
     moe_inter = _opt_int(cfg, "moe_intermediate_size", where=where) or (intermediate if experts else 0)
     shared_inter = _opt_int(cfg, "shared_expert_intermediate_size", where=where)
@@ -549,88 +592,95 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
     mlp_only_raw = cfg.get("mlp_only_layers") or ()
     if not isinstance(mlp_only_raw, (list, tuple)):
         raise ModelConfigError(f"{where}: 'mlp_only_layers' must be a list of layer indices")
-    mlp_only = {_as_int(i, "mlp_only_layers[]", where) for i in mlp_only_raw}
+    mlp_only = frozenset(_as_int(i, "mlp_only_layers[]", where) for i in mlp_only_raw)
     first_dense = _opt_int(cfg, "first_k_dense_replace", where=where)
     moe_freq = _opt_int(cfg, "moe_layer_freq", 1, where=where) or 1
     if experts and not top_k:
         raise ModelConfigError(f"{where}: a mixture of experts needs 'num_experts_per_tok'")
     if not experts and not intermediate:
         raise ModelConfigError(f"{where}: missing 'intermediate_size', which the planner needs to size the MLP")
+    return _Experts(experts, top_k, moe_inter, shared_inter, sparse_step, mlp_only, first_dense, moe_freq)
 
-    # Module names as transformers names them (what llm-compressor's ignore matches).
-    prefix = "model.language_model.layers" if text is not None or model_type in _VL_FLAT_TYPES else "model.layers"
+
+def _is_moe_layer(layer: int, text_type: str, e: _Experts) -> bool:
+    if text_type.startswith("deepseek"):
+        return e.experts > 0 and layer >= e.first_dense and layer % e.moe_freq == 0
+    return e.experts > 0 and layer not in e.mlp_only and (layer + 1) % e.sparse_step == 0
+
+
+def _layer_groups(ident: _Identity, d: _Dims, attn: _Attention, e: _Experts) -> tuple[list[LinearGroup], int]:
+    """Every decoder layer's linear groups, named as transformers names the modules (what
+    llm-compressor's ignore matches), and the parameters outside them."""
+    text_type, hidden = ident.text_type, d.hidden
+    prefix = ("model.language_model.layers" if ident.nested or ident.model_type in _VL_FLAT_TYPES
+              else "model.layers")
     shared_name = "shared_experts" if text_type.startswith("deepseek") else "shared_expert"
+    mlp = ("gate_proj", "up_proj", "down_proj")
     groups: list[LinearGroup] = []
     other = 0
-    for layer in range(layers):
-        if text_type.startswith("deepseek"):
-            is_moe = experts > 0 and layer >= first_dense and layer % moe_freq == 0
-        else:
-            is_moe = experts > 0 and layer not in mlp_only and (layer + 1) % sparse_step == 0
+    for layer in range(d.layers):
         at = f"{prefix}.{layer}"
-        groups += [LinearGroup(f"{at}.self_attn.{proj}", n, n) for proj, n in attn_projs]
-        other += other_per_layer
-        if is_moe:
-            per_proj = hidden * moe_inter  # each of gate, up and down projections of one expert
-            groups += [LinearGroup(f"{at}.mlp.experts.0.{proj}", experts * per_proj, top_k * per_proj)
-                       for proj in ("gate_proj", "up_proj", "down_proj")]
-            if shared_inter:
-                groups += [LinearGroup(f"{at}.mlp.{shared_name}.{proj}", hidden * shared_inter, hidden * shared_inter)
-                           for proj in ("gate_proj", "up_proj", "down_proj")]
-            other += hidden * experts  # the router
-            if shared_inter and text_type.startswith("qwen"):
-                other += hidden  # Qwen's shared-expert gate
-        else:
-            groups += [LinearGroup(f"{at}.mlp.{proj}", hidden * intermediate, hidden * intermediate)
-                       for proj in ("gate_proj", "up_proj", "down_proj")]
-    linear = sum(g.params for g in groups)
-    linear_active = sum(g.active_params for g in groups)
-    other += hidden  # final norm
+        groups += [LinearGroup(f"{at}.self_attn.{proj}", n, n) for proj, n in attn.projs]
+        other += attn.other_per_layer
+        if not _is_moe_layer(layer, text_type, e):
+            groups += [LinearGroup(f"{at}.mlp.{p}", hidden * d.intermediate, hidden * d.intermediate) for p in mlp]
+            continue
+        per_proj = hidden * e.moe_inter  # each of gate, up and down projections of one expert
+        groups += [LinearGroup(f"{at}.mlp.experts.0.{p}", e.experts * per_proj, e.top_k * per_proj) for p in mlp]
+        if e.shared_inter:
+            groups += [LinearGroup(f"{at}.mlp.{shared_name}.{p}", hidden * e.shared_inter, hidden * e.shared_inter)
+                       for p in mlp]
+        other += hidden * e.experts  # the router
+        if e.shared_inter and text_type.startswith("qwen"):
+            other += hidden  # Qwen's shared-expert gate
+    return groups, other + hidden  # + the final norm
 
-    embed = vocab * hidden
-    lm_head = 0 if tie else vocab * hidden
-    vision = _vision_params(config, hidden, where) if (text is not None or model_type in _VL_FLAT_TYPES) else 0
-    vision_group = ()
-    if vision:
-        vision_group = (LinearGroup(_VISION_NAMES.get(model_type, "model.vision_tower.encoder.layers.0.mlp.fc1"),
-                                    vision, 0),)
-    sliding_window, sliding_layers = _sliding(cfg, text_type, layers, where)
+
+def _vision_group(config: Mapping[str, Any], ident: _Identity, hidden: int, where: str) -> tuple[int, tuple[LinearGroup, ...]]:
+    if not (ident.nested or ident.model_type in _VL_FLAT_TYPES):
+        return 0, ()
+    vision = _vision_params(config, hidden, where)
+    if not vision:
+        return 0, ()
+    name = _VISION_NAMES.get(ident.model_type, "model.vision_tower.encoder.layers.0.mlp.fc1")
+    return vision, (LinearGroup(name, vision, 0),)
+
+
+def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> ModelShape:
+    """The shape of a model from its parsed ``config.json``.
+
+    Reads dense decoders (Llama, Mistral, Qwen2/3, Gemma/Gemma2/Gemma3 — whose language model is
+    nested in ``text_config``) and mixtures of experts (Mixtral ``num_local_experts``, Qwen2/3-MoE
+    ``num_experts`` with ``moe_intermediate_size`` and shared experts, DeepSeek-V2/V3 routed and
+    shared experts with multi-head latent attention). Other decoders are read as Llama-like (gated
+    MLP), with a note. Raises ModelConfigError naming the missing or malformed field.
+    """
+    ident = _identity(config, where)
+    cfg, text_type = ident.cfg, ident.text_type
+    d = _dims(config, ident, where)
+    rope = _rope_scaling(cfg)
+    max_pos, max_len = _derived_max_len(cfg, text_type, rope, where)
+    dtype = config.get("torch_dtype") or config.get("dtype") or cfg.get("torch_dtype") or cfg.get("dtype")
+    attn = _attention(ident, d, where)
+    e = _experts(cfg, d.intermediate, where)
+    groups, other = _layer_groups(ident, d, attn, e)
+    vision, vision_group = _vision_group(config, ident, d.hidden, where)
+    sliding_window, sliding_layers = _sliding(cfg, text_type, d.layers, where)
     nextn = _opt_int(cfg, "num_nextn_predict_layers", where=where) if text_type == "deepseek_v3" else 0
-
     return ModelShape(
-        model_type=model_type or text_type,
-        text_model_type=text_type,
-        architectures=architectures,
-        torch_dtype=str(dtype) if dtype else None,
-        hidden_size=hidden,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_cache_heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        intermediate_size=intermediate,
-        max_position_embeddings=max_pos,
-        max_model_len=max_len,
-        tie_word_embeddings=tie,
-        embed_params=embed,
-        lm_head_params=lm_head,
-        linear_params=linear,
-        linear_active_params=linear_active,
-        other_params=other,
-        vision_params=vision,
-        num_experts=experts,
-        experts_per_token=top_k if experts else 0,
-        moe_intermediate_size=moe_inter if experts else 0,
-        kv_head_dim=kv_head_dim,
-        kv_tensors=kv_tensors,
-        mla=mla,
-        rope_scaling=dict(rope) if rope else None,
-        notes=tuple(notes),
-        sliding_window=sliding_window,
-        sliding_layers=sliding_layers,
-        linear_groups=tuple(groups) + vision_group,
-        num_nextn_predict_layers=min(nextn, 64),
-        source_quantization=source_quantization(config, where),
+        model_type=ident.model_type or text_type, text_model_type=text_type, architectures=ident.architectures,
+        torch_dtype=str(dtype) if dtype else None, hidden_size=d.hidden, num_layers=d.layers,
+        num_attention_heads=d.heads, num_kv_heads=attn.kv_cache_heads, head_dim=attn.head_dim,
+        vocab_size=d.vocab, intermediate_size=d.intermediate, max_position_embeddings=max_pos,
+        max_model_len=max_len, tie_word_embeddings=d.tie, embed_params=d.vocab * d.hidden,
+        lm_head_params=0 if d.tie else d.vocab * d.hidden,
+        linear_params=sum(g.params for g in groups), linear_active_params=sum(g.active_params for g in groups),
+        other_params=other, vision_params=vision, num_experts=e.experts,
+        experts_per_token=e.top_k if e.experts else 0, moe_intermediate_size=e.moe_inter if e.experts else 0,
+        kv_head_dim=attn.kv_head_dim, kv_tensors=attn.kv_tensors, mla=attn.mla,
+        rope_scaling=dict(rope) if rope else None, notes=ident.notes, sliding_window=sliding_window,
+        sliding_layers=sliding_layers, linear_groups=tuple(groups) + vision_group,
+        num_nextn_predict_layers=min(nextn, 64), source_quantization=source_quantization(config, where),
     )
 
 
