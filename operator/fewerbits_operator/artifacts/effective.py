@@ -134,81 +134,86 @@ def _layer(layers: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], di
     return out, sources
 
 
-def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
-    """Combine the policies matching one namespace (given highest priority first, as
-    ``matching_policies`` returns them). Pure; see docs/policies.md for the algorithm."""
-    if not matching:
-        return Combined()
-    names = tuple(p.metadata.name for p in matching)
-    lowest_first = list(reversed(matching))
-    defaults, default_sources = _layer([(p.metadata.name, _explicit(p.spec.defaults)) for p in lowest_first])
-    placement, placement_sources = _layer([(p.metadata.name, _explicit(p.spec.rules.quantizationJob))
-                                           for p in lowest_first])
-    conflicts: list[Conflict] = []
-    rule_sources = {".".join(("quantizationJob",) + k): v for k, v in placement_sources.items()}
-    placement_leaves = {".".join(("quantizationJob",) + k): k for k in placement_sources}
-    rules: dict[str, Any] = {"quantizationJob": placement}
+_LOWEST_WINS = ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas", "maxQuantizationJobGPUs",
+                "maxQuantizationJobMemoryGiB", "maxSourceCopyGiB")
+_ANY_REQUIRES = ("requireRevisionPin", "requireQualityGate", "requirePinnedData", "requireServingCanary")
 
-    def lowest(field_name: str) -> None:
-        set_by = [(getattr(p.spec.rules, field_name), p.metadata.name) for p in matching
-                  if getattr(p.spec.rules, field_name) is not None]
+
+def _bound_rules(matching: list[QuantizationPolicy], rules: dict[str, Any], sources: dict[str, str]) -> None:
+    """Limits (the lowest wins), requirements (any policy requires), retention (the longest wins)."""
+    for name in _LOWEST_WINS:
+        set_by = [(getattr(p.spec.rules, name), p.metadata.name) for p in matching
+                  if getattr(p.spec.rules, name) is not None]
         if set_by:
             value = min(v for v, _ in set_by)
-            rules[field_name] = value
-            rule_sources[field_name] = next(n for v, n in set_by if v == value)
-
-    for name in ("maxPerplexityIncreasePercent", "maxGPUsPerReplica", "maxReplicas", "maxQuantizationJobGPUs",
-                 "maxQuantizationJobMemoryGiB", "maxSourceCopyGiB"):
-        lowest(name)
-    for name in ("requireRevisionPin", "requireQualityGate", "requirePinnedData", "requireServingCanary"):
+            rules[name], sources[name] = value, next(n for v, n in set_by if v == value)
+    for name in _ANY_REQUIRES:
         if requiring := [p.metadata.name for p in matching if getattr(p.spec.rules, name)]:
-            rules[name], rule_sources[name] = True, requiring[0]
-
-    def permitted(field_name: str, yes: Any, no: Any) -> None:
-        # Explicit `no` beats `yes`; a policy that leaves the field unset has no say.
-        said = [(getattr(p.spec.rules, field_name), p.metadata.name) for p in matching
-                if field_name in p.spec.rules.model_fields_set]
-        if refusing := [n for v, n in said if v == no]:
-            rules[field_name], rule_sources[field_name] = no, refusing[0]
-        elif allowing := [n for v, n in said if v == yes]:
-            rules[field_name], rule_sources[field_name] = yes, allowing[0]
-
+            rules[name], sources[name] = True, requiring[0]
     periods = [(p.spec.rules.artifactRetentionPeriodSeconds, p.metadata.name) for p in matching
                if p.spec.rules.artifactRetentionPeriodSeconds is not None]
     if periods:  # the longest: deleting later is the safe side
         longest = max(v for v, _ in periods)
         rules["artifactRetentionPeriodSeconds"] = longest
-        rule_sources["artifactRetentionPeriodSeconds"] = next(n for v, n in periods if v == longest)
+        sources["artifactRetentionPeriodSeconds"] = next(n for v, n in periods if v == longest)
+
+
+def _pool_weights(matching: list[QuantizationPolicy], rules: dict[str, Any],
+                  sources: dict[str, str]) -> dict[str, tuple[str, ...]]:
+    """Per pool key, the highest-priority policy's weight; returns the leaves it set."""
     weights: dict[str, float] = {}
-    weight_leaves: dict[str, tuple[str, ...]] = {}
+    leaves: dict[str, tuple[str, ...]] = {}
     for p in matching:  # highest priority first: per key, the first policy that sets it wins
         for key, w in (p.spec.rules.poolCostWeights or {}).items():
             if key not in weights:
                 weights[key] = w
-                rule_sources[f"poolCostWeights.{key}"] = p.metadata.name
-                weight_leaves[f"poolCostWeights.{key}"] = ("poolCostWeights", key)
+                sources[f"poolCostWeights.{key}"] = p.metadata.name
+                leaves[f"poolCostWeights.{key}"] = ("poolCostWeights", key)
     if weights:
         rules["poolCostWeights"] = weights
-    permitted("allowTrustRemoteCode", True, False)
-    permitted("artifactRetention", "Delete", "Retain")
+    return leaves
 
+
+def _permitted(matching: list[QuantizationPolicy], rules: dict[str, Any], sources: dict[str, str],
+               field_name: str, yes: Any, no: Any) -> None:
+    """Explicit `no` beats `yes`; a policy that leaves the field unset has no say."""
+    said = [(getattr(p.spec.rules, field_name), p.metadata.name) for p in matching
+            if field_name in p.spec.rules.model_fields_set]
+    if refusing := [n for v, n in said if v == no]:
+        rules[field_name], sources[field_name] = no, refusing[0]
+    elif allowing := [n for v, n in said if v == yes]:
+        rules[field_name], sources[field_name] = yes, allowing[0]
+
+
+def _allowed_formats(matching: list[QuantizationPolicy], rules: dict[str, Any], sources: dict[str, str],
+                     conflicts: list[Conflict]) -> None:
+    """The formats every listing policy allows; none in common is a conflict."""
     format_lists = [(p.metadata.name, p.spec.rules.allowedFormats) for p in matching if p.spec.rules.allowedFormats]
-    if format_lists:
-        common = [f for f in format_lists[0][1] if all(f in fs for _, fs in format_lists[1:])]
-        rules["allowedFormats"] = common
-        rule_sources["allowedFormats"] = ", ".join(n for n, _ in format_lists)
-        if not common:
-            conflicts.append(Conflict(tuple(n for n, _ in format_lists), "rules.allowedFormats: " + "; ".join(
-                f"{n} allows {', '.join(f.value for f in fs)}" for n, fs in format_lists) + ": no format in common"))
+    if not format_lists:
+        return
+    common = [f for f in format_lists[0][1] if all(f in fs for _, fs in format_lists[1:])]
+    rules["allowedFormats"] = common
+    sources["allowedFormats"] = ", ".join(n for n, _ in format_lists)
+    if not common:
+        conflicts.append(Conflict(tuple(n for n, _ in format_lists), "rules.allowedFormats: " + "; ".join(
+            f"{n} allows {', '.join(f.value for f in fs)}" for n, fs in format_lists) + ": no format in common"))
 
+
+def _extra_args(matching: list[QuantizationPolicy], rules: dict[str, Any], sources: dict[str, str]):
+    """Each policy's allowed vLLM flag destinations and whether it is Strict; any Strict makes all so."""
     extra_args = tuple(
         (p.metadata.name, frozenset(flag_dest(f) for f in (p.spec.rules.allowedExtraArgs or [])),
          p.spec.rules.extraArgsMode == "Strict")
         for p in matching if p.spec.rules.allowedExtraArgs is not None or p.spec.rules.extraArgsMode == "Strict")
     if any(strict for _, _, strict in extra_args):
         rules["extraArgsMode"] = "Strict"
-        rule_sources["extraArgsMode"] = ", ".join(n for n, _, strict in extra_args if strict)
+        sources["extraArgsMode"] = ", ".join(n for n, _, strict in extra_args if strict)
+    return extra_args
 
+
+def _formats_by_family(matching: list[QuantizationPolicy], conflicts: list[Conflict]):
+    """Per GPU family, the highest-priority policy's format; two at the same priority that differ
+    conflict."""
     by_family: dict[str, QuantFormat] = {}
     family_sources: dict[str, str] = {}
     family_priority: dict[str, int] = {}
@@ -222,16 +227,40 @@ def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
                     (family_sources[key], p.metadata.name),
                     f"formatByGPUFamily.{key}: {family_sources[key]} sets {by_family[key].value}, {p.metadata.name} "
                     f"sets {fmt.value}, both at priority {p.spec.priority}"))
+    return by_family, family_sources
+
+
+def _patterns(matching: list[QuantizationPolicy], field_name: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((p.metadata.name, tuple(getattr(p.spec.rules, field_name))) for p in matching
+                 if getattr(p.spec.rules, field_name) is not None)
+
+
+def combine_policies(matching: list[QuantizationPolicy]) -> Combined:
+    """Combine the policies matching one namespace (given highest priority first, as
+    ``matching_policies`` returns them). Pure; see docs/policies.md for the algorithm."""
+    if not matching:
+        return Combined()
+    lowest_first = list(reversed(matching))
+    defaults, default_sources = _layer([(p.metadata.name, _explicit(p.spec.defaults)) for p in lowest_first])
+    placement, placement_sources = _layer([(p.metadata.name, _explicit(p.spec.rules.quantizationJob))
+                                           for p in lowest_first])
+    conflicts: list[Conflict] = []
+    rule_sources = {".".join(("quantizationJob",) + k): v for k, v in placement_sources.items()}
+    placement_leaves = {".".join(("quantizationJob",) + k): ("quantizationJob",) + k for k in placement_sources}
+    rules: dict[str, Any] = {"quantizationJob": placement}
+    _bound_rules(matching, rules, rule_sources)
+    weight_leaves = _pool_weights(matching, rules, rule_sources)
+    _permitted(matching, rules, rule_sources, "allowTrustRemoteCode", True, False)
+    _permitted(matching, rules, rule_sources, "artifactRetention", "Delete", "Retain")
+    _allowed_formats(matching, rules, rule_sources, conflicts)
+    extra_args = _extra_args(matching, rules, rule_sources)
+    by_family, family_sources = _formats_by_family(matching, conflicts)
     return Combined(
-        names=names, defaults=defaults, default_sources=default_sources,
+        names=tuple(p.metadata.name for p in matching), defaults=defaults, default_sources=default_sources,
         rules=PolicyRules.model_validate(rules), rule_sources=rule_sources,
-        rule_leaves={**{k: ("quantizationJob",) + v for k, v in placement_leaves.items()}, **weight_leaves},
-        source_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedSources)) for p in matching
-                              if p.spec.rules.allowedSources is not None),
-        image_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedImages)) for p in matching
-                             if p.spec.rules.allowedImages is not None),
-        endpoint_patterns=tuple((p.metadata.name, tuple(p.spec.rules.allowedEndpoints)) for p in matching
-                                if p.spec.rules.allowedEndpoints is not None),
+        rule_leaves={**placement_leaves, **weight_leaves},
+        source_patterns=_patterns(matching, "allowedSources"), image_patterns=_patterns(matching, "allowedImages"),
+        endpoint_patterns=_patterns(matching, "allowedEndpoints"),
         extra_args=extra_args, format_by_gpu_family=by_family, format_sources=family_sources,
         conflicts=tuple(conflicts))
 
