@@ -285,8 +285,13 @@ class Fetcher:
                 self._all_done.set()
 
     def _download(self, manifest: Manifest) -> None:
-        # Files already at their final name (a run interrupted after renaming them, or a marker that
-        # did not match): keep the ones whose content verifies.
+        jobs = self._open_parts(self._still_to_fetch(manifest))
+        if jobs:
+            self._fetch_parts(jobs)
+
+    def _still_to_fetch(self, manifest: Manifest) -> list[ManifestFile]:
+        """The manifest's files not already in place. Files at their final name (a run interrupted
+        after renaming them, or a marker that did not match) are kept when their content verifies."""
         todo: list[ManifestFile] = []
         existing: list[ManifestFile] = []
         for mf in manifest.files:
@@ -308,7 +313,11 @@ class Fetcher:
                     log.warning("%s in %s does not match the manifest; fetching it again", mf.path, self.dest)
                     self._final(mf).unlink()
                     todo.append(mf)
+        return todo
 
+    def _open_parts(self, todo: list[ManifestFile]) -> list[PartFile]:
+        """A part file per file to fetch, resumed where a previous run left its state; refuses
+        (DiskFull) when the fresh ones do not fit."""
         jobs = []
         for mf in todo:
             stage = self.staging.joinpath(*mf.path.split("/"))
@@ -338,14 +347,14 @@ class Fetcher:
             for j in jobs:
                 j.close()
             raise
+        return jobs
 
-        if not jobs:
-            return
+    def _fetch_parts(self, jobs: list[PartFile]) -> None:
+        """Download every missing part on the thread pool, report progress, fsync the folders."""
         self._pending_files = len(jobs)
-        workers = self.opts.concurrency
         start = time.monotonic()
         progress = threading.Thread(target=self._report_progress, args=(start,), daemon=True)
-        pool = self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fetch")
+        pool = self._pool = ThreadPoolExecutor(max_workers=self.opts.concurrency, thread_name_prefix="fetch")
         try:
             # Largest files first: the small ones then fill the threads while the last large file's
             # hash and fsync finish, instead of those running alone at the end.
