@@ -9,12 +9,17 @@ cd "$(dirname "$0")/.."
 VENV=${FEWERBITS_VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
+# The build (Go compiles, the vLLM environment's pip) does not need this venv: it runs in the
+# background while pip installs the project, so a cold demo pays the longer of the two.
+echo "==> building what the demo uses in the background (cached; the first time takes a while)"
+# Only these: the control plane, the S3 server, Helm, the simulator the pod runner is started with,
+# and vLLM's CPU build that serves the model (not Kueue, LeaderWorkerSet, Prometheus or the picker).
+e2e/build.sh kubernetes etcd kwok minio sim helm vllm &
+build_pid=$!
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "==> installing fewerbits with [dev,quantjob] extras"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
-echo "==> building what the demo uses (cached; the first time takes a while)"
-# Only these: the control plane, the S3 server, Helm, the simulator the pod runner is started with,
-# and vLLM's CPU build that serves the model (not Kueue, LeaderWorkerSet, Prometheus or the picker).
-e2e/build.sh kubernetes etcd kwok minio sim helm vllm
+echo "==> waiting for the build"
+wait "$build_pid" || { echo "demo: the build failed (see above)" >&2; exit 1; }
 exec "$VENV/bin/python" -m e2e.demo "$@"
