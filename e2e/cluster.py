@@ -561,6 +561,15 @@ class Cluster:
         _wait(f"nodes {names} Ready (kwok)", ready, timeout, self._procs.get("kwok"),
               self.state_dir / "logs" / "kwok.log")
 
+    def container_argv(self, namespace: str, pod: str, container: str = "vllm") -> list[str] | None:
+        """A container's command and args as the pod runner started it, $(VAR) expanded as a kubelet
+        expands them; None before it started."""
+        for folder in (self.state_dir / "pods").glob(f"{namespace}_{pod}_*"):
+            path = folder / f"{container}.argv.json"
+            if path.exists():
+                return json.loads(path.read_text())
+        return None
+
     def pod_logs(self, namespace: str, pod: str, container: str | None = None) -> str:
         """Output of a container the pod runner ran (there is no kubelet to serve `kubectl logs`)."""
         base = self.state_dir / "pods"

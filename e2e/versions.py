@@ -64,7 +64,7 @@ def binary(name: str) -> Path:
 
 def vllm_python() -> Path:
     """The interpreter of the vLLM CPU environment (component `vllm`; ensure_built("vllm") builds it).
-    vLLM runs as `python -m vllm.entrypoints.openai.api_server`: the environment was renamed into
+    vLLM runs as `python e2e/vllm_cpu.py ...` (its CLI, in process): the environment was renamed into
     place, so its console scripts' shebangs point at the temporary folder it was built in."""
     return bin_dir("vllm") / "bin" / "python"
 

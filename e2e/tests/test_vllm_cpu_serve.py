@@ -2,10 +2,10 @@
 line — the real launcher (installed by the init container, as the fetcher does), then `vllm serve`
 with the argv as written — under vLLM's CPU build, the stand-in for a GPU node (e2e/vllm_cpu.py).
 
-One server start for the whole file (~60 s): it serves completions, prompt logprobs and /metrics,
-with the FP8 KV cache applied. Two pods that never start a server run beside it: the launcher's
-compute-capability refusal stops before vLLM, and a flag vLLM does not know fails the container
-with vLLM's own message.
+One server start (~60 s): it serves completions, prompt logprobs and /metrics, with the FP8 KV
+cache applied. Two pods that never start a server run beside it: the launcher's compute-capability
+refusal stops before vLLM, and a flag vLLM does not know fails the container with vLLM's own
+message. Then a pipeline-parallel pair (two pods, one stage each) answers what the one pod answered.
 """
 
 from __future__ import annotations
@@ -16,13 +16,24 @@ import urllib.request
 import pytest
 from kubernetes import client
 
+from types import SimpleNamespace
+
 from e2e import vllm_cpu
 from e2e.tests.test_harness import PY, pods, wait_for
+from fewerbits_operator.planner.vllm_args import multinode_args
+from fewerbits_operator.serving.lws import leader_args, worker_args
 from tests.testmodel import build_test_model
 
 pytestmark = pytest.mark.cluster
 
 IMAGE = "fewerbits-test/vllm-cpu:1"
+PROMPT = "It was the best of times, it was the worst of times,"
+SERVED = ["--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny", "--dtype", "bfloat16",
+          "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "1", "--max-model-len", "256",
+          "--gpu-memory-utilization", "0.9"]
+"""bf16 weights with the FP8 KV cache, as the operator renders it for an H100."""
+ONE_POD: dict[str, str] = {}
+"""The single pod's greedy completion of PROMPT: what the pipeline-parallel pair must answer too."""
 STAND_IN_MARK = "fewerbits e2e: vLLM's CPU build for `vllm"
 """The line e2e/vllm_cpu.py writes before it execs vLLM: present in a log means vLLM was started."""
 
@@ -79,10 +90,7 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     model = str(build_test_model())
     api = client.CoreV1Api(cluster.api_client())
     apps = client.AppsV1Api(cluster.api_client())
-    # The served pod: bf16 weights with the FP8 KV cache, as the operator renders it for an H100.
-    served = ["--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny", "--dtype", "bfloat16",
-              "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "1", "--max-model-len", "256",
-              "--gpu-memory-utilization", "0.9", "--enforce-eager"]
+    served = [*SERVED, "--enforce-eager"]
     apps.create_namespaced_deployment(namespace, {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cpu"},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cpu"}},
@@ -108,10 +116,11 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     ip = pod.status.pod_ip
     log = cluster.pod_logs(namespace, pod.metadata.name, "vllm")
     assert STAND_IN_MARK in log  # the launcher exec'd `vllm`, the stand-in started vLLM
-    prompt = "It was the best of times, it was the worst of times,"
+    prompt = PROMPT
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
     answers = [_post(ip, "/v1/completions", body)["choices"][0]["text"] for _ in range(2)]
     assert answers[0] and answers[0] == answers[1], answers  # greedy: real text, the same twice
+    ONE_POD["completion"] = answers[0]
     scored = _post(ip, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
                                            "prompt_logprobs": 0})
     logprobs = [next(iter(t.values()))["logprob"] for t in scored["choices"][0]["prompt_logprobs"][1:]]
@@ -129,3 +138,55 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     bad = _terminated(api, namespace, "badflag", timeout=240)
     assert bad.exit_code != 0 and "--no-such-vllm-flag" in (bad.message or ""), bad.message
     print(f"\nvLLM CPU: completion {answers[0]!r}; prompt logprobs of {len(logprobs)} tokens")
+    # At most two vLLM servers per test worker: this one is gone before the pair below starts.
+    apps.delete_namespaced_deployment("cpu", namespace)
+    wait_for("the served pod gone", lambda: not pods(api, namespace, "app=cpu"), timeout=120, interval=1)
+
+
+def test_two_pods_one_pipeline_stage_each_answer_what_one_pod_answered(cluster, gpu_pool, namespace):
+    """Multi-node vLLM for real: the command lines the operator renders for a LeaderWorkerSet of two
+    nodes (planner ``multinode_args``, serving/lws.py ``leader_args`` / ``worker_args``) in two pods on
+    two fake GPU nodes, one pipeline stage each, meeting over gloo at the leader. The LeaderWorkerSet
+    variables are set as its controller sets them, except that LWS_LEADER_ADDRESS is the leader
+    pod's IP: this harness has no cluster DNS for the leader's stable name (the LeaderWorkerSet e2e,
+    tests/integration/test_multinode.py, checks the expansion in the controller's own pods, with the
+    simulator, since its scaling and worker-loss steps need many pod starts). Greedy decoding across
+    the two stages gives the single pod's completion (the test above)."""
+    assert ONE_POD, "the single-pod test above must run first (same file, same worker)"
+    gpu_pool("l4-pp", "NVIDIA-L4", nodes=2, gpus_per_node=1)  # one GPU each: the pods land on two nodes
+    model = str(build_test_model())
+    api = client.CoreV1Api(cluster.api_client())
+    shared = [*SERVED, *multinode_args(SimpleNamespace(nodesPerReplica=2))]
+    launch = ["--format", "none", "--node-cc", "8.9"]
+    leader = _pod_spec(model, launch, [*shared, *leader_args()], restart="Never")
+    leader["containers"][0]["env"] += [
+        {"name": "LWS_LEADER_ADDRESS", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "LWS_WORKER_INDEX", "value": "0"}]
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "stage-0"}, "spec": leader})
+    leader_ip = wait_for("the leader's IP", lambda: api.read_namespaced_pod("stage-0", namespace).status.pod_ip,
+                         timeout=120, interval=1)
+    worker = _pod_spec(model, launch, [*shared, *worker_args()], restart="Never")
+    wc = worker["containers"][0]
+    wc.pop("readinessProbe")  # a headless stage serves no HTTP (render_lws drops its probes too)
+    wc["env"] += [{"name": "LWS_LEADER_ADDRESS", "value": leader_ip}, {"name": "LWS_WORKER_INDEX", "value": "1"}]
+    api.create_namespaced_pod(namespace, {"metadata": {"name": "stage-1"}, "spec": worker})
+    # The rank and rendezvous each stage got, $(VAR) expanded as a kubelet expands them.
+    port = leader_args()[-1]
+    for pod, tail in (("stage-0", ["--node-rank", "0", "--master-addr", leader_ip, "--master-port", port]),
+                      ("stage-1", ["--node-rank", "1", "--master-addr", leader_ip, "--master-port", port, "--headless"])):
+        argv = wait_for(f"{pod} started", lambda p=pod: cluster.container_argv(namespace, p, "vllm"), timeout=240,
+                        interval=1)
+        assert argv[-len(tail):] == tail and "$(" not in " ".join(argv), argv
+
+    def leader_ready():
+        cs = (api.read_namespaced_pod("stage-0", namespace).status.container_statuses or [None])[0]
+        if cs is not None and cs.state.terminated:
+            raise AssertionError(f"the leader stopped: {cs.state.terminated.message}")
+        return cs is not None and cs.ready
+    wait_for("the pipeline-parallel leader ready", leader_ready, timeout=600, interval=2)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    answer = _post(leader_ip, "/v1/completions", body)["choices"][0]["text"]
+    assert answer == ONE_POD["completion"], (answer, ONE_POD)
+    log = cluster.pod_logs(namespace, "stage-1", "vllm")
+    assert "headless multiproc executor" in log, log[-2000:]  # the worker ran as vLLM's headless stage
+    print(f"\nvLLM CPU, pipeline parallel over two pods: {answer!r}")

@@ -68,15 +68,20 @@ def test_the_cpu_stand_in_changes_only_what_it_lists():
                  "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2", "--gpu-memory-utilization=0.9",
                  "--max-model-len", "256", "--enforce-eager"]
     out = vllm_cpu.cpu_argv(vllm_argv, "10.244.0.7", {})
-    assert out == ["--model", "/m/k", "--port", "8000", "--served-model-name", "q", "--kv-cache-dtype", "fp8",
+    assert out == ["serve", "/m/k", "--port", "8000", "--served-model-name", "q", "--kv-cache-dtype", "fp8",
                    "--max-model-len", "256", "--enforce-eager", "--host", "10.244.0.7",
                    "--kv-cache-memory-bytes", str(vllm_cpu.DEFAULT_KV_CACHE_BYTES)]
     # A size the command (extraArgs) or VLLM_CPU_KVCACHE_SPACE gives is kept, never replaced.
     sized = vllm_cpu.cpu_argv(["--model", "/m", "--kv-cache-memory-bytes", "1048576"], "10.0.0.1", {})
-    assert sized == ["--model", "/m", "--kv-cache-memory-bytes", "1048576", "--host", "10.0.0.1", "--enforce-eager"]
+    assert sized == ["serve", "/m", "--kv-cache-memory-bytes", "1048576", "--host", "10.0.0.1", "--enforce-eager"]
+    # Pipeline-parallel stages are traced, not eager: the CPU runner makes a later stage's buffers in
+    # its compile warm-up.
+    staged = vllm_cpu.cpu_argv(["serve", "/m", "--pipeline-parallel-size", "2", "--headless"], "10.0.0.2", {})
+    assert "--enforce-eager" not in staged and staged[:2] == ["serve", "/m"]
+    assert staged[staged.index("--compilation-config") + 1] == vllm_cpu.EAGER_TRACE
     assert "--kv-cache-memory-bytes" not in vllm_cpu.cpu_argv(["--model", "/m"], "10.0.0.1", {"VLLM_CPU_KVCACHE_SPACE": "1"})
     # Every change is listed in CPU_STAND_IN (the one place the harness's CPU translation is named).
-    assert set(vllm_cpu.DROPPED_FLAGS) | {"--host", "--enforce-eager"} <= set(vllm_cpu.CPU_STAND_IN)
+    assert set(vllm_cpu.DROPPED_FLAGS) | {"--host", "--enforce-eager", "--compilation-config"} <= set(vllm_cpu.CPU_STAND_IN)
     env = vllm_cpu.cpu_env({"A": "1"}, "/pods/p")
     assert env == {"A": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": "/pods/p/vllm-cache"}
     assert set(env) - {"A"} <= set(vllm_cpu.CPU_STAND_IN)

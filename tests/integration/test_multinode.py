@@ -49,10 +49,9 @@ def upload_standin(cluster) -> str:
 
 def container_argv(cluster, namespace: str, pod: str, container: str = "vllm") -> list[str]:
     """The container's command and args as the pod runner started it, $(VAR) expanded."""
-    import json
-
-    (folder,) = (cluster.state_dir / "pods").glob(f"{namespace}_{pod}_*")
-    return json.loads((folder / f"{container}.argv.json").read_text())
+    argv = cluster.container_argv(namespace, pod, container)
+    assert argv is not None, f"{namespace}/{pod} {container} has not started"
+    return argv
 
 
 @pytest.fixture

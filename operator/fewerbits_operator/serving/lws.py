@@ -73,6 +73,18 @@ def startup_budget_multinode(weights_gib: float, nodes: int) -> int:
     return startup_budget_seconds(weights_gib) + RENDEZVOUS_SECONDS_PER_NODE * max(0, nodes - 1)
 
 
+def leader_args() -> list[str]:
+    """What the leader adds to the shared command line: rank 0 and the rendezvous (the leader's own
+    stable name, which LeaderWorkerSet puts in LWS_LEADER_ADDRESS; the kubelet expands it)."""
+    return ["--node-rank", "0", "--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", str(MASTER_PORT)]
+
+
+def worker_args() -> list[str]:
+    """What a worker adds: its rank (LWS_WORKER_INDEX), the leader's rendezvous, and no API server."""
+    return ["--node-rank", "$(LWS_WORKER_INDEX)", "--master-addr", "$(LWS_LEADER_ADDRESS)",
+            "--master-port", str(MASTER_PORT), "--headless"]
+
+
 def _split_command(command: list[str]) -> tuple[list[str], list[str]]:
     i = command.index("serve")
     return command[: i + 1], command[i + 1:]
@@ -106,12 +118,11 @@ def render_lws(
     vllm["env"] += [dict(e) for e in NCCL_ENV]
     vllm["ports"].append({"name": "dist", "containerPort": MASTER_PORT, "protocol": "TCP"})
     head, rest = _split_command(vllm["command"])
-    rendezvous = ["--master-addr", "$(LWS_LEADER_ADDRESS)", "--master-port", str(MASTER_PORT)]
     probe_fail = math.ceil(budget / 10)
     vllm["startupProbe"]["failureThreshold"] = probe_fail
 
     leader = _fresh(template)
-    leader["spec"]["containers"][0]["command"] = head + rest + ["--node-rank", "0", *rendezvous]
+    leader["spec"]["containers"][0]["command"] = head + rest + leader_args()
 
     worker = _fresh(template)
     worker["metadata"]["labels"][LABEL_COMPONENT] = COMPONENT_WORKER
@@ -121,7 +132,7 @@ def render_lws(
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         wc.pop(probe, None)
     wc["ports"] = [p for p in wc["ports"] if p["name"] != "http"]
-    wc["command"] = head + rest + ["--node-rank", "$(LWS_WORKER_INDEX)", *rendezvous, "--headless"]
+    wc["command"] = head + rest + worker_args()
 
     lws_spec = {
         "leaderWorkerTemplate": {
