@@ -265,6 +265,102 @@ def startup_budget_seconds(weights_gib: float) -> int:
     return int(180 + math.ceil(weights_gib / 0.5))
 
 
+def _serve_command(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, compute_capability: str,
+                   artifact_key: str, model_dir: str) -> list[str]:
+    """The launcher, then `vllm serve` with the plan's arguments (plan_args owns them, from the
+    plan's typed fields, never from the display copy in status) and the model's extras."""
+    return [
+        "python3", "-m", "fewerbits_runtime", "launch",
+        "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",
+        "--node-cc", compute_capability,
+        "--",
+        "vllm", "serve", stream_model_uri(spec, artifact_key) or model_dir,
+        "--host", "0.0.0.0", "--port", str(VLLM_PORT),
+        *plan_args(variant, served_model_name(spec, owner.name)),
+        *(["--load-format", "runai_streamer"] if spec.serving.loadFormat == "stream" else []),
+        *spec.serving.extraArgs,
+    ]
+
+
+def _fetch_container(spec: QuantizedModelSpec, settings: OperatorSettings, artifact_key: str, model_dir: str,
+                     load) -> dict[str, Any]:
+    """The init container: the runtime's fetcher puts the artifact and the launcher in place."""
+    assert spec.storage is not None
+    return {
+        "name": "fetch",
+        "image": settings.runtime_image,
+        "args": ["fetch", "--storage-uri", spec.storage.uri, "--key", artifact_key, *load.fetch_args(model_dir),
+                 "--launcher-dir", LAUNCHER_DIR,
+                 *(["--endpoint", spec.storage.endpoint] if spec.storage.endpoint else []),
+                 *(["--region", spec.storage.region] if spec.storage.region else [])],
+        "env": [{"name": "HOME", "value": "/tmp"}, *storage_credential_env(spec.storage),
+                *endpoint_rule_env(settings)],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+        "securityContext": dict(CONTAINER_SECURITY),
+        "volumeMounts": [
+            *load.fetch_mounts(),
+            {"name": "launcher", "mountPath": "/fewerbits"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _vllm_container(spec: QuantizedModelSpec, variant: PlanVariant, settings: OperatorSettings,
+                    command: list[str], model_dir: str, load) -> dict[str, Any]:
+    """The serving container: its GPUs, probes sized by the startup budget, and the mounts."""
+    budget = startup_budget_seconds(variant.weightsGiB)
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    gpus = str(variant.tensorParallelSize)
+    return {
+        "name": "vllm",
+        "image": spec.serving.image or settings.vllm_image,
+        "command": command,
+        "env": [
+            {"name": "PYTHONPATH", "value": LAUNCHER_DIR},
+            {"name": "FEWERBITS_NODE_GPU_PRODUCT", "value": variant.gpuProduct},
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "HF_HOME", "value": "/tmp/hf"},
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            *load.serving_env(),
+        ],
+        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "resources": {
+            "requests": {"cpu": settings.vllm_cpu_request, "memory": settings.vllm_memory_request,
+                         "nvidia.com/gpu": gpus},
+            "limits": {"nvidia.com/gpu": gpus},
+        },
+        "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": False},
+        "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": math.ceil(budget / 10)},
+        "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
+        "volumeMounts": [
+            load.serving_mount(model_dir),
+            {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _serving_volumes(load, artifact_bytes: int | None) -> list[dict[str, Any]]:
+    # emptyDir sized for the artifact plus headroom, so a full node disk shows as an eviction
+    # with a reason rather than a corrupt half-written model.
+    model_volume: dict[str, Any] = {}
+    if artifact_bytes:
+        model_volume["sizeLimit"] = f"{math.ceil(artifact_bytes * 1.2 / 2**20) + 256}Mi"
+    return [
+        load.volume(model_volume),
+        *load.extra_volumes(),
+        {"name": "launcher", "emptyDir": {"sizeLimit": "64Mi"}},
+        {"name": "tmp", "emptyDir": {}},
+        # vLLM's tensor-parallel workers talk through shared memory.
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+    ]
+
+
 def render_deployment(
     owner: Owner,
     spec: QuantizedModelSpec,
@@ -281,28 +377,8 @@ def render_deployment(
     name = deployment_name(owner.name, variant.pool)
     labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
     model_dir = f"{MODELS_DIR}/{artifact_key}"
-    # From the plan's typed fields, never from the display copy in status (plan_args owns them).
-    vllm_args = plan_args(variant, served_model_name(spec, owner.name))
-    command = [
-        "python3", "-m", "fewerbits_runtime", "launch",
-        "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",
-        "--node-cc", compute_capability,
-        "--",
-        "vllm", "serve", stream_model_uri(spec, artifact_key) or model_dir,
-        "--host", "0.0.0.0", "--port", str(VLLM_PORT),
-        *vllm_args,
-        *(["--load-format", "runai_streamer"] if spec.serving.loadFormat == "stream" else []),
-        *spec.serving.extraArgs,
-    ]
-    # emptyDir sized for the artifact plus headroom, so a full node disk shows as an eviction
-    # with a reason rather than a corrupt half-written model.
-    model_volume: dict[str, Any] = {}
-    if artifact_bytes:
-        model_volume["sizeLimit"] = f"{math.ceil(artifact_bytes * 1.2 / 2**20) + 256}Mi"
-    budget = startup_budget_seconds(variant.weightsGiB)
-    probe = {"httpGet": {"path": "/health", "port": "http"}}
     load = serving_load(spec, artifact_key, settings)
-    gpus = str(variant.tensorParallelSize)
+    command = _serve_command(owner, spec, variant, compute_capability, artifact_key, model_dir)
     template = {
         "metadata": {
             "labels": dict(labels),
@@ -315,63 +391,9 @@ def render_deployment(
             "nodeSelector": dict(node_selector),
             "tolerations": [dict(GPU_TOLERATION)],
             "terminationGracePeriodSeconds": 60,
-            "initContainers": [{
-                "name": "fetch",
-                "image": settings.runtime_image,
-                "args": ["fetch", "--storage-uri", spec.storage.uri, "--key", artifact_key, *load.fetch_args(model_dir),
-                         "--launcher-dir", LAUNCHER_DIR,
-                         *(["--endpoint", spec.storage.endpoint] if spec.storage.endpoint else []),
-                         *(["--region", spec.storage.region] if spec.storage.region else [])],
-                "env": [{"name": "HOME", "value": "/tmp"}, *storage_credential_env(spec.storage),
-                        *endpoint_rule_env(settings)],
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                "securityContext": dict(CONTAINER_SECURITY),
-                "volumeMounts": [
-                    *load.fetch_mounts(),
-                    {"name": "launcher", "mountPath": "/fewerbits"},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                ],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }],
-            "containers": [{
-                "name": "vllm",
-                "image": spec.serving.image or settings.vllm_image,
-                "command": command,
-                "env": [
-                    {"name": "PYTHONPATH", "value": LAUNCHER_DIR},
-                    {"name": "FEWERBITS_NODE_GPU_PRODUCT", "value": variant.gpuProduct},
-                    {"name": "HOME", "value": "/tmp"},
-                    {"name": "HF_HOME", "value": "/tmp/hf"},
-                    {"name": "HF_HUB_OFFLINE", "value": "1"},
-                    {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-                    *load.serving_env(),
-                ],
-                "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-                "resources": {
-                    "requests": {"cpu": settings.vllm_cpu_request, "memory": settings.vllm_memory_request,
-                                 "nvidia.com/gpu": gpus},
-                    "limits": {"nvidia.com/gpu": gpus},
-                },
-                "securityContext": {**CONTAINER_SECURITY, "readOnlyRootFilesystem": False},
-                "startupProbe": {**probe, "periodSeconds": 10, "failureThreshold": math.ceil(budget / 10)},
-                "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
-                "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
-                "volumeMounts": [
-                    load.serving_mount(model_dir),
-                    {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                    {"name": "shm", "mountPath": "/dev/shm"},
-                ],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }],
-            "volumes": [
-                load.volume(model_volume),
-                *load.extra_volumes(),
-                {"name": "launcher", "emptyDir": {"sizeLimit": "64Mi"}},
-                {"name": "tmp", "emptyDir": {}},
-                # vLLM's tensor-parallel workers talk through shared memory.
-                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
-            ],
+            "initContainers": [_fetch_container(spec, settings, artifact_key, model_dir, load)],
+            "containers": [_vllm_container(spec, variant, settings, command, model_dir, load)],
+            "volumes": _serving_volumes(load, artifact_bytes),
         },
     }
     deployment_spec = {
@@ -379,7 +401,7 @@ def render_deployment(
         # A new artifact rolls out without dropping the old one until new pods are ready.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
         "revisionHistoryLimit": 3,
-        "progressDeadlineSeconds": max(600, budget + 300),
+        "progressDeadlineSeconds": max(600, startup_budget_seconds(variant.weightsGiB) + 300),
         "template": template,
     }
     return _fresh({
