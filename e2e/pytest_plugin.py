@@ -163,6 +163,7 @@ def prometheus_operator(cluster):
 
     d = _state_root("prometheus")
     m = po.start(cluster, d)
+    print(f"prometheus_operator: up in {m.startup_seconds:.1f} s, jobs {sorted(m.jobs.values())}")
     try:
         yield m
     finally:

@@ -267,6 +267,7 @@ class Monitoring:
     kubelet: KubeletStandIn
     jobs: dict[str, str]
     """Monitor kind -> the scrape job the operator generated for it."""
+    startup_seconds: float
 
     @property
     def prometheus(self) -> Prometheus:
@@ -281,6 +282,7 @@ class Monitoring:
 def start(cluster, state_dir: Path, timeout: float = 120) -> Monitoring:
     """CRDs, operator, the chart's monitors and a Prometheus resource; then, once the generated
     configuration holds a job for each monitor, Prometheus run on it by the kubelet stand-in."""
+    t0 = time.monotonic()
     versions.ensure_built("prometheus", "prometheus-operator")
     install_crds(cluster)
     log = state_dir / "prometheus-operator.log"
@@ -303,4 +305,4 @@ def start(cluster, state_dir: Path, timeout: float = 120) -> Monitoring:
     except BaseException:
         procs.stop_group(operator.pid, 10, operator)
         raise
-    return Monitoring(operator, log, kubelet, jobs)
+    return Monitoring(operator, log, kubelet, jobs, time.monotonic() - t0)
