@@ -80,13 +80,13 @@ class RecordingIO:
 
 
 @pytest.fixture(scope="module")
-def observed(cluster, gpu_pool_module, models, test_model_uri, operator, prometheus):
+def observed(request, cluster, gpu_pool_module, models, test_model_uri, operator):
     """A namespace with the model serving two ready replicas; the operator listed in the chart's
-    metrics Service, which the chart's ServiceMonitor selects."""
+    metrics Service, which the chart's ServiceMonitor selects. The Prometheus Operator's stack
+    starts while the model is quantized and rolled out (the two wait on different things)."""
     ns = f"t-prom-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(cluster.api_client())
     core.create_namespace({"metadata": {"name": ns}})
-    po.publish_operator_metrics(cluster, operator.metrics_port)
     demo.create_s3_secret(cluster, ns, "s3-credentials")
     spec = demo.test_model_spec(cluster.s3.endpoint, test_model_uri, "s3-credentials", ns,
                                 quantization={"format": "fp8-dynamic"},
@@ -94,6 +94,8 @@ def observed(cluster, gpu_pool_module, models, test_model_uri, operator, prometh
                                               "targetKVCacheUsage": 0.7, "maxWaitingRequests": 5,
                                               "scaleDownDelaySeconds": DELAY})
     models.apply(ns, MODEL, spec)
+    request.getfixturevalue("prometheus_operator")
+    po.publish_operator_metrics(cluster, operator.metrics_port)
     models.wait_condition(ns, MODEL, "Ready", timeout=600)
     models.wait("two ready serving pods", lambda: len(ready_pods(core, ns)) == 2, timeout=120, namespace=ns)
     try:
