@@ -115,10 +115,23 @@ def make_trace(seed: int, hours: float, shape: str = "seasonal") -> list[tuple[f
     day (the first 24 h are issue 8's trace); ``launch``: the same, with the load x1.5 from 09:00
     of the third day on (a launch: a 10-minute ramp, then a new level that stays); ``flat``: no
     seasonality, the curve's mean all day (bursts and prefill-heavy phases as in the others)."""
+    events = trace_events(seed, hours, shape)
+    return [rates_at(k * DT, shape, events) for k in range(int(hours * 3600 / DT))]
+
+
+@dataclass(frozen=True)
+class TraceEvents:
+    """The random parts of a trace: bursts (start, length, multiplier) and prefill-heavy phases
+    (start, length, rag rate), each sorted by start."""
+
+    bursts: tuple[tuple[float, float, float], ...]
+    rag_phases: tuple[tuple[float, float, float], ...]
+
+
+def trace_events(seed: int, hours: float, shape: str = "seasonal") -> TraceEvents:
+    """Draw the bursts and prefill-heavy phases of ``make_trace``'s trace."""
     if shape not in SHAPES:
         raise ValueError(f"trace shape {shape!r}: expected one of {', '.join(SHAPES)}")
-    steps = int(hours * 3600 / DT)
-    peak_chat = 38.0  # about 7-8 replicas at the 0.7 target
     bursts, rag_phases = [], []
     for day in range(math.ceil(hours / 24)):
         # Day 1 draws from random.Random(seed) exactly as issue 8's 24 h trace did; each later day
@@ -133,27 +146,36 @@ def make_trace(seed: int, hours: float, shape: str = "seasonal") -> list[tuple[f
         while t < end:
             rag_phases.append((t, rng.uniform(1800, 3600), rng.uniform(8.0, 14.0)))
             t += rng.expovariate(3 / 86400)
-    out = []
-    for k in range(steps):
-        t = k * DT
-        day = (t % 86400) / 86400
-        diurnal = 0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * (day - 3 / 24)))
-        if shape == "flat":
-            diurnal = 0.625  # the diurnal curve's mean
-        elif shape == "launch":
-            launch = LAUNCH_DAY * DAY_S + 9 * 3600
+    return TraceEvents(tuple(bursts), tuple(rag_phases))
+
+
+def rates_at(t: float, shape: str, events: TraceEvents, known_until: float = math.inf) -> tuple[float, float]:
+    """Arrival rates (chat, rag) at ``t``. With ``known_until``, as a forecast made then could
+    know them at best: the deterministic parts (the diurnal curve), and only the bursts, phases
+    and launch that had started by ``known_until`` (their height and length included)."""
+    peak_chat = 38.0  # about 7-8 replicas at the 0.7 target
+    day = (t % 86400) / 86400
+    diurnal = 0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * (day - 3 / 24)))
+    if shape == "flat":
+        diurnal = 0.625  # the diurnal curve's mean
+    elif shape == "launch":
+        launch = LAUNCH_DAY * DAY_S + 9 * 3600
+        if launch <= known_until:
             diurnal *= 1 + (LAUNCH_FACTOR - 1) * min(1.0, max(0.0, (t - launch) / 600))
-        mult = 1.0
-        for start, length, m in bursts:
-            if start <= t < start + length:
-                ramp = min(1.0, (t - start) / 120, (start + length - t) / 120)
-                mult = max(mult, 1 + (m - 1) * ramp)
-        rag = 0.6 * diurnal
-        for start, length, r in rag_phases:
-            if start <= t < start + length:
-                rag = max(rag, r * min(1.0, (t - start) / 300))
-        out.append((peak_chat * diurnal * mult, rag * mult))
-    return out
+    mult = 1.0
+    for start, length, m in events.bursts:
+        if start > known_until:
+            break
+        if start <= t < start + length:
+            ramp = min(1.0, (t - start) / 120, (start + length - t) / 120)
+            mult = max(mult, 1 + (m - 1) * ramp)
+    rag = 0.6 * diurnal
+    for start, length, r in events.rag_phases:
+        if start > known_until:
+            break
+        if start <= t < start + length:
+            rag = max(rag, r * min(1.0, (t - start) / 300))
+    return (peak_chat * diurnal * mult, rag * mult)
 
 
 # ------------------------------------------------------------------ cluster
@@ -365,6 +387,11 @@ def simulate_periods(policy, trace: list[tuple[float, float]], seed: int, split_
     return tuple(Result(policy.name, g / 3600, s / 60, q, e, p) for g, s, q, e, p in acc)
 
 
+def _replicas(load: float, u: float) -> int:
+    """Replicas that serve ``load`` (replicas at full utilisation) at utilisation ``u``."""
+    return math.ceil(load / u - 1e-9)
+
+
 class Oracle:
     """The bound: a policy that knows the trace. At each step it holds the replicas the mean load of
     the next ``STARTUP_S`` + 2 steps needs at utilisation ``u`` of a replica's capacity (for that
@@ -383,7 +410,7 @@ class Oracle:
         need = []
         for rates in trace:
             cap = probe.capacity(list(rates))
-            need.append(math.ceil(sum(rates) / (cap * u) - 1e-9) if cap else SPEC.minReplicas)
+            need.append(_replicas(sum(rates) / cap, u) if cap else SPEC.minReplicas)
         ahead = int(STARTUP_S / DT) + 2 if foresight else 0
         self.plan = [min(SPEC.maxReplicas, max([SPEC.minReplicas] + need[k:k + ahead + 1]))
                      for k in range(len(trace))]
@@ -391,6 +418,41 @@ class Oracle:
     def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
         k = min(len(self.plan) - 1, int(round(t / DT)))
         return self.plan[k]
+
+
+class HistoryOracle(Oracle):
+    """The bound for any forecast made from history: like ``Oracle`` (one start-up ahead, released
+    at once), but at each step it knows of the future only what a forecast could learn then at
+    best (``rates_at(..., known_until=now)``): the diurnal curve exactly, and the bursts,
+    prefill-heavy phases and launch that have already started, with their height and length (more
+    than any forecast knows). The bursts that start after now it does not know: nothing in a
+    history predicts a Poisson arrival."""
+
+    def __init__(self, loads: list[tuple[float, ...]], u: float):
+        self.u = u
+        self.name = f"history oracle (knowable future, util. {u:.2f})"
+        self.plan = [min(SPEC.maxReplicas, max([SPEC.minReplicas] + [_replicas(x, u) for x in row]))
+                     for row in loads]
+
+
+def knowable_loads(seed: int, hours: float, shape: str) -> list[tuple[float, ...]]:
+    """For each step: the load (replicas at full utilisation) of it and the next ``STARTUP_S`` + 2
+    steps, as known at that step (``HistoryOracle``)."""
+    events = trace_events(seed, hours, shape)
+    steps, ahead, probe = int(hours * 3600 / DT), int(STARTUP_S / DT) + 2, Variant()
+    out = []
+    for k in range(steps):
+        now = k * DT
+        # Only the events started by now and still running within the window matter.
+        known = TraceEvents(*(tuple(e for e in events_ if e[0] <= now and e[0] + e[1] > now)
+                              for events_ in (events.bursts, events.rag_phases)))
+        row = []
+        for j in range(k, min(steps, k + ahead + 1)):
+            rates = rates_at(j * DT, shape, known, known_until=now)
+            cap = probe.capacity(list(rates))
+            row.append(sum(rates) / cap if cap else 0.0)
+        out.append(tuple(row))
+    return out
 
 
 # ------------------------------------------------------------------ two pools
@@ -549,13 +611,20 @@ def single_pool(seed: int, hours: float, verbose: bool = True) -> dict[str, floa
 
 # ------------------------------------------------------------------ foresight (issue 33)
 
-THRESHOLD_TARGETS = [round(0.35 + 0.05 * i, 3) for i in range(10)]
-"""The threshold policy's curve (0.35-0.80 by 0.05: half issue 8's points, over a wider range, to
+THRESHOLD_TARGETS = [round(0.35 + 0.05 * i, 3) for i in range(12)]
+"""The threshold policy's curve (0.35-0.90 by 0.05: half issue 8's points, over a wider range, to
 keep the multi-day runs short)."""
 ORACLE_UTILISATIONS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
 REACTIVE_UTILISATIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 FORESIGHT_TRACES = [("seasonal", s) for s in range(1, 6)] + [("launch", 1), ("flat", 1)]
 """Seeds 1-5 of the diurnal trace, the launch day and the flat trace (issue 33)."""
+TUNING_TRACES = [("seasonal", s) for s in range(6, 9)]
+"""Seeds the predictive autoscaler's target was chosen on (``--tuning``): never the evaluation's."""
+OUR_TARGETS = (0.7, 0.75, 0.8, 0.85)
+"""Our own knob, swept like the threshold policy's: ``targetKVCacheUsage`` of the reactive and the
+predictive autoscaler."""
+PREDICTIVE_TARGET = 0.7
+"""The predictive autoscaler's ``targetKVCacheUsage`` in the table, chosen on ``TUNING_TRACES``."""
 
 
 def _gpu_ratio_at(frontier: list[tuple[float, float]], r: Result) -> float | None:
@@ -572,36 +641,47 @@ def _bound_at(curve: list[Result], frontier: list[tuple[float, float]], sat: flo
     return o / thr if o and thr else None
 
 
-def foresight_run(shape: str, seed: int, days: int) -> dict:
-    """One multi-day trace: the reactive and the predictive autoscaler against the threshold
-    policy's curve and the two oracles, the first day (which trains the forecast) and the days
-    after reported apart."""
+def _figures(r: Result, frontier: list[tuple[float, float]]) -> dict:
+    ratio = _gpu_ratio_at(frontier, r)
+    return {"gpu_hours": round(r.gpu_hours, 2), "saturated_min": round(r.saturated_min, 2),
+            "scale_events": r.scale_events, "peak_replicas": r.peak_replicas,
+            "gpu_ratio_equal_sat": None if ratio is None else round(ratio, 4)}
+
+
+def foresight_run(shape: str, seed: int, days: int, target: float = PREDICTIVE_TARGET) -> dict:
+    """One multi-day trace: the reactive (its default target) and the predictive (at ``target``)
+    autoscaler against the threshold policy's curve and the three oracles, both of ours also over
+    ``OUR_TARGETS``; the first day (which trains the forecast) and the days after reported apart."""
     trace = make_trace(seed, days * 24, shape)
 
     def run(policy) -> tuple[Result, Result]:
         return simulate_periods(policy, trace, seed, DAY_S)
 
-    reactive = run(Fewerbits())
-    predictive_policy = Predictive()
-    predictive = run(predictive_policy)
-    sweep = [run(Threshold(SPEC.model_copy(update={"targetKVCacheUsage": x}))) for x in THRESHOLD_TARGETS]
+    def at(x: float) -> AutoscalingSpec:
+        return SPEC.model_copy(update={"targetKVCacheUsage": x})
+
+    reactive = {x: run(Fewerbits(at(x))) for x in OUR_TARGETS}
+    counted = {x: Predictive(at(x)) for x in sorted({*OUR_TARGETS, target})}
+    predictive = {x: run(p) for x, p in counted.items()}
+    sweep = [run(Threshold(at(x))) for x in THRESHOLD_TARGETS]
     baseline = sweep[THRESHOLD_TARGETS.index(SPEC.targetKVCacheUsage)]
-    oracle = [run(Oracle(trace, u)) for u in ORACLE_UTILISATIONS]
-    reactive_oracle = [run(Oracle(trace, u, foresight=False)) for u in REACTIVE_UTILISATIONS]
-    out: dict = {"trace": shape, "seed": seed, "days": days,
-                 "predictive_scale_ups": predictive_policy.scale_ups,
-                 "predictive_scale_ups_not_needed": predictive_policy.unneeded}
+    loads = knowable_loads(seed, days * 24, shape)
+    curves = {"oracle": [run(Oracle(trace, u)) for u in ORACLE_UTILISATIONS],
+              "history_oracle": [run(HistoryOracle(loads, u)) for u in ORACLE_UTILISATIONS],
+              "reactive_oracle": [run(Oracle(trace, u, foresight=False)) for u in REACTIVE_UTILISATIONS]}
+    out: dict = {"trace": shape, "seed": seed, "days": days, "predictive_target": target,
+                 "predictive_scale_ups": counted[target].scale_ups,
+                 "predictive_scale_ups_not_needed": counted[target].unneeded}
     for i, period in enumerate(("first_day", "after_first_day")):
         frontier = [(r[i].gpu_hours, r[i].saturated_min) for r in sweep]
-        row = {}
-        for name, r in (("reactive", reactive[i]), ("predictive", predictive[i]), ("threshold", baseline[i])):
-            row[name] = {"gpu_hours": round(r.gpu_hours, 2), "saturated_min": round(r.saturated_min, 2),
-                         "scale_events": r.scale_events, "peak_replicas": r.peak_replicas}
-        for name, r in (("reactive", reactive[i]), ("predictive", predictive[i])):
-            ratio = _gpu_ratio_at(frontier, r)
-            row[name]["gpu_ratio_equal_sat"] = None if ratio is None else round(ratio, 4)
-        for name, curve in (("reactive_oracle", [o[i] for o in reactive_oracle]), ("oracle", [o[i] for o in oracle])):
-            bound = _bound_at(curve, frontier, predictive[i].saturated_min)
+        row = {"reactive": _figures(reactive[SPEC.targetKVCacheUsage][i], frontier),
+               "predictive": _figures(predictive[target][i], frontier),
+               "threshold": _figures(baseline[i], frontier),
+               "sweep": {name: {f"{x:.2f}": _figures(r[i], frontier) for x, r in runs.items()}
+                         for name, runs in (("reactive", reactive), ("predictive", predictive))}}
+        del row["threshold"]["gpu_ratio_equal_sat"]
+        for name, curve in curves.items():
+            bound = _bound_at([o[i] for o in curve], frontier, predictive[target][i].saturated_min)
             row[name + "_bound_equal_sat"] = None if bound is None else round(bound, 4)
         out[period] = row
     return out
@@ -632,16 +712,17 @@ def _fmt(x: float | None) -> str:
 
 
 def foresight_table(doc: dict) -> str:
-    """The README's table (markdown) from the bench's JSON (``--json``)."""
+    """The README's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob."""
     lines = [
         f"GPU-hours at equal saturated minutes, as a fraction of the threshold policy's (its curve over "
         f"targets {THRESHOLD_TARGETS[0]:.2f}-{THRESHOLD_TARGETS[-1]:.2f}), days 2-{doc['days']} of {doc['days']}-day "
-        f"traces (day 1 trains the forecast: in brackets); pod start-up {doc['startup_s']:.0f} s. Bounds at the "
-        f"predictive autoscaler's saturated minutes.",
+        f"traces (day 1 trains the forecast: in brackets); pod start-up {doc['startup_s']:.0f} s; reactive at target "
+        f"{SPEC.targetKVCacheUsage:.2f}, predictive at {doc['predictive_target']:.2f}. Bounds at the predictive "
+        f"autoscaler's saturated minutes.",
         "",
-        "| trace | reactive | **predictive** | reactive oracle | oracle with foresight | saturated min reactive / "
-        "predictive | GPU-h reactive / predictive | predictive scale-ups (not needed) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trace | reactive | **predictive** | reactive oracle | history oracle | oracle with foresight | saturated min "
+        "reactive / predictive | GPU-h reactive / predictive | predictive scale-ups (not needed) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         a, d1 = r["after_first_day"], r["first_day"]
@@ -649,14 +730,56 @@ def foresight_table(doc: dict) -> str:
         lines.append(
             f"| {name} | {_fmt(a['reactive']['gpu_ratio_equal_sat'])} ({_fmt(d1['reactive']['gpu_ratio_equal_sat'])}) "
             f"| **{_fmt(a['predictive']['gpu_ratio_equal_sat'])}** ({_fmt(d1['predictive']['gpu_ratio_equal_sat'])}) "
-            f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} | {_fmt(a['oracle_bound_equal_sat'])} "
+            f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} | {_fmt(a['history_oracle_bound_equal_sat'])} "
+            f"| {_fmt(a['oracle_bound_equal_sat'])} "
             f"| {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f} "
             f"| {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f} "
             f"| {r['predictive_scale_ups']} ({r['predictive_scale_ups_not_needed']}) |")
     goals = doc["goals"]
     lines += ["", "Goals (issue 33): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items())
-              + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s)."]
+              + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s).", ""] + sweep_table(doc)
     return "\n".join(lines)
+
+
+def choose_target(doc: dict) -> float | None:
+    """The predictive target a tuning run (``--tuning``) picks, by the issue's goals on its traces,
+    days 2 on: among the swept targets whose saturated minutes are no higher than the reactive
+    autoscaler's on every trace, the one with the lowest worst-trace GPU-hours ratio; None when no
+    target keeps saturation down."""
+    after = [r["after_first_day"] for r in doc["results"]]
+    best: tuple[float, float] | None = None
+    for x in after[0]["sweep"]["predictive"]:
+        rows = [a["sweep"]["predictive"][x] for a in after]
+        if any(r["saturated_min"] > a["reactive"]["saturated_min"] for r, a in zip(rows, after)):
+            continue
+        worst = max(math.inf if r["gpu_ratio_equal_sat"] is None else r["gpu_ratio_equal_sat"] for r in rows)
+        if best is None or worst < best[0]:
+            best = (worst, float(x))
+    return None if best is None else best[1]
+
+
+def _span(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    text = f"{min(known):.3f}-{max(known):.3f}" if known else "n/a"
+    return text + (f" ({len(values) - len(known)} n/a)" if len(known) < len(values) else "")
+
+
+def sweep_table(doc: dict) -> list[str]:
+    """Our knob swept like the threshold policy's: each ``targetKVCacheUsage``, over all traces,
+    days 2 on."""
+    lines = [f"Our knob swept (`targetKVCacheUsage`), days 2-{doc['days']}, range over the {len(doc['results'])} "
+             f"traces; saturated minutes as a fraction of the reactive autoscaler's at "
+             f"{SPEC.targetKVCacheUsage:.2f}:", "",
+             "| target | reactive: GPU-h ratio at equal saturation | predictive: GPU-h ratio | predictive: saturated "
+             "min / reactive's at 0.70 |", "|---|---|---|---|"]
+    after = [r["after_first_day"] for r in doc["results"]]
+    for x in sorted(after[0]["sweep"]["predictive"], key=float):
+        rea = [a["sweep"]["reactive"].get(x, {}).get("gpu_ratio_equal_sat") for a in after]
+        pre = [a["sweep"]["predictive"][x]["gpu_ratio_equal_sat"] for a in after]
+        sat = [a["sweep"]["predictive"][x]["saturated_min"] / a["reactive"]["saturated_min"]
+               if a["reactive"]["saturated_min"] else None for a in after]
+        lines.append(f"| {x} | {_span(rea)} | {_span(pre)} | {_span(sat)} |")
+    return lines
 
 
 def record_demand(shape: str, seed: int, hours: float, every_s: float = 60.0) -> list[tuple[float, float]]:
@@ -679,15 +802,15 @@ def record_demand(shape: str, seed: int, hours: float, every_s: float = 60.0) ->
     return out
 
 
-def _foresight_run(job: tuple[str, int, int]) -> dict:
+def _foresight_run(job: tuple[str, int, int, float]) -> dict:
     return foresight_run(*job)
 
 
 def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = FORESIGHT_TRACES,
-              workers: int = 2) -> dict:
+              workers: int = 2, target: float = PREDICTIVE_TARGET, flags: str = "") -> dict:
     """Every trace of issue 33 (one process per trace, ``workers`` at a time), the goals, the JSON."""
     started = time.perf_counter()
-    jobs = [(shape, seed, days) for shape, seed in traces]
+    jobs = [(shape, seed, days, target) for shape, seed in traces]
     if workers > 1:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             rows = pool.map(_foresight_run, jobs)
@@ -697,14 +820,16 @@ def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = 
         shape, seed, a = r["trace"], r["seed"], r["after_first_day"]
         print(f"{shape} seed {seed}: after day 1 reactive {_fmt(a['reactive']['gpu_ratio_equal_sat'])}, predictive "
               f"{_fmt(a['predictive']['gpu_ratio_equal_sat'])} (bounds: reactive "
-              f"{_fmt(a['reactive_oracle_bound_equal_sat'])}, foresight {_fmt(a['oracle_bound_equal_sat'])}); "
-              f"saturated min {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f}; "
-              f"GPU-h {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f}", flush=True)
-    doc = {"command": "python bench/bench_autoscaler.py --foresight --days %d --json %s" % (days, json_path or "PATH"),
-           "workers": workers,
+              f"{_fmt(a['reactive_oracle_bound_equal_sat'])}, history {_fmt(a['history_oracle_bound_equal_sat'])}, "
+              f"foresight {_fmt(a['oracle_bound_equal_sat'])}); saturated min {a['reactive']['saturated_min']:.1f} / "
+              f"{a['predictive']['saturated_min']:.1f}; GPU-h {a['reactive']['gpu_hours']:.1f} / "
+              f"{a['predictive']['gpu_hours']:.1f}", flush=True)
+    doc = {"command": f"python bench/bench_autoscaler.py --foresight{flags} --days {days} --json {json_path or 'PATH'}",
+           "workers": workers, "predictive_target": target,
            "days": days, "startup_s": STARTUP_S, "step_s": DT, "results": rows, "goals": foresight_goals(rows),
            "seconds": round(time.perf_counter() - started, 1)}
     print(foresight_table(doc))
+    print(f"target chosen by these runs (choose_target): {choose_target(doc)}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -766,6 +891,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="--foresight: traces run in parallel")
     ap.add_argument("--days", type=int, default=3, help="--foresight: days per trace (the first trains)")
     ap.add_argument("--json", default=None, help="--foresight: write the results here")
+    ap.add_argument("--tuning", action="store_true",
+                    help="--foresight on the tuning seeds (6-8), where the predictive target is chosen")
+    ap.add_argument("--target", type=float, default=PREDICTIVE_TARGET,
+                    help="--foresight: the predictive autoscaler's targetKVCacheUsage in the table")
     ap.add_argument("--table", default=None, metavar="JSON", help="print the README table from a --json file")
     args = ap.parse_args(argv)
     if args.table:
@@ -773,7 +902,10 @@ def main(argv: list[str] | None = None) -> int:
             print(foresight_table(json.load(f)))
         return 0
     if args.foresight:
-        doc = foresight(args.days, args.json, workers=args.workers)
+        flags = (" --tuning" if args.tuning else "") + \
+            (f" --target {args.target:g}" if args.target != PREDICTIVE_TARGET else "")
+        doc = foresight(args.days, args.json, TUNING_TRACES if args.tuning else FORESIGHT_TRACES, args.workers,
+                        args.target, flags)
         return 0 if all(doc["goals"].values()) else 1
     seeds = [args.seed] if args.seed is not None else args.seeds
     started = time.perf_counter()
