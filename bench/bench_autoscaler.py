@@ -316,8 +316,9 @@ class Predictive(Fewerbits):
 class Threshold:
     """AIBrix-style KPA on KV only: 60 s panic / 180 s stable averages, +-10% band, 300 s cooldown."""
 
-    def __init__(self, spec: AutoscalingSpec = SPEC, name: str | None = None):
+    def __init__(self, spec: AutoscalingSpec = SPEC, name: str | None = None, cooldown: float = 300.0):
         self.spec = spec
+        self.cooldown = cooldown
         self.name = name or f"threshold (KV only, target {spec.targetKVCacheUsage:.2f})"
         self.window: list[tuple[float, float]] = []
         self.last_scale = -1e9
@@ -337,7 +338,7 @@ class Threshold:
         want = cur
         if panic > target * 1.1:
             want = max(cur, math.ceil(ready * panic / target))
-        elif stable < target * 0.9 and t - self.last_scale >= 300:
+        elif stable < target * 0.9 and t - self.last_scale >= self.cooldown:
             want = min(cur, math.ceil(ready * stable / target))
         want = min(max(want, self.spec.minReplicas), self.spec.maxReplicas)
         if want != cur:
@@ -620,11 +621,29 @@ FORESIGHT_TRACES = [("seasonal", s) for s in range(1, 6)] + [("launch", 1), ("fl
 """Seeds 1-5 of the diurnal trace, the launch day and the flat trace (issue 33)."""
 TUNING_TRACES = [("seasonal", s) for s in range(6, 9)]
 """Seeds the predictive autoscaler's target was chosen on (``--tuning``): never the evaluation's."""
-OUR_TARGETS = (0.7, 0.75, 0.8, 0.85)
-"""Our own knob, swept like the threshold policy's: ``targetKVCacheUsage`` of the reactive and the
-predictive autoscaler."""
-PREDICTIVE_TARGET = 0.7
-"""The predictive autoscaler's ``targetKVCacheUsage`` in the table, chosen on ``TUNING_TRACES``."""
+Setting = tuple[float, int]
+"""(``targetKVCacheUsage``, ``scaleDownDelaySeconds``): our own knobs."""
+DEFAULT_SETTING: Setting = (SPEC.targetKVCacheUsage, SPEC.scaleDownDelaySeconds)
+OUR_SETTINGS: tuple[Setting, ...] = tuple((x, d) for d in (300, 150, 60) for x in (0.7, 0.75))
+"""Our knobs, swept like the threshold policy's target: the predictive autoscaler at each (a
+forecast that orders ramps ahead may let the reactive part keep less headroom or give capacity
+back sooner); the reactive one at ``REACTIVE_SETTINGS``."""
+REACTIVE_SETTINGS: tuple[Setting, ...] = (DEFAULT_SETTING, (0.7, 60))
+PREDICTIVE_SETTING: Setting = (0.75, 60)
+"""The predictive autoscaler's setting in the table: what ``choose_setting`` picked on
+``TUNING_TRACES`` (bench/results/autoscaler-tuning.json)."""
+FAIRNESS_COOLDOWN = 60
+"""The threshold policy's curve again with this cooldown (the shortest delay of ours swept): a
+shorter scale-down delay of ours is also compared with the baseline given one."""
+
+
+def setting_key(s: Setting) -> str:
+    return f"{s[0]:.2f}/{s[1]}s"
+
+
+def parse_setting(key: str) -> Setting:
+    target, delay = key.split("/")
+    return float(target), int(delay.rstrip("s"))
 
 
 def _gpu_ratio_at(frontier: list[tuple[float, float]], r: Result) -> float | None:
@@ -641,6 +660,17 @@ def _bound_at(curve: list[Result], frontier: list[tuple[float, float]], sat: flo
     return o / thr if o and thr else None
 
 
+def _best_bound(curve: list[Result], frontier: list[tuple[float, float]], sat_max: float) -> float | None:
+    """The lowest ratio an oracle reaches at any saturation up to ``sat_max`` (the reactive
+    autoscaler's saturated minutes: the issue's other goal), over 200 points of its curve."""
+    lo = max(min(r.saturated_min for r in curve), min(s for _, s in frontier))
+    if lo > sat_max:
+        return None
+    ratios = [_bound_at(curve, frontier, lo + (sat_max - lo) * k / 199) for k in range(200)]
+    known = [x for x in ratios if x is not None]
+    return min(known) if known else None
+
+
 def _figures(r: Result, frontier: list[tuple[float, float]]) -> dict:
     ratio = _gpu_ratio_at(frontier, r)
     return {"gpu_hours": round(r.gpu_hours, 2), "saturated_min": round(r.saturated_min, 2),
@@ -648,41 +678,52 @@ def _figures(r: Result, frontier: list[tuple[float, float]]) -> dict:
             "gpu_ratio_equal_sat": None if ratio is None else round(ratio, 4)}
 
 
-def foresight_run(shape: str, seed: int, days: int, target: float = PREDICTIVE_TARGET) -> dict:
-    """One multi-day trace: the reactive (its default target) and the predictive (at ``target``)
-    autoscaler against the threshold policy's curve and the three oracles, both of ours also over
-    ``OUR_TARGETS``; the first day (which trains the forecast) and the days after reported apart."""
+def foresight_run(shape: str, seed: int, days: int, setting: Setting = PREDICTIVE_SETTING) -> dict:
+    """One multi-day trace: the reactive (its defaults) and the predictive (at ``setting``)
+    autoscaler against the threshold policy's curve and the three oracles, ours also over
+    ``OUR_SETTINGS``; the first day (which trains the forecast) and the days after reported apart."""
     trace = make_trace(seed, days * 24, shape)
 
     def run(policy) -> tuple[Result, Result]:
         return simulate_periods(policy, trace, seed, DAY_S)
 
-    def at(x: float) -> AutoscalingSpec:
-        return SPEC.model_copy(update={"targetKVCacheUsage": x})
+    def at(x: float, delay: int = SPEC.scaleDownDelaySeconds) -> AutoscalingSpec:
+        return SPEC.model_copy(update={"targetKVCacheUsage": x, "scaleDownDelaySeconds": delay})
 
-    reactive = {x: run(Fewerbits(at(x))) for x in OUR_TARGETS}
-    counted = {x: Predictive(at(x)) for x in sorted({*OUR_TARGETS, target})}
-    predictive = {x: run(p) for x, p in counted.items()}
+    reactive = {setting_key(s): run(Fewerbits(at(*s))) for s in REACTIVE_SETTINGS}
+    counted = {setting_key(s): Predictive(at(*s)) for s in sorted({*OUR_SETTINGS, setting})}
+    predictive = {k: run(p) for k, p in counted.items()}
     sweep = [run(Threshold(at(x))) for x in THRESHOLD_TARGETS]
+    fair = [run(Threshold(at(x), cooldown=FAIRNESS_COOLDOWN)) for x in THRESHOLD_TARGETS]
+    key = setting_key(setting)
     baseline = sweep[THRESHOLD_TARGETS.index(SPEC.targetKVCacheUsage)]
     loads = knowable_loads(seed, days * 24, shape)
     curves = {"oracle": [run(Oracle(trace, u)) for u in ORACLE_UTILISATIONS],
               "history_oracle": [run(HistoryOracle(loads, u)) for u in ORACLE_UTILISATIONS],
               "reactive_oracle": [run(Oracle(trace, u, foresight=False)) for u in REACTIVE_UTILISATIONS]}
-    out: dict = {"trace": shape, "seed": seed, "days": days, "predictive_target": target,
-                 "predictive_scale_ups": counted[target].scale_ups,
-                 "predictive_scale_ups_not_needed": counted[target].unneeded}
+    out: dict = {"trace": shape, "seed": seed, "days": days, "predictive_setting": key,
+                 "predictive_scale_ups": counted[key].scale_ups,
+                 "predictive_scale_ups_not_needed": counted[key].unneeded}
     for i, period in enumerate(("first_day", "after_first_day")):
         frontier = [(r[i].gpu_hours, r[i].saturated_min) for r in sweep]
-        row = {"reactive": _figures(reactive[SPEC.targetKVCacheUsage][i], frontier),
-               "predictive": _figures(predictive[target][i], frontier),
+        fair_frontier = [(r[i].gpu_hours, r[i].saturated_min) for r in fair]
+        row = {"reactive": _figures(reactive[setting_key(DEFAULT_SETTING)][i], frontier),
+               "predictive": _figures(predictive[key][i], frontier),
                "threshold": _figures(baseline[i], frontier),
-               "sweep": {name: {f"{x:.2f}": _figures(r[i], frontier) for x, r in runs.items()}
+               "sweep": {name: {k: _figures(r[i], frontier) for k, r in runs.items()}
                          for name, runs in (("reactive", reactive), ("predictive", predictive))}}
+        for k, p in counted.items():  # over the whole run, as the table's column
+            row["sweep"]["predictive"][k].update(scale_ups=p.scale_ups, scale_ups_not_needed=p.unneeded)
+        for name, runs in (("reactive", reactive), ("predictive", predictive)):
+            for k, r in runs.items():
+                ratio = _gpu_ratio_at(fair_frontier, r[i])
+                row["sweep"][name][k]["gpu_ratio_vs_threshold_short_cooldown"] = None if ratio is None else round(ratio, 4)
         del row["threshold"]["gpu_ratio_equal_sat"]
         for name, curve in curves.items():
-            bound = _bound_at([o[i] for o in curve], frontier, predictive[target][i].saturated_min)
+            bound = _bound_at([o[i] for o in curve], frontier, predictive[key][i].saturated_min)
             row[name + "_bound_equal_sat"] = None if bound is None else round(bound, 4)
+            best = _best_bound([o[i] for o in curve], frontier, row["reactive"]["saturated_min"])
+            row[name + "_best_within_reactive_sat"] = None if best is None else round(best, 4)
         out[period] = row
     return out
 
@@ -717,8 +758,9 @@ def foresight_table(doc: dict) -> str:
         f"GPU-hours at equal saturated minutes, as a fraction of the threshold policy's (its curve over "
         f"targets {THRESHOLD_TARGETS[0]:.2f}-{THRESHOLD_TARGETS[-1]:.2f}), days 2-{doc['days']} of {doc['days']}-day "
         f"traces (day 1 trains the forecast: in brackets); pod start-up {doc['startup_s']:.0f} s; reactive at target "
-        f"{SPEC.targetKVCacheUsage:.2f}, predictive at {doc['predictive_target']:.2f}. Bounds at the predictive "
-        f"autoscaler's saturated minutes.",
+        f"{setting_key(DEFAULT_SETTING)}, predictive at {doc['predictive_setting']} (target/scale-down delay). Bounds at the predictive "
+        f"autoscaler's saturated minutes; the history oracle's (the bound for any forecast from history) also its "
+        f"best at any saturation up to the reactive autoscaler's, in brackets.",
         "",
         "| trace | reactive | **predictive** | reactive oracle | history oracle | oracle with foresight | saturated min "
         "reactive / predictive | GPU-h reactive / predictive | predictive scale-ups (not needed) |",
@@ -731,31 +773,37 @@ def foresight_table(doc: dict) -> str:
             f"| {name} | {_fmt(a['reactive']['gpu_ratio_equal_sat'])} ({_fmt(d1['reactive']['gpu_ratio_equal_sat'])}) "
             f"| **{_fmt(a['predictive']['gpu_ratio_equal_sat'])}** ({_fmt(d1['predictive']['gpu_ratio_equal_sat'])}) "
             f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} | {_fmt(a['history_oracle_bound_equal_sat'])} "
+            f"({_fmt(a.get('history_oracle_best_within_reactive_sat'))}) "
             f"| {_fmt(a['oracle_bound_equal_sat'])} "
             f"| {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f} "
             f"| {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f} "
             f"| {r['predictive_scale_ups']} ({r['predictive_scale_ups_not_needed']}) |")
     goals = doc["goals"]
+    seasonal = [r["after_first_day"].get("history_oracle_best_within_reactive_sat") for r in doc["results"]
+                if r["trace"] == "seasonal"]
+    reachable = sum(1 for x in seasonal if x is not None and x <= 0.85)
+    lines += ["", f"The history oracle reaches 0.85 at no more saturation than the reactive autoscaler on "
+                  f"{reachable} of {len(seasonal)} seeds (days 2 on)."]
     lines += ["", "Goals (issue 33): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items())
               + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s).", ""] + sweep_table(doc)
     return "\n".join(lines)
 
 
-def choose_target(doc: dict) -> float | None:
-    """The predictive target a tuning run (``--tuning``) picks, by the issue's goals on its traces,
-    days 2 on: among the swept targets whose saturated minutes are no higher than the reactive
+def choose_setting(doc: dict) -> Setting | None:
+    """The predictive setting a tuning run (``--tuning``) picks, by the issue's goals on its traces,
+    days 2 on: among the swept settings whose saturated minutes are no higher than the reactive
     autoscaler's on every trace, the one with the lowest worst-trace GPU-hours ratio; None when no
-    target keeps saturation down."""
+    setting keeps saturation down."""
     after = [r["after_first_day"] for r in doc["results"]]
-    best: tuple[float, float] | None = None
-    for x in after[0]["sweep"]["predictive"]:
-        rows = [a["sweep"]["predictive"][x] for a in after]
+    best: tuple[float, str] | None = None
+    for key in after[0]["sweep"]["predictive"]:
+        rows = [a["sweep"]["predictive"][key] for a in after]
         if any(r["saturated_min"] > a["reactive"]["saturated_min"] for r, a in zip(rows, after)):
             continue
         worst = max(math.inf if r["gpu_ratio_equal_sat"] is None else r["gpu_ratio_equal_sat"] for r in rows)
         if best is None or worst < best[0]:
-            best = (worst, float(x))
-    return None if best is None else best[1]
+            best = (worst, key)
+    return None if best is None else parse_setting(best[1])
 
 
 def _span(values: list[float | None]) -> str:
@@ -765,20 +813,20 @@ def _span(values: list[float | None]) -> str:
 
 
 def sweep_table(doc: dict) -> list[str]:
-    """Our knob swept like the threshold policy's: each ``targetKVCacheUsage``, over all traces,
-    days 2 on."""
-    lines = [f"Our knob swept (`targetKVCacheUsage`), days 2-{doc['days']}, range over the {len(doc['results'])} "
-             f"traces; saturated minutes as a fraction of the reactive autoscaler's at "
-             f"{SPEC.targetKVCacheUsage:.2f}:", "",
-             "| target | reactive: GPU-h ratio at equal saturation | predictive: GPU-h ratio | predictive: saturated "
-             "min / reactive's at 0.70 |", "|---|---|---|---|"]
+    """Our knobs swept like the threshold policy's target, over all traces, days 2 on."""
+    lines = [f"Our knobs swept (`targetKVCacheUsage`/`scaleDownDelaySeconds`), days 2-{doc['days']}, range over the "
+             f"{len(doc['results'])} traces; ratios against the threshold policy's curve (cooldown 300 s; in brackets "
+             f"with cooldown {FAIRNESS_COOLDOWN} s); saturated minutes over the reactive autoscaler's at "
+             f"{setting_key(DEFAULT_SETTING)}:", "",
+             "| autoscaler | setting | GPU-h ratio at equal saturation | saturated min / reactive's |", "|---|---|---|---|"]
     after = [r["after_first_day"] for r in doc["results"]]
-    for x in sorted(after[0]["sweep"]["predictive"], key=float):
-        rea = [a["sweep"]["reactive"].get(x, {}).get("gpu_ratio_equal_sat") for a in after]
-        pre = [a["sweep"]["predictive"][x]["gpu_ratio_equal_sat"] for a in after]
-        sat = [a["sweep"]["predictive"][x]["saturated_min"] / a["reactive"]["saturated_min"]
-               if a["reactive"]["saturated_min"] else None for a in after]
-        lines.append(f"| {x} | {_span(rea)} | {_span(pre)} | {_span(sat)} |")
+    for name in ("reactive", "predictive"):
+        for key in sorted(after[0]["sweep"][name], key=lambda k: (-parse_setting(k)[1], parse_setting(k)[0])):
+            rows = [a["sweep"][name][key] for a in after]
+            sat = [r["saturated_min"] / a["reactive"]["saturated_min"] if a["reactive"]["saturated_min"] else None
+                   for r, a in zip(rows, after)]
+            lines.append(f"| {name} | {key} | {_span([r['gpu_ratio_equal_sat'] for r in rows])} "
+                         f"({_span([r['gpu_ratio_vs_threshold_short_cooldown'] for r in rows])}) | {_span(sat)} |")
     return lines
 
 
@@ -802,15 +850,15 @@ def record_demand(shape: str, seed: int, hours: float, every_s: float = 60.0) ->
     return out
 
 
-def _foresight_run(job: tuple[str, int, int, float]) -> dict:
+def _foresight_run(job: tuple[str, int, int, Setting]) -> dict:
     return foresight_run(*job)
 
 
 def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = FORESIGHT_TRACES,
-              workers: int = 2, target: float = PREDICTIVE_TARGET, flags: str = "") -> dict:
+              workers: int = 2, setting: Setting = PREDICTIVE_SETTING, flags: str = "") -> dict:
     """Every trace of issue 33 (one process per trace, ``workers`` at a time), the goals, the JSON."""
     started = time.perf_counter()
-    jobs = [(shape, seed, days, target) for shape, seed in traces]
+    jobs = [(shape, seed, days, setting) for shape, seed in traces]
     if workers > 1:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             rows = pool.map(_foresight_run, jobs)
@@ -825,11 +873,11 @@ def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = 
               f"{a['predictive']['saturated_min']:.1f}; GPU-h {a['reactive']['gpu_hours']:.1f} / "
               f"{a['predictive']['gpu_hours']:.1f}", flush=True)
     doc = {"command": f"python bench/bench_autoscaler.py --foresight{flags} --days {days} --json {json_path or 'PATH'}",
-           "workers": workers, "predictive_target": target,
+           "workers": workers, "predictive_setting": setting_key(setting),
            "days": days, "startup_s": STARTUP_S, "step_s": DT, "results": rows, "goals": foresight_goals(rows),
            "seconds": round(time.perf_counter() - started, 1)}
     print(foresight_table(doc))
-    print(f"target chosen by these runs (choose_target): {choose_target(doc)}")
+    print(f"setting chosen by these runs (choose_setting): {choose_setting(doc)}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -892,9 +940,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--days", type=int, default=3, help="--foresight: days per trace (the first trains)")
     ap.add_argument("--json", default=None, help="--foresight: write the results here")
     ap.add_argument("--tuning", action="store_true",
-                    help="--foresight on the tuning seeds (6-8), where the predictive target is chosen")
-    ap.add_argument("--target", type=float, default=PREDICTIVE_TARGET,
-                    help="--foresight: the predictive autoscaler's targetKVCacheUsage in the table")
+                    help="--foresight on the tuning seeds (6-8), where the predictive setting is chosen")
+    ap.add_argument("--setting", type=parse_setting, default=PREDICTIVE_SETTING,
+                    help="--foresight: the predictive autoscaler's TARGET/DELAYs in the table (e.g. 0.70/150s)")
     ap.add_argument("--table", default=None, metavar="JSON", help="print the README table from a --json file")
     args = ap.parse_args(argv)
     if args.table:
@@ -903,9 +951,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.foresight:
         flags = (" --tuning" if args.tuning else "") + \
-            (f" --target {args.target:g}" if args.target != PREDICTIVE_TARGET else "")
+            (f" --setting {setting_key(args.setting)}" if args.setting != PREDICTIVE_SETTING else "")
         doc = foresight(args.days, args.json, TUNING_TRACES if args.tuning else FORESIGHT_TRACES, args.workers,
-                        args.target, flags)
+                        args.setting, flags)
         return 0 if all(doc["goals"].values()) else 1
     seeds = [args.seed] if args.seed is not None else args.seeds
     started = time.perf_counter()

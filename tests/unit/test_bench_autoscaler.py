@@ -110,24 +110,24 @@ def test_committed_results_give_the_readme_table_and_their_goals():
     assert doc["command"] in table
 
 
-def test_the_target_is_chosen_on_the_tuning_seeds_by_the_goals():
+def test_the_setting_is_chosen_on_the_tuning_seeds_by_the_goals():
     def run(reactive_sat, sweep):
         return {"after_first_day": {"reactive": {"saturated_min": reactive_sat}, "sweep": {"predictive": {
             x: {"saturated_min": sat, "gpu_ratio_equal_sat": ratio} for x, (sat, ratio) in sweep.items()}}}}
 
-    doc = {"results": [run(40, {"0.70": (30, 0.95), "0.80": (38, 0.90), "0.85": (45, 0.80)}),
-                       run(60, {"0.70": (40, 0.97), "0.80": (55, 0.93), "0.85": (58, None)})]}
-    # 0.85 saturates more than the reactive autoscaler on the first trace; of the two left, 0.80
-    # has the lower worst-trace ratio.
-    assert bench.choose_target(doc) == 0.80
+    doc = {"results": [run(40, {"0.70/300s": (30, 0.95), "0.70/150s": (38, 0.90), "0.75/60s": (45, 0.80)}),
+                       run(60, {"0.70/300s": (40, 0.97), "0.70/150s": (55, 0.93), "0.75/60s": (58, None)})]}
+    # 0.75/60s saturates more than the reactive autoscaler on the first trace; of the two left,
+    # 0.70/150s has the lower worst-trace ratio.
+    assert bench.choose_setting(doc) == (0.70, 150)
     doc["results"][1]["after_first_day"]["reactive"]["saturated_min"] = 35
-    assert bench.choose_target(doc) is None
+    assert bench.choose_setting(doc) is None
     # The committed evaluation uses what the committed tuning run chose (never the evaluation days).
     tuning = json.loads(TUNING.read_text())
     assert [(r["trace"], r["seed"]) for r in tuning["results"]] == bench.TUNING_TRACES
-    chosen = bench.choose_target(tuning)
-    assert json.loads(RESULTS.read_text())["predictive_target"] == bench.PREDICTIVE_TARGET == \
-        (chosen if chosen is not None else bench.SPEC.targetKVCacheUsage)
+    chosen = bench.choose_setting(tuning) or bench.DEFAULT_SETTING
+    assert json.loads(RESULTS.read_text())["predictive_setting"] == bench.setting_key(bench.PREDICTIVE_SETTING) \
+        == bench.setting_key(chosen)
 
 
 def test_goals_read_the_runs():
