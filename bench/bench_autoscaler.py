@@ -115,10 +115,23 @@ def make_trace(seed: int, hours: float, shape: str = "seasonal") -> list[tuple[f
     day (the first 24 h are issue 8's trace); ``launch``: the same, with the load x1.5 from 09:00
     of the third day on (a launch: a 10-minute ramp, then a new level that stays); ``flat``: no
     seasonality, the curve's mean all day (bursts and prefill-heavy phases as in the others)."""
+    events = trace_events(seed, hours, shape)
+    return [rates_at(k * DT, shape, events) for k in range(int(hours * 3600 / DT))]
+
+
+@dataclass(frozen=True)
+class TraceEvents:
+    """The random parts of a trace: bursts (start, length, multiplier) and prefill-heavy phases
+    (start, length, rag rate), each sorted by start."""
+
+    bursts: tuple[tuple[float, float, float], ...]
+    rag_phases: tuple[tuple[float, float, float], ...]
+
+
+def trace_events(seed: int, hours: float, shape: str = "seasonal") -> TraceEvents:
+    """Draw the bursts and prefill-heavy phases of ``make_trace``'s trace."""
     if shape not in SHAPES:
         raise ValueError(f"trace shape {shape!r}: expected one of {', '.join(SHAPES)}")
-    steps = int(hours * 3600 / DT)
-    peak_chat = 38.0  # about 7-8 replicas at the 0.7 target
     bursts, rag_phases = [], []
     for day in range(math.ceil(hours / 24)):
         # Day 1 draws from random.Random(seed) exactly as issue 8's 24 h trace did; each later day
@@ -133,27 +146,36 @@ def make_trace(seed: int, hours: float, shape: str = "seasonal") -> list[tuple[f
         while t < end:
             rag_phases.append((t, rng.uniform(1800, 3600), rng.uniform(8.0, 14.0)))
             t += rng.expovariate(3 / 86400)
-    out = []
-    for k in range(steps):
-        t = k * DT
-        day = (t % 86400) / 86400
-        diurnal = 0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * (day - 3 / 24)))
-        if shape == "flat":
-            diurnal = 0.625  # the diurnal curve's mean
-        elif shape == "launch":
-            launch = LAUNCH_DAY * DAY_S + 9 * 3600
+    return TraceEvents(tuple(bursts), tuple(rag_phases))
+
+
+def rates_at(t: float, shape: str, events: TraceEvents, known_until: float = math.inf) -> tuple[float, float]:
+    """Arrival rates (chat, rag) at ``t``. With ``known_until``, as a forecast made then could
+    know them at best: the deterministic parts (the diurnal curve), and only the bursts, phases
+    and launch that had started by ``known_until`` (their height and length included)."""
+    peak_chat = 38.0  # about 7-8 replicas at the 0.7 target
+    day = (t % 86400) / 86400
+    diurnal = 0.25 + 0.75 * (0.5 - 0.5 * math.cos(2 * math.pi * (day - 3 / 24)))
+    if shape == "flat":
+        diurnal = 0.625  # the diurnal curve's mean
+    elif shape == "launch":
+        launch = LAUNCH_DAY * DAY_S + 9 * 3600
+        if launch <= known_until:
             diurnal *= 1 + (LAUNCH_FACTOR - 1) * min(1.0, max(0.0, (t - launch) / 600))
-        mult = 1.0
-        for start, length, m in bursts:
-            if start <= t < start + length:
-                ramp = min(1.0, (t - start) / 120, (start + length - t) / 120)
-                mult = max(mult, 1 + (m - 1) * ramp)
-        rag = 0.6 * diurnal
-        for start, length, r in rag_phases:
-            if start <= t < start + length:
-                rag = max(rag, r * min(1.0, (t - start) / 300))
-        out.append((peak_chat * diurnal * mult, rag * mult))
-    return out
+    mult = 1.0
+    for start, length, m in events.bursts:
+        if start > known_until:
+            break
+        if start <= t < start + length:
+            ramp = min(1.0, (t - start) / 120, (start + length - t) / 120)
+            mult = max(mult, 1 + (m - 1) * ramp)
+    rag = 0.6 * diurnal
+    for start, length, r in events.rag_phases:
+        if start > known_until:
+            break
+        if start <= t < start + length:
+            rag = max(rag, r * min(1.0, (t - start) / 300))
+    return (peak_chat * diurnal * mult, rag * mult)
 
 
 # ------------------------------------------------------------------ cluster
@@ -294,8 +316,9 @@ class Predictive(Fewerbits):
 class Threshold:
     """AIBrix-style KPA on KV only: 60 s panic / 180 s stable averages, +-10% band, 300 s cooldown."""
 
-    def __init__(self, spec: AutoscalingSpec = SPEC, name: str | None = None):
+    def __init__(self, spec: AutoscalingSpec = SPEC, name: str | None = None, cooldown: float = 300.0):
         self.spec = spec
+        self.cooldown = cooldown
         self.name = name or f"threshold (KV only, target {spec.targetKVCacheUsage:.2f})"
         self.window: list[tuple[float, float]] = []
         self.last_scale = -1e9
@@ -315,7 +338,7 @@ class Threshold:
         want = cur
         if panic > target * 1.1:
             want = max(cur, math.ceil(ready * panic / target))
-        elif stable < target * 0.9 and t - self.last_scale >= 300:
+        elif stable < target * 0.9 and t - self.last_scale >= self.cooldown:
             want = min(cur, math.ceil(ready * stable / target))
         want = min(max(want, self.spec.minReplicas), self.spec.maxReplicas)
         if want != cur:
@@ -365,6 +388,11 @@ def simulate_periods(policy, trace: list[tuple[float, float]], seed: int, split_
     return tuple(Result(policy.name, g / 3600, s / 60, q, e, p) for g, s, q, e, p in acc)
 
 
+def _replicas(load: float, u: float) -> int:
+    """Replicas that serve ``load`` (replicas at full utilisation) at utilisation ``u``."""
+    return math.ceil(load / u - 1e-9)
+
+
 class Oracle:
     """The bound: a policy that knows the trace. At each step it holds the replicas the mean load of
     the next ``STARTUP_S`` + 2 steps needs at utilisation ``u`` of a replica's capacity (for that
@@ -383,7 +411,7 @@ class Oracle:
         need = []
         for rates in trace:
             cap = probe.capacity(list(rates))
-            need.append(math.ceil(sum(rates) / (cap * u) - 1e-9) if cap else SPEC.minReplicas)
+            need.append(_replicas(sum(rates) / cap, u) if cap else SPEC.minReplicas)
         ahead = int(STARTUP_S / DT) + 2 if foresight else 0
         self.plan = [min(SPEC.maxReplicas, max([SPEC.minReplicas] + need[k:k + ahead + 1]))
                      for k in range(len(trace))]
@@ -391,6 +419,41 @@ class Oracle:
     def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
         k = min(len(self.plan) - 1, int(round(t / DT)))
         return self.plan[k]
+
+
+class HistoryOracle(Oracle):
+    """The bound for any forecast made from history: like ``Oracle`` (one start-up ahead, released
+    at once), but at each step it knows of the future only what a forecast could learn then at
+    best (``rates_at(..., known_until=now)``): the diurnal curve exactly, and the bursts,
+    prefill-heavy phases and launch that have already started, with their height and length (more
+    than any forecast knows). The bursts that start after now it does not know: nothing in a
+    history predicts a Poisson arrival."""
+
+    def __init__(self, loads: list[tuple[float, ...]], u: float):
+        self.u = u
+        self.name = f"history oracle (knowable future, util. {u:.2f})"
+        self.plan = [min(SPEC.maxReplicas, max([SPEC.minReplicas] + [_replicas(x, u) for x in row]))
+                     for row in loads]
+
+
+def knowable_loads(seed: int, hours: float, shape: str) -> list[tuple[float, ...]]:
+    """For each step: the load (replicas at full utilisation) of it and the next ``STARTUP_S`` + 2
+    steps, as known at that step (``HistoryOracle``)."""
+    events = trace_events(seed, hours, shape)
+    steps, ahead, probe = int(hours * 3600 / DT), int(STARTUP_S / DT) + 2, Variant()
+    out = []
+    for k in range(steps):
+        now = k * DT
+        # Only the events started by now and still running within the window matter.
+        known = TraceEvents(*(tuple(e for e in events_ if e[0] <= now and e[0] + e[1] > now)
+                              for events_ in (events.bursts, events.rag_phases)))
+        row = []
+        for j in range(k, min(steps, k + ahead + 1)):
+            rates = rates_at(j * DT, shape, known, known_until=now)
+            cap = probe.capacity(list(rates))
+            row.append(sum(rates) / cap if cap else 0.0)
+        out.append(tuple(row))
+    return out
 
 
 # ------------------------------------------------------------------ two pools
@@ -549,13 +612,38 @@ def single_pool(seed: int, hours: float, verbose: bool = True) -> dict[str, floa
 
 # ------------------------------------------------------------------ foresight (issue 33)
 
-THRESHOLD_TARGETS = [round(0.35 + 0.05 * i, 3) for i in range(10)]
-"""The threshold policy's curve (0.35-0.80 by 0.05: half issue 8's points, over a wider range, to
+THRESHOLD_TARGETS = [round(0.35 + 0.05 * i, 3) for i in range(12)]
+"""The threshold policy's curve (0.35-0.90 by 0.05: half issue 8's points, over a wider range, to
 keep the multi-day runs short)."""
 ORACLE_UTILISATIONS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
 REACTIVE_UTILISATIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 FORESIGHT_TRACES = [("seasonal", s) for s in range(1, 6)] + [("launch", 1), ("flat", 1)]
 """Seeds 1-5 of the diurnal trace, the launch day and the flat trace (issue 33)."""
+TUNING_TRACES = [("seasonal", s) for s in range(6, 9)]
+"""Seeds the predictive autoscaler's target was chosen on (``--tuning``): never the evaluation's."""
+Setting = tuple[float, int]
+"""(``targetKVCacheUsage``, ``scaleDownDelaySeconds``): our own knobs."""
+DEFAULT_SETTING: Setting = (SPEC.targetKVCacheUsage, SPEC.scaleDownDelaySeconds)
+OUR_SETTINGS: tuple[Setting, ...] = tuple((x, d) for d in (300, 150, 60) for x in (0.7, 0.75))
+"""Our knobs, swept like the threshold policy's target: the predictive autoscaler at each (a
+forecast that orders ramps ahead may let the reactive part keep less headroom or give capacity
+back sooner); the reactive one at ``REACTIVE_SETTINGS``."""
+REACTIVE_SETTINGS: tuple[Setting, ...] = (DEFAULT_SETTING, (0.7, 60))
+PREDICTIVE_SETTING: Setting = (0.75, 60)
+"""The predictive autoscaler's setting in the table: what ``choose_setting`` picked on
+``TUNING_TRACES`` (bench/results/autoscaler-tuning.json)."""
+FAIRNESS_COOLDOWN = 60
+"""The threshold policy's curve again with this cooldown (the shortest delay of ours swept): a
+shorter scale-down delay of ours is also compared with the baseline given one."""
+
+
+def setting_key(s: Setting) -> str:
+    return f"{s[0]:.2f}/{s[1]}s"
+
+
+def parse_setting(key: str) -> Setting:
+    target, delay = key.split("/")
+    return float(target), int(delay.rstrip("s"))
 
 
 def _gpu_ratio_at(frontier: list[tuple[float, float]], r: Result) -> float | None:
@@ -572,37 +660,70 @@ def _bound_at(curve: list[Result], frontier: list[tuple[float, float]], sat: flo
     return o / thr if o and thr else None
 
 
-def foresight_run(shape: str, seed: int, days: int) -> dict:
-    """One multi-day trace: the reactive and the predictive autoscaler against the threshold
-    policy's curve and the two oracles, the first day (which trains the forecast) and the days
-    after reported apart."""
+def _best_bound(curve: list[Result], frontier: list[tuple[float, float]], sat_max: float) -> float | None:
+    """The lowest ratio an oracle reaches at any saturation up to ``sat_max`` (the reactive
+    autoscaler's saturated minutes: the issue's other goal), over 200 points of its curve."""
+    lo = max(min(r.saturated_min for r in curve), min(s for _, s in frontier))
+    if lo > sat_max:
+        return None
+    ratios = [_bound_at(curve, frontier, lo + (sat_max - lo) * k / 199) for k in range(200)]
+    known = [x for x in ratios if x is not None]
+    return min(known) if known else None
+
+
+def _figures(r: Result, frontier: list[tuple[float, float]]) -> dict:
+    ratio = _gpu_ratio_at(frontier, r)
+    return {"gpu_hours": round(r.gpu_hours, 2), "saturated_min": round(r.saturated_min, 2),
+            "scale_events": r.scale_events, "peak_replicas": r.peak_replicas,
+            "gpu_ratio_equal_sat": None if ratio is None else round(ratio, 4)}
+
+
+def foresight_run(shape: str, seed: int, days: int, setting: Setting = PREDICTIVE_SETTING) -> dict:
+    """One multi-day trace: the reactive (its defaults) and the predictive (at ``setting``)
+    autoscaler against the threshold policy's curve and the three oracles, ours also over
+    ``OUR_SETTINGS``; the first day (which trains the forecast) and the days after reported apart."""
     trace = make_trace(seed, days * 24, shape)
 
     def run(policy) -> tuple[Result, Result]:
         return simulate_periods(policy, trace, seed, DAY_S)
 
-    reactive = run(Fewerbits())
-    predictive_policy = Predictive()
-    predictive = run(predictive_policy)
-    sweep = [run(Threshold(SPEC.model_copy(update={"targetKVCacheUsage": x}))) for x in THRESHOLD_TARGETS]
+    def at(x: float, delay: int = SPEC.scaleDownDelaySeconds) -> AutoscalingSpec:
+        return SPEC.model_copy(update={"targetKVCacheUsage": x, "scaleDownDelaySeconds": delay})
+
+    reactive = {setting_key(s): run(Fewerbits(at(*s))) for s in REACTIVE_SETTINGS}
+    counted = {setting_key(s): Predictive(at(*s)) for s in sorted({*OUR_SETTINGS, setting})}
+    predictive = {k: run(p) for k, p in counted.items()}
+    sweep = [run(Threshold(at(x))) for x in THRESHOLD_TARGETS]
+    fair = [run(Threshold(at(x), cooldown=FAIRNESS_COOLDOWN)) for x in THRESHOLD_TARGETS]
+    key = setting_key(setting)
     baseline = sweep[THRESHOLD_TARGETS.index(SPEC.targetKVCacheUsage)]
-    oracle = [run(Oracle(trace, u)) for u in ORACLE_UTILISATIONS]
-    reactive_oracle = [run(Oracle(trace, u, foresight=False)) for u in REACTIVE_UTILISATIONS]
-    out: dict = {"trace": shape, "seed": seed, "days": days,
-                 "predictive_scale_ups": predictive_policy.scale_ups,
-                 "predictive_scale_ups_not_needed": predictive_policy.unneeded}
+    loads = knowable_loads(seed, days * 24, shape)
+    curves = {"oracle": [run(Oracle(trace, u)) for u in ORACLE_UTILISATIONS],
+              "history_oracle": [run(HistoryOracle(loads, u)) for u in ORACLE_UTILISATIONS],
+              "reactive_oracle": [run(Oracle(trace, u, foresight=False)) for u in REACTIVE_UTILISATIONS]}
+    out: dict = {"trace": shape, "seed": seed, "days": days, "predictive_setting": key,
+                 "predictive_scale_ups": counted[key].scale_ups,
+                 "predictive_scale_ups_not_needed": counted[key].unneeded}
     for i, period in enumerate(("first_day", "after_first_day")):
         frontier = [(r[i].gpu_hours, r[i].saturated_min) for r in sweep]
-        row = {}
-        for name, r in (("reactive", reactive[i]), ("predictive", predictive[i]), ("threshold", baseline[i])):
-            row[name] = {"gpu_hours": round(r.gpu_hours, 2), "saturated_min": round(r.saturated_min, 2),
-                         "scale_events": r.scale_events, "peak_replicas": r.peak_replicas}
-        for name, r in (("reactive", reactive[i]), ("predictive", predictive[i])):
-            ratio = _gpu_ratio_at(frontier, r)
-            row[name]["gpu_ratio_equal_sat"] = None if ratio is None else round(ratio, 4)
-        for name, curve in (("reactive_oracle", [o[i] for o in reactive_oracle]), ("oracle", [o[i] for o in oracle])):
-            bound = _bound_at(curve, frontier, predictive[i].saturated_min)
+        fair_frontier = [(r[i].gpu_hours, r[i].saturated_min) for r in fair]
+        row = {"reactive": _figures(reactive[setting_key(DEFAULT_SETTING)][i], frontier),
+               "predictive": _figures(predictive[key][i], frontier),
+               "threshold": _figures(baseline[i], frontier),
+               "sweep": {name: {k: _figures(r[i], frontier) for k, r in runs.items()}
+                         for name, runs in (("reactive", reactive), ("predictive", predictive))}}
+        for k, p in counted.items():  # over the whole run, as the table's column
+            row["sweep"]["predictive"][k].update(scale_ups=p.scale_ups, scale_ups_not_needed=p.unneeded)
+        for name, runs in (("reactive", reactive), ("predictive", predictive)):
+            for k, r in runs.items():
+                ratio = _gpu_ratio_at(fair_frontier, r[i])
+                row["sweep"][name][k]["gpu_ratio_vs_threshold_short_cooldown"] = None if ratio is None else round(ratio, 4)
+        del row["threshold"]["gpu_ratio_equal_sat"]
+        for name, curve in curves.items():
+            bound = _bound_at([o[i] for o in curve], frontier, predictive[key][i].saturated_min)
             row[name + "_bound_equal_sat"] = None if bound is None else round(bound, 4)
+            best = _best_bound([o[i] for o in curve], frontier, row["reactive"]["saturated_min"])
+            row[name + "_best_within_reactive_sat"] = None if best is None else round(best, 4)
         out[period] = row
     return out
 
@@ -632,16 +753,18 @@ def _fmt(x: float | None) -> str:
 
 
 def foresight_table(doc: dict) -> str:
-    """The README's table (markdown) from the bench's JSON (``--json``)."""
+    """The README's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob."""
     lines = [
         f"GPU-hours at equal saturated minutes, as a fraction of the threshold policy's (its curve over "
         f"targets {THRESHOLD_TARGETS[0]:.2f}-{THRESHOLD_TARGETS[-1]:.2f}), days 2-{doc['days']} of {doc['days']}-day "
-        f"traces (day 1 trains the forecast: in brackets); pod start-up {doc['startup_s']:.0f} s. Bounds at the "
-        f"predictive autoscaler's saturated minutes.",
+        f"traces (day 1 trains the forecast: in brackets); pod start-up {doc['startup_s']:.0f} s; reactive at target "
+        f"{setting_key(DEFAULT_SETTING)}, predictive at {doc['predictive_setting']} (target/scale-down delay). Bounds at the predictive "
+        f"autoscaler's saturated minutes; the history oracle's (the bound for any forecast from history) also its "
+        f"best at any saturation up to the reactive autoscaler's, in brackets.",
         "",
-        "| trace | reactive | **predictive** | reactive oracle | oracle with foresight | saturated min reactive / "
-        "predictive | GPU-h reactive / predictive | predictive scale-ups (not needed) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| trace | reactive | **predictive** | reactive oracle | history oracle | oracle with foresight | saturated min "
+        "reactive / predictive | GPU-h reactive / predictive | predictive scale-ups (not needed) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["results"]:
         a, d1 = r["after_first_day"], r["first_day"]
@@ -649,14 +772,62 @@ def foresight_table(doc: dict) -> str:
         lines.append(
             f"| {name} | {_fmt(a['reactive']['gpu_ratio_equal_sat'])} ({_fmt(d1['reactive']['gpu_ratio_equal_sat'])}) "
             f"| **{_fmt(a['predictive']['gpu_ratio_equal_sat'])}** ({_fmt(d1['predictive']['gpu_ratio_equal_sat'])}) "
-            f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} | {_fmt(a['oracle_bound_equal_sat'])} "
+            f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} | {_fmt(a['history_oracle_bound_equal_sat'])} "
+            f"({_fmt(a.get('history_oracle_best_within_reactive_sat'))}) "
+            f"| {_fmt(a['oracle_bound_equal_sat'])} "
             f"| {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f} "
             f"| {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f} "
             f"| {r['predictive_scale_ups']} ({r['predictive_scale_ups_not_needed']}) |")
     goals = doc["goals"]
+    seasonal = [r["after_first_day"].get("history_oracle_best_within_reactive_sat") for r in doc["results"]
+                if r["trace"] == "seasonal"]
+    reachable = sum(1 for x in seasonal if x is not None and x <= 0.85)
+    lines += ["", f"The history oracle reaches 0.85 at no more saturation than the reactive autoscaler on "
+                  f"{reachable} of {len(seasonal)} seeds (days 2 on)."]
     lines += ["", "Goals (issue 33): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items())
-              + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s)."]
+              + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s).", ""] + sweep_table(doc)
     return "\n".join(lines)
+
+
+def choose_setting(doc: dict) -> Setting | None:
+    """The predictive setting a tuning run (``--tuning``) picks, by the issue's goals on its traces,
+    days 2 on: among the swept settings whose saturated minutes are no higher than the reactive
+    autoscaler's on every trace, the one with the lowest worst-trace GPU-hours ratio; None when no
+    setting keeps saturation down."""
+    after = [r["after_first_day"] for r in doc["results"]]
+    best: tuple[float, str] | None = None
+    for key in after[0]["sweep"]["predictive"]:
+        rows = [a["sweep"]["predictive"][key] for a in after]
+        if any(r["saturated_min"] > a["reactive"]["saturated_min"] for r, a in zip(rows, after)):
+            continue
+        worst = max(math.inf if r["gpu_ratio_equal_sat"] is None else r["gpu_ratio_equal_sat"] for r in rows)
+        if best is None or worst < best[0]:
+            best = (worst, key)
+    return None if best is None else parse_setting(best[1])
+
+
+def _span(values: list[float | None]) -> str:
+    known = [v for v in values if v is not None]
+    text = f"{min(known):.3f}-{max(known):.3f}" if known else "n/a"
+    return text + (f" ({len(values) - len(known)} n/a)" if len(known) < len(values) else "")
+
+
+def sweep_table(doc: dict) -> list[str]:
+    """Our knobs swept like the threshold policy's target, over all traces, days 2 on."""
+    lines = [f"Our knobs swept (`targetKVCacheUsage`/`scaleDownDelaySeconds`), days 2-{doc['days']}, range over the "
+             f"{len(doc['results'])} traces; ratios against the threshold policy's curve (cooldown 300 s; in brackets "
+             f"with cooldown {FAIRNESS_COOLDOWN} s); saturated minutes over the reactive autoscaler's at "
+             f"{setting_key(DEFAULT_SETTING)}:", "",
+             "| autoscaler | setting | GPU-h ratio at equal saturation | saturated min / reactive's |", "|---|---|---|---|"]
+    after = [r["after_first_day"] for r in doc["results"]]
+    for name in ("reactive", "predictive"):
+        for key in sorted(after[0]["sweep"][name], key=lambda k: (-parse_setting(k)[1], parse_setting(k)[0])):
+            rows = [a["sweep"][name][key] for a in after]
+            sat = [r["saturated_min"] / a["reactive"]["saturated_min"] if a["reactive"]["saturated_min"] else None
+                   for r, a in zip(rows, after)]
+            lines.append(f"| {name} | {key} | {_span([r['gpu_ratio_equal_sat'] for r in rows])} "
+                         f"({_span([r['gpu_ratio_vs_threshold_short_cooldown'] for r in rows])}) | {_span(sat)} |")
+    return lines
 
 
 def record_demand(shape: str, seed: int, hours: float, every_s: float = 60.0) -> list[tuple[float, float]]:
@@ -679,15 +850,15 @@ def record_demand(shape: str, seed: int, hours: float, every_s: float = 60.0) ->
     return out
 
 
-def _foresight_run(job: tuple[str, int, int]) -> dict:
+def _foresight_run(job: tuple[str, int, int, Setting]) -> dict:
     return foresight_run(*job)
 
 
 def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = FORESIGHT_TRACES,
-              workers: int = 2) -> dict:
+              workers: int = 2, setting: Setting = PREDICTIVE_SETTING, flags: str = "") -> dict:
     """Every trace of issue 33 (one process per trace, ``workers`` at a time), the goals, the JSON."""
     started = time.perf_counter()
-    jobs = [(shape, seed, days) for shape, seed in traces]
+    jobs = [(shape, seed, days, setting) for shape, seed in traces]
     if workers > 1:
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
             rows = pool.map(_foresight_run, jobs)
@@ -697,14 +868,16 @@ def foresight(days: int, json_path: str | None, traces: list[tuple[str, int]] = 
         shape, seed, a = r["trace"], r["seed"], r["after_first_day"]
         print(f"{shape} seed {seed}: after day 1 reactive {_fmt(a['reactive']['gpu_ratio_equal_sat'])}, predictive "
               f"{_fmt(a['predictive']['gpu_ratio_equal_sat'])} (bounds: reactive "
-              f"{_fmt(a['reactive_oracle_bound_equal_sat'])}, foresight {_fmt(a['oracle_bound_equal_sat'])}); "
-              f"saturated min {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f}; "
-              f"GPU-h {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f}", flush=True)
-    doc = {"command": "python bench/bench_autoscaler.py --foresight --days %d --json %s" % (days, json_path or "PATH"),
-           "workers": workers,
+              f"{_fmt(a['reactive_oracle_bound_equal_sat'])}, history {_fmt(a['history_oracle_bound_equal_sat'])}, "
+              f"foresight {_fmt(a['oracle_bound_equal_sat'])}); saturated min {a['reactive']['saturated_min']:.1f} / "
+              f"{a['predictive']['saturated_min']:.1f}; GPU-h {a['reactive']['gpu_hours']:.1f} / "
+              f"{a['predictive']['gpu_hours']:.1f}", flush=True)
+    doc = {"command": f"python bench/bench_autoscaler.py --foresight{flags} --days {days} --json {json_path or 'PATH'}",
+           "workers": workers, "predictive_setting": setting_key(setting),
            "days": days, "startup_s": STARTUP_S, "step_s": DT, "results": rows, "goals": foresight_goals(rows),
            "seconds": round(time.perf_counter() - started, 1)}
     print(foresight_table(doc))
+    print(f"setting chosen by these runs (choose_setting): {choose_setting(doc)}")
     if json_path:
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
@@ -766,6 +939,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="--foresight: traces run in parallel")
     ap.add_argument("--days", type=int, default=3, help="--foresight: days per trace (the first trains)")
     ap.add_argument("--json", default=None, help="--foresight: write the results here")
+    ap.add_argument("--tuning", action="store_true",
+                    help="--foresight on the tuning seeds (6-8), where the predictive setting is chosen")
+    ap.add_argument("--setting", type=parse_setting, default=PREDICTIVE_SETTING,
+                    help="--foresight: the predictive autoscaler's TARGET/DELAYs in the table (e.g. 0.70/150s)")
     ap.add_argument("--table", default=None, metavar="JSON", help="print the README table from a --json file")
     args = ap.parse_args(argv)
     if args.table:
@@ -773,7 +950,10 @@ def main(argv: list[str] | None = None) -> int:
             print(foresight_table(json.load(f)))
         return 0
     if args.foresight:
-        doc = foresight(args.days, args.json, workers=args.workers)
+        flags = (" --tuning" if args.tuning else "") + \
+            (f" --setting {setting_key(args.setting)}" if args.setting != PREDICTIVE_SETTING else "")
+        doc = foresight(args.days, args.json, TUNING_TRACES if args.tuning else FORESIGHT_TRACES, args.workers,
+                        args.setting, flags)
         return 0 if all(doc["goals"].values()) else 1
     seeds = [args.seed] if args.seed is not None else args.seeds
     started = time.perf_counter()

@@ -30,6 +30,27 @@ def test_oracles_bound_the_policies():
     assert foresight.saturated_min <= reactive.saturated_min
 
 
+def test_history_oracle_knows_less_than_foresight_and_more_than_the_present():
+    """The history oracle (the bound for any forecast from history) sees the present exactly and
+    never more of the future than the trace holds: pointwise between the two other oracles."""
+    hours, u = 6, 0.8
+    trace = bench.make_trace(4, hours, "launch")
+    loads = bench.knowable_loads(4, hours, "launch")
+    present = bench.Oracle(trace, u, foresight=False).plan
+    history = bench.HistoryOracle(loads, u).plan
+    future = bench.Oracle(trace, u).plan
+    assert all(p <= h <= f for p, h, f in zip(present, history, future))
+    # It knows more than the present (a started burst's height) and less than the future (the
+    # bursts still to start).
+    assert sum(history) > sum(present) and sum(history) < sum(future)
+    events = bench.trace_events(4, hours, "launch")
+    burst = events.bursts[0]
+    k = int(burst[0] // bench.DT) + 1  # the step just after the first burst starts
+    peak = bench.rates_at(burst[0] + 200, "launch", events)
+    assert bench.rates_at(burst[0] + 200, "launch", events, known_until=k * bench.DT) == peak
+    assert bench.rates_at(burst[0] + 200, "launch", events, known_until=burst[0] - 1) < peak
+
+
 def test_seeds_argument():
     assert bench.seeds_arg("1-5") == [1, 2, 3, 4, 5] and bench.seeds_arg("2,7") == [2, 7]
 
@@ -37,6 +58,7 @@ def test_seeds_argument():
 # ------------------------------------------------------------------ foresight (issue 33)
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "autoscaler.json"
+TUNING = RESULTS.with_name("autoscaler-tuning.json")
 
 
 def test_trace_shapes_are_what_they_claim():
@@ -86,6 +108,26 @@ def test_committed_results_give_the_readme_table_and_their_goals():
     for r, line in zip(doc["results"], rows):
         assert f"**{r['after_first_day']['predictive']['gpu_ratio_equal_sat']:.3f}**" in line
     assert doc["command"] in table
+
+
+def test_the_setting_is_chosen_on_the_tuning_seeds_by_the_goals():
+    def run(reactive_sat, sweep):
+        return {"after_first_day": {"reactive": {"saturated_min": reactive_sat}, "sweep": {"predictive": {
+            x: {"saturated_min": sat, "gpu_ratio_equal_sat": ratio} for x, (sat, ratio) in sweep.items()}}}}
+
+    doc = {"results": [run(40, {"0.70/300s": (30, 0.95), "0.70/150s": (38, 0.90), "0.75/60s": (45, 0.80)}),
+                       run(60, {"0.70/300s": (40, 0.97), "0.70/150s": (55, 0.93), "0.75/60s": (58, None)})]}
+    # 0.75/60s saturates more than the reactive autoscaler on the first trace; of the two left,
+    # 0.70/150s has the lower worst-trace ratio.
+    assert bench.choose_setting(doc) == (0.70, 150)
+    doc["results"][1]["after_first_day"]["reactive"]["saturated_min"] = 35
+    assert bench.choose_setting(doc) is None
+    # The committed evaluation uses what the committed tuning run chose (never the evaluation days).
+    tuning = json.loads(TUNING.read_text())
+    assert [(r["trace"], r["seed"]) for r in tuning["results"]] == bench.TUNING_TRACES
+    chosen = bench.choose_setting(tuning) or bench.DEFAULT_SETTING
+    assert json.loads(RESULTS.read_text())["predictive_setting"] == bench.setting_key(bench.PREDICTIVE_SETTING) \
+        == bench.setting_key(chosen)
 
 
 def test_goals_read_the_runs():
