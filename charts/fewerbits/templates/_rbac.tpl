@@ -43,7 +43,8 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Pods, list only: a Job pod's termination message carries the Job's result (Kube.job_pods); the
-# autoscaler lists each variant's ready pods to read vLLM's /metrics (Kube.list_pods).
+# autoscaler lists each variant's ready pods to read vLLM's /metrics and, for a model that may
+# reach zero, when its last pod became ready (Kube.list_pods, runner.last_woken).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
@@ -58,11 +59,10 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   verbs: ["list", "watch", "create", "update", "delete"]
 # The scale subresource: the autoscaler changes replicas only through it (Kube.read_scale,
 # Kube.patch_scale), never the Deployment's spec, so its writes cannot collide with the
-# operator's. Update: the activator's wake replaces the scale at the resourceVersion it read, only
-# from 0 (Kube.wake_scale), so two operator replicas waking one model write once.
+# operator's. (The wake from zero is the activator's, under its own ServiceAccount.)
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/lws.py): list and watch those
 # labelled app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_lws, started only
 # where the API is served; their events enqueue the owning models), create, update when the rendered
@@ -157,4 +157,32 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
+{{- end }}
+
+
+{{/* The activator's rules (activator.py, its own ServiceAccount): a Role per watched namespace, or
+a ClusterRole with rbac.scope=cluster. Least privilege: what one request needs. */}}
+{{- define "fewerbits.rbac.activatorRules" -}}
+# QuantizedModels, get by name only: the model a request names exists, whether autoscaling may wake
+# it, and its plan's variant order (Kube.get_model in Activator.handle). No list or watch.
+- apiGroups: ["fewerbits.io"]
+  resources: ["quantizedmodels"]
+  verbs: ["get"]
+# Pods, list by the model's label: a ready serving pod to forward to (Activator.pods, ready_pod).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# Deployments, list by the model's label: the variant to wake (Activator.wake, variant_to_wake).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list"]
+# The wake: read the scale and replace it 0 -> 1 at the resourceVersion read, only from 0
+# (Kube.wake_scale), so two replicas waking one model write once. No patch: never another count.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["get", "update"]
+# The ScaledFromZero Event on the model (Kube.post_event). Create only.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}

@@ -23,7 +23,8 @@ has no ready endpoint because of this switch, in either direction. The Service's
 changed. Knative keeps its activator in the path of a revision with little spare capacity for the
 same reason (``target-burst-capacity``).
 
-Every operator replica runs this loop (no leadership): each computes the same slice from the same
+Every operator replica runs this loop (no leadership; the activator itself is its own Deployment,
+activator_main.py): each computes the same slice from the same
 facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
 left to the next pass), so two replicas converge instead of fighting.
 
@@ -37,6 +38,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
@@ -84,6 +86,27 @@ def may_reach_zero(model: dict[str, Any]) -> bool:
 def ready_serving_pods(pods: list[dict[str, Any]]) -> int:
     return sum(1 for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
                and (p.get("status") or {}).get("podIP") and is_ready(p))
+
+
+def last_ready_at(pods: list[dict[str, Any]]) -> float | None:
+    """When (epoch seconds) the most recently ready serving pod became ready, or None.
+
+    The autoscaler's keep-awake input (``autoscaler.loop.keep_awake``): no scale-down to zero
+    within ``scaleDownDelaySeconds`` of it. The activator answers what it holds as soon as a pod
+    is ready (it polls every 0.5 s), so for a woken model this is when its last held request left
+    the activator, read from the pods (API objects) since the activator runs in its own Deployment."""
+    times = []
+    for p in pods:
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") == "True" and c.get("lastTransitionTime"):
+                times.append(_epoch(c["lastTransitionTime"]))
+    return max(times) if times else None
+
+
+def _epoch(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def activator_in_path(model: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
