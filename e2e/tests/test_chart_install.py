@@ -46,12 +46,12 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("fewerbits.io", "quantizedmodels", "finalizers"): {"update"},
     ("", "secrets", ""): {"get"},
     ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch", "delete"},  # delete: the canary's evaluation Job
-    ("", "pods", ""): {"list"},
+    ("", "pods", ""): {"list", "watch"},
     ("apps", "deployments", ""): {"list", "watch", "create", "update", "delete"},
     # The autoscaler's writes; the wake from zero (update) is the activator's, under its own account.
     ("apps", "deployments", "scale"): {"get", "patch"},
     # The model's Service at zero (atzero.py): one extra EndpointSlice to the activator per model.
-    ("discovery.k8s.io", "endpointslices", ""): {"list", "create", "update", "delete"},
+    ("discovery.k8s.io", "endpointslices", ""): {"list", "watch", "create", "update", "delete"},
     # Asked only where the LeaderWorkerSet CRD is installed (discovery lists it): see the comparison.
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ""): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets", "scale"): {"get", "patch"},
@@ -81,7 +81,7 @@ OWN = {  # in the release namespace only (the leader election's Role, leader.py)
     # limited to the Lease's name (asked by name below), create cannot be
     ("coordination.k8s.io", "leases", ""): {"create"},
     # The activator Service's ready endpoints, copied into each model's EndpointSlice at zero (atzero.py).
-    ("discovery.k8s.io", "endpointslices", ""): {"list"},
+    ("discovery.k8s.io", "endpointslices", ""): {"list", "watch"},
 }
 
 

@@ -184,7 +184,7 @@ NAMESPACED_RULES = {
     ("fewerbits.io", "quantizedmodels/finalizers"): {"update"},
     ("", "secrets"): {"get"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"list"},
+    ("", "pods"): {"list", "watch"},  # watch: the models' pods cache (handlers.INDEXED)
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
     ("apps", "deployments/scale"): {"get", "patch"},  # the wake (update) is the activator's
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
@@ -197,10 +197,10 @@ NAMESPACED_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", f"clusterroles[{RELEASE}-fewerbits-epp]"): {"bind"},
-    ("discovery.k8s.io", "endpointslices"): {"list", "create", "update", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "update", "delete"},
 }
-ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in the release namespace (atzero.py)
-    ("discovery.k8s.io", "endpointslices"): {"list"},
+ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in the release namespace (slicewatch.py)
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
 }
 ACTIVATOR_ROLE = f"{RELEASE}-fewerbits-activator-endpoints"
 ACTIVATOR_SA_RULES = {  # the activator's own ServiceAccount, per watched namespace (activator.py): one request's needs

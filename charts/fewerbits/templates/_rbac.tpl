@@ -42,12 +42,13 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods, list only: a Job pod's termination message carries the Job's result (Kube.job_pods); the
-# autoscaler lists each variant's ready pods to read vLLM's /metrics and, for a model that may
-# reach zero, when its last pod became ready (Kube.list_pods, runner.last_woken).
+# Pods: a Job pod's termination message carries the Job's result (Kube.job_pods, a list); the
+# models' pods (labelled fewerbits.io/model) are listed and watched by a cache (kopf: handlers.py
+# INDEXED) from which the autoscaler, the metrics probe and the activator path read each variant's
+# ready pods (Kube.list_pods) instead of a list per pass. Never written.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # vLLM Deployments, one per variant: list and watch those labelled
 # app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_deployments, which the
 # autoscaler reads too; their events enqueue the owning models, runner.py), list by model label
@@ -126,11 +127,12 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 # EndpointSlices labelled endpointslice.kubernetes.io/managed-by=activator.fewerbits.io: one per
 # model that may reach zero, adding the activator's endpoints to the model's Service while it has at
 # most one ready pod (atzero.py: Kube.list_endpoint_slices, create_endpoint_slice,
-# replace_endpoint_slice, delete_endpoint_slice). The EndpointSlice controller's own slices are
-# only listed, never written.
+# replace_endpoint_slice, delete_endpoint_slice); list and watch: a cache of those (kopf:
+# handlers.py INDEXED, label-selected) serves the reads. The EndpointSlice controller's own slices
+# are never written.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["list", "create", "update", "delete"]
+  verbs: ["list", "watch", "create", "update", "delete"]
 {{- end }}
 
 {{/* Reads of cluster-scoped resources: needed in both scopes. */}}

@@ -36,12 +36,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
+from fewerbits_operator.runtime.periodic import run_periodically
 from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL
 
 log = logging.getLogger("fewerbits.atzero")
@@ -193,18 +193,27 @@ class ZeroRouterIO(Protocol):
 
 class ZeroRouter:
     """The loop: every ``period`` seconds, each model's activator slices are brought to what
-    ``decide_model`` says."""
+    ``decide_model`` says. A pass reads no API at rest: the models, their pods and their activator
+    slices come from kopf's indexes (Kube.list_models, list_pods, list_endpoint_slices), the
+    activator Service's slices from ``activator_slices`` (slicewatch.SliceWatch: a watch; None
+    until it first listed, and then the pass is skipped). Without ``activator_slices`` they are
+    listed each pass (tests' fakes)."""
 
-    def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None):
+    def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None,
+                 activator_slices: Callable[[], list[dict[str, Any]] | None] | None = None):
         self.io = io
         self.activator_ns, _, self.activator_name = activator_service.partition("/")
         self.namespaces = list(namespaces or [])
+        self.activator_slices = activator_slices or (lambda: self.io.list_endpoint_slices(
+            self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
         self.passes = 0
         """Completed passes (tests wait on it instead of sleeping)."""
 
     def run_once(self) -> dict[str, SliceChanges]:
-        endpoints = activator_endpoints(self.io.list_endpoint_slices(
-            self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
+        slices = self.activator_slices()
+        if slices is None:  # the watch has not listed yet: "no endpoints" would remove every slice
+            return {}
+        endpoints = activator_endpoints(slices)
         done: dict[str, SliceChanges] = {}
         current_by_ns: dict[str, list[dict[str, Any]]] = {}
         for model in self.io.list_models(self.namespaces):
@@ -239,10 +248,4 @@ class ZeroRouter:
     def run_forever(self, stop: threading.Event, period: float = 2.0) -> None:
         log.info("activator path kept for models that may reach zero (every %.0fs, activator Service %s/%s)",
                  period, self.activator_ns, self.activator_name)
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                self.run_once()
-            except Exception as e:
-                log.warning("activator path pass failed: %s: %s", type(e).__name__, e)
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+        run_periodically(stop, period, self.run_once, "activator path", log)

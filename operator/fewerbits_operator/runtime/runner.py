@@ -61,7 +61,7 @@ MAX_BACKOFF_SECONDS = 60.0
 """Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
 STOP_SECONDS = 10.0
 """On SIGTERM, how long running reconciles may take to finish before the process exits."""
-VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies")
+VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies", "pods", "endpointslices")
 
 
 def job_projection(job: dict[str, Any]) -> Any:
@@ -192,7 +192,12 @@ class Operator:
         assert s is not None and self.kube is not None
         if s.activator_service:
             from fewerbits_operator.runtime.atzero import ZeroRouter
-            router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces)
+            from fewerbits_operator.runtime.slicewatch import SliceWatch
+            ns, _, name = s.activator_service.partition("/")
+            activator_slices = SliceWatch(self.kube.discovery, ns, name, timeout_seconds=s.watch_timeout_seconds)
+            self._spawn(lambda: activator_slices.run(self._stop), "fewerbits-activator-slices")
+            router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces,
+                                activator_slices=activator_slices.slices)
             self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
 
     def last_woken(self, namespace: str, name: str) -> float | None:
@@ -470,8 +475,10 @@ def configure_kopf(k: Any, s: OperatorSettings) -> None:
     k.networking.error_backoffs = (1, 2, 4, 8, 16, 32, 60)
     # The children are listed and watched by their label on the API server (the handlers' `labels=`
     # alone would filter in this process, after every Job and Deployment in scope came over the wire).
-    from fewerbits_operator.runtime.handlers import KINDS, MANAGED
+    from fewerbits_operator.runtime.handlers import INDEXED, KINDS, MANAGED
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     for group, _, plural, labels in KINDS.values():
         if labels == MANAGED:
             k.watching.label_selectors[group, plural] = selector
+    for group, version, plural, _, server_selector in INDEXED.values():  # the models' pods, the activator's slices
+        k.watching.label_selectors[group or version, plural] = server_selector
