@@ -84,14 +84,22 @@ def test_the_standby_takes_over_within_30s_without_doing_anything_twice(cluster,
         spec = lambda prefix: demo.test_model_spec(cluster.s3.endpoint, test_model_uri, "s3-credentials",  # noqa: E731
                                                    f"{ns}-{prefix}")
         models.apply(ns, "scaling", spec("scaling"))
+        # A third model that may reach zero, on the first's artifact (one Job for both).
+        models.apply(ns, "waking", {**spec("scaling"), "autoscaling": {"enabled": True, "minReplicas": 0,
+                                                                       "maxReplicas": 1}})
         models.wait_condition(ns, "scaling", "Ready", timeout=300)
-        held = hold_a_request_at_zero(cluster, models, ns, node, activator, spec("scaling"))
+        waking = to_zero(cluster, models, ns, "waking")
         models.apply(ns, "quantizing", spec("quantizing"))  # its own prefix: a Job of its own
         batch = client.BatchV1Api(cluster.api_client())
         running = models.wait("the second model's Job", lambda: [
             j for j in batch.list_namespaced_job(ns).items
             if any(r.name == "quantizing" for r in j.metadata.owner_references or [])], timeout=120)
         job_uid = running[0].metadata.uid
+        core = client.CoreV1Api(cluster.api_client())
+        models.wait("the Job's pod scheduled (before the GPU node is tainted)", lambda: [
+            p for p in core.list_namespaced_pod(ns, label_selector=f"job-name={running[0].metadata.name}").items
+            if p.spec.node_name], timeout=60)
+        held = hold_a_request(cluster, models, ns, node, activator, "waking", waking)
         before = models.get(ns, "scaling")["status"]
         created_by_a = jobs_created(a)
         assert leader_gauge(b) == 0.0 and jobs_created(b) == 0  # the standby wrote nothing
@@ -165,20 +173,24 @@ class HeldRequest:
         return self.out
 
 
-def hold_a_request_at_zero(cluster, models: Models, ns: str, node: str, activator: OperatorProcess,
-                           spec: dict[str, Any]) -> HeldRequest:
-    """A model that may reach zero (its artifact a cache hit of the first model's), brought to zero
-    as the autoscaler would (the scale subresource; the autoscaler is off here), and a request for
-    it held by the activator: the woken pod is kept Pending by a taint on the GPU node (the
-    scheduler reads it, the planner does not) until ``release``, so the request is still held when
-    the leader is killed."""
+def to_zero(cluster, models: Models, ns: str, name: str) -> str:
+    """The model (autoscaling ``minReplicas: 0``) Ready, then brought to zero as the autoscaler
+    would (the scale subresource; the autoscaler is off here). Returns its Deployment's name."""
     apps, core = client.AppsV1Api(cluster.api_client()), client.CoreV1Api(cluster.api_client())
-    models.apply(ns, "waking", {**spec, "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 1}})
-    models.wait_condition(ns, "waking", "Ready", timeout=300)
-    (dep,) = models.deployments(ns, "waking")
+    models.wait_condition(ns, name, "Ready", timeout=300)
+    (dep,) = models.deployments(ns, name)
     apps.patch_namespaced_deployment_scale(dep.metadata.name, ns, {"spec": {"replicas": 0}})
     models.wait("the model at zero", lambda: not core.list_namespaced_pod(
-        ns, label_selector="fewerbits.io/model=waking,app.kubernetes.io/component=server").items, timeout=60)
+        ns, label_selector=f"fewerbits.io/model={name},app.kubernetes.io/component=server").items, timeout=60)
+    return dep.metadata.name
+
+
+def hold_a_request(cluster, models: Models, ns: str, node: str, activator: OperatorProcess, name: str,
+                   deployment: str) -> HeldRequest:
+    """A request for the model at zero, held by the activator: the woken pod is kept Pending by a
+    taint on the GPU node (the scheduler reads it, the planner does not) until ``release``, so the
+    request is still held when the leader is killed."""
+    apps, core = client.AppsV1Api(cluster.api_client()), client.CoreV1Api(cluster.api_client())
     taint = client.V1Taint(key="fewerbits.io/test-hold", value="true", effect="NoSchedule")
     core.patch_node(node, {"spec": {"taints": [*(core.read_node(node).spec.taints or []), taint]}})
 
@@ -186,11 +198,11 @@ def hold_a_request_at_zero(cluster, models: Models, ns: str, node: str, activato
         core.patch_node(node, {"spec": {"taints": [t for t in core.read_node(node).spec.taints or []
                                                    if t.key != taint.key]}})
     waiting0 = activator_waiting(activator)
-    held = HeldRequest(activator, ns, "waking", release)
+    held = HeldRequest(activator, ns, name, release)
     try:
         models.wait("the request held", lambda: activator_waiting(activator) >= waiting0 + 1, timeout=30)
         models.wait("the model woken by the activator", lambda: (
-            apps.read_namespaced_deployment_scale(dep.metadata.name, ns).spec.replicas or 0) == 1, timeout=30)
+            apps.read_namespaced_deployment_scale(deployment, ns).spec.replicas or 0) == 1, timeout=30)
     except BaseException:
         release()
         raise
