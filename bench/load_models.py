@@ -116,7 +116,8 @@ def operator_identity(c: cluster_mod.Cluster, workdir: Path) -> tuple[Path, str]
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     # The ClusterRole, and the leader election's Role in the operator's namespace (a Lease per replica set).
     rbac = [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
-    (sa,) = [d for d in rbac if d["kind"] == "ServiceAccount"]
+    # The operator's ServiceAccount (the activator's, its own Deployment, has its own).
+    (sa,) = [d for d in rbac if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == f"{RELEASE}-fewerbits"]
     for d in rbac:
         d.setdefault("metadata", {})
         if d["kind"] in ("ServiceAccount", "Role", "RoleBinding"):

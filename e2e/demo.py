@@ -79,9 +79,13 @@ def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: lis
             "--set", f"metrics.port={cluster_mod.procs.free_port()}",
             "--set", f"health.port={cluster_mod.procs.free_port()}",
             # One replica (the chart's default is 2): the pod runner runs pods on this host's network,
-            # where two would take the same activator port. It still elects itself on the Lease, under
+            # where two would take the same port. It still elects itself on the Lease, under
             # the chart's RBAC; tests/integration/test_failover.py runs two.
             "--set", "replicas=1",
+            # Likewise one activator replica (the chart's default is 2), on free ports.
+            "--set", "activator.replicas=1",
+            "--set", f"activator.port={cluster_mod.procs.free_port()}",
+            "--set", f"activator.metricsPort={cluster_mod.procs.free_port()}",
             *(extra or [])]
     c.helm("install", "fewerbits", str(REPO / "charts" / "fewerbits"), "-n", release_ns, "--wait",
            "--timeout", "180s", *sets)

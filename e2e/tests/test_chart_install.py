@@ -46,12 +46,12 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("fewerbits.io", "quantizedmodels", "finalizers"): {"update"},
     ("", "secrets", ""): {"get"},
     ("batch", "jobs", ""): {"get", "list", "watch", "create", "patch", "delete"},  # delete: the canary's evaluation Job
-    ("", "pods", ""): {"list"},
+    ("", "pods", ""): {"list", "watch"},
     ("apps", "deployments", ""): {"list", "watch", "create", "update", "delete"},
-    # update: the activator's wake replaces the scale only from 0, at the resourceVersion it read.
-    ("apps", "deployments", "scale"): {"get", "patch", "update"},
+    # The autoscaler's writes; the wake from zero (update) is the activator's, under its own account.
+    ("apps", "deployments", "scale"): {"get", "patch"},
     # The model's Service at zero (atzero.py): one extra EndpointSlice to the activator per model.
-    ("discovery.k8s.io", "endpointslices", ""): {"list", "create", "update", "delete"},
+    ("discovery.k8s.io", "endpointslices", ""): {"list", "watch", "create", "update", "delete"},
     # Asked only where the LeaderWorkerSet CRD is installed (discovery lists it): see the comparison.
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ""): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets", "scale"): {"get", "patch"},
@@ -81,7 +81,7 @@ OWN = {  # in the release namespace only (the leader election's Role, leader.py)
     # limited to the Lease's name (asked by name below), create cannot be
     ("coordination.k8s.io", "leases", ""): {"create"},
     # The activator Service's ready endpoints, copied into each model's EndpointSlice at zero (atzero.py).
-    ("discovery.k8s.io", "endpointslices", ""): {"list"},
+    ("discovery.k8s.io", "endpointslices", ""): {"list", "watch"},
 }
 
 
@@ -95,6 +95,15 @@ def _expected() -> set[tuple[str, str, str, str, str]]:
 
 
 EXPECTED_GRANTS = _expected()
+ACTIVATOR_GRANTS = {  # the activator's own ServiceAccount (activator.py): one request's needs, in the watched namespace only
+    ("watched", "fewerbits.io", "quantizedmodels", "", "get"),
+    ("watched", "", "pods", "", "list"),
+    ("watched", "apps", "deployments", "", "list"),
+    ("watched", "apps", "deployments", "scale", "get"),
+    ("watched", "apps", "deployments", "scale", "update"),
+    ("watched", "", "events", "", "create"),
+} | {("cluster", g, r, sub, v) for (g, r, sub), verbs in CLUSTER.items() for v in verbs
+     if g in ("authorization.k8s.io", "authentication.k8s.io")}  # every authenticated user's
 
 
 def rbac_matrix(cluster, user: str, namespaces: dict[str, str]) -> set[tuple[str, str, str, str, str]]:
@@ -142,9 +151,23 @@ def test_chart_install_takes_a_sample_to_ready_under_the_charts_rbac(cluster, gp
     api = cluster.api_client()
     core = client.CoreV1Api(api)
     try:
-        [op_pod] = core.list_namespaced_pod(release_ns, label_selector="app.kubernetes.io/name=fewerbits").items
+        [op_pod] = core.list_namespaced_pod(release_ns, label_selector="app.kubernetes.io/name=fewerbits,"
+                                                                       "app.kubernetes.io/component=operator").items
         assert op_pod.spec.service_account_name == "fewerbits"
         assert op_pod.status.phase == "Running"  # admitted under the `restricted` Pod Security Standard
+        [act_pod] = core.list_namespaced_pod(release_ns, label_selector="app.kubernetes.io/name=fewerbits,"
+                                                                        "app.kubernetes.io/component=activator").items
+        assert act_pod.spec.service_account_name == "fewerbits-activator"
+        assert act_pod.status.phase == "Running"  # the activator's pod too (its own Deployment)
+
+        # The activator's own ServiceAccount: exactly its least-privilege grants, in the watched
+        # namespace only (nothing in another namespace, the release namespace or cluster-wide).
+        act_sa = f"system:serviceaccount:{release_ns}:fewerbits-activator"
+        act_granted = rbac_matrix(cluster, act_sa, {"watched": model_ns, "other": "default",
+                                                    "operator's own": release_ns})
+        assert act_granted == ACTIVATOR_GRANTS, (
+            f"granted but not expected: {sorted(act_granted - ACTIVATOR_GRANTS)}; "
+            f"expected but not granted: {sorted(ACTIVATOR_GRANTS - act_granted)}")
 
         # Everything the chart's ServiceAccount may do, asked of the API server itself for every
         # resource it serves × every verb, in the watched namespace, in another one, and cluster-wide:

@@ -39,20 +39,31 @@ def test_model_uri(cluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster, crds_installed, tmp_path_factory):
+def activator(cluster, crds_installed, tmp_path_factory):
+    """The scale-from-zero activator, its own process as in the chart (its own Deployment)."""
+    log = tmp_path_factory.mktemp("activator") / "activator.log"
+    # Small, so a burst past it is cheap to test (test_scale_from_zero.py).
+    act = OperatorProcess.activator(cluster.kubeconfig, log, free_port(),
+                                    {"FEWERBITS_ACTIVATOR_QUEUE": str(ACTIVATOR_QUEUE)}).start()
+    try:
+        act.wait_serving()
+        yield act
+    finally:
+        act.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crds_installed, tmp_path_factory, activator):
     # The activator is published as the chart publishes it (its own Service), so the operator puts
     # it in the Service path of models at zero (atzero.py); see e2e/serviceproxy.py.
-    port = free_port()
-    env = {"FEWERBITS_ACTIVATOR_SYNC_SECONDS": "1",
-           # Small, so a burst past it is cheap to test (test_scale_from_zero.py).
-           "FEWERBITS_ACTIVATOR_QUEUE": str(ACTIVATOR_QUEUE)}
+    env = {"FEWERBITS_ACTIVATOR_SYNC_SECONDS": "1"}
     try:
-        publish_host_process(cluster.api_client(), ACTIVATOR_NAMESPACE, ACTIVATOR_SERVICE, port)
+        publish_host_process(cluster.api_client(), ACTIVATOR_NAMESPACE, ACTIVATOR_SERVICE, activator.activator_port)
         env["FEWERBITS_ACTIVATOR_SERVICE"] = f"{ACTIVATOR_NAMESPACE}/{ACTIVATOR_SERVICE}"
     except RuntimeError as e:  # no global address here: only the scale-from-zero test needs it, and fails saying so
         ACTIVATOR_UNPUBLISHED.append(str(e))
     op = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
-                         activator_port=port, env_extra=env).start()
+                         env_extra=env).start()
     try:
         yield op
     finally:

@@ -1,7 +1,8 @@
 """Running the real operator against the local control plane, and waiting on what it does.
 
 The operator runs as its own process (`python -m fewerbits_operator`), exactly as in its image,
-with the cluster's kubeconfig; the harness's pod runner plays the kubelet for the Jobs and vLLM
+with the cluster's kubeconfig, and so does the scale-from-zero activator (its own Deployment in the
+chart: `python -m fewerbits_operator.runtime.activator_main`, ``OperatorProcess.activator``); the harness's pod runner plays the kubelet for the Jobs and vLLM
 pods it creates (real quantjob, llm-d-inference-sim as vLLM).
 """
 
@@ -40,6 +41,31 @@ class OperatorProcess:
     proc: subprocess.Popen | None = None
     metrics_port: int = 0
     activator_port: int = 0
+    module: str = "fewerbits_operator"
+    """The process's entrypoint: the operator, or the activator (``OperatorProcess.activator``)."""
+
+    @classmethod
+    def activator(cls, kubeconfig: Path, log_path: Path, port: int = 0,
+                  env_extra: dict[str, str] | None = None) -> "OperatorProcess":
+        """The activator's own process, as the chart's activator Deployment runs it."""
+        return cls(kubeconfig, log_path, dict(env_extra or {}), activator_port=port,
+                   module="fewerbits_operator.runtime.activator_main")
+
+    def wait_serving(self, timeout: float = 30) -> None:
+        """Until the activator answers its /healthz (the kubelet's readiness probe in the chart)."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.activator_port}/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            assert self.proc is not None and self.proc.poll() is None, f"{self.module} exited:\n{self.log_tail()}"
+            assert time.monotonic() < deadline, f"{self.module} not serving after {timeout}s:\n{self.log_tail()}"
+            time.sleep(0.2)
 
     def start(self) -> "OperatorProcess":
         self.metrics_port = free_port()
@@ -67,7 +93,7 @@ class OperatorProcess:
             **self.env_extra,
         }
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "fewerbits_operator"], env=env, stdout=log,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module], env=env, stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         return self
 

@@ -4,7 +4,8 @@ says Suspended, and its Service then lists the activator (the operator's Endpoin
 Requests to the URL in `status.endpoint` (plain and `stream: true`) are held by the activator while
 one replica starts (Argo CD: Progressing), then answered, the streamed one as server-sent events;
 requests past the activator's bound get 503 with Retry-After; the wake, the hold and the overflow
-are counted in the operator's Prometheus metrics.
+are counted in the activator's Prometheus metrics (its own process, as the chart's activator
+Deployment runs it).
 
 There is no DNS and no kube-proxy in the harness: `e2e/serviceproxy.py` plays both (it reads the
 Service and its EndpointSlices from the API server and picks an endpoint as kube-proxy would),
@@ -34,7 +35,7 @@ SHARED_ARTIFACTS = f"s3://{ARTIFACT_BUCKET}/routing-and-scale-from-zero"
 DELAY = 6  # scaleDownDelaySeconds: idle this long, then down to zero
 
 
-def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, namespace, models, model_spec, operator):
+def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, namespace, models, model_spec, activator):
     assert not ACTIVATOR_UNPUBLISHED, ACTIVATOR_UNPUBLISHED  # the activator must be a Service endpoint
     (node,) = gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     models.apply(namespace, "sleepy", model_spec(
@@ -72,7 +73,7 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     assert eps
 
     def metric(name: str, **labels: str) -> float:
-        return operator_metric(operator.metrics_port, name, labels)
+        return operator_metric(activator.metrics_port, name, labels)  # the activator's own process
 
     wakes0, queue0 = metric("fewerbits_activator_wakes_total"), metric("fewerbits_activator_rejected_total", reason="queue")
     holds0 = metric("fewerbits_activator_hold_seconds_count")

@@ -147,3 +147,45 @@ def test_two_replicas_converge_and_write_nothing_at_rest():
     a.run_once()
     assert io.slices == {} and io.writes == 2
     assert a.passes == 3 and b.passes == 3
+
+
+def test_last_ready_at_is_when_the_latest_ready_pod_became_ready():
+    """The autoscaler's keep-awake input (runner.last_woken): the activator forwards what it holds
+    as soon as a pod is Ready, so a woken model's last held request left it then."""
+    from datetime import datetime
+
+    from fewerbits_operator.runtime.atzero import last_ready_at
+
+    def at(p, when):
+        p["status"]["conditions"][0]["lastTransitionTime"] = when
+        return p
+    early, late = at(pod("a"), "2026-01-01T00:00:00Z"), at(pod("b"), "2026-01-01T00:05:00Z")
+    gone = at(pod("c", terminating=True), "2026-01-01T00:09:00Z")
+    starting = at(pod("d", ready=False), "2026-01-01T00:08:00Z")
+    assert last_ready_at([early, late, gone, starting]) == datetime.fromisoformat("2026-01-01T00:05:00+00:00").timestamp()
+    assert last_ready_at([starting, gone]) is None
+    assert last_ready_at([]) is None
+
+
+def test_last_woken_reads_pods_only_for_a_model_that_may_reach_zero():
+    from fewerbits_operator.runtime.runner import Operator
+
+    class Kube:
+        def __init__(self, m):
+            self.m, self.selectors = m, []
+
+        def get_model(self, ns, name):
+            return self.m
+
+        def list_pods(self, ns, selector):
+            self.selectors.append(selector)
+            p = pod("a")
+            p["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:00:00Z"
+            return [p]
+
+    op = Operator()
+    op.kube = Kube(model(min_replicas=1))
+    assert op.last_woken(NS, "m") is None and op.kube.selectors == []  # cannot reach zero: no read
+    op.kube = Kube(model(min_replicas=0))
+    assert op.last_woken(NS, "m") is not None
+    assert op.kube.selectors == ["fewerbits.io/model=m,app.kubernetes.io/component=server"]

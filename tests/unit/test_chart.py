@@ -29,6 +29,8 @@ CRD_BASES = ROOT / "crds" / "bases"
 DASHBOARD = ROOT / "dashboards" / "fewerbits.json"
 RELEASE, NAMESPACE = "fb", "fewerbits-system"
 LEASE_ROLE = f"{RELEASE}-fewerbits-leader-election"
+ACTIVATOR = f"{RELEASE}-fewerbits-activator"
+"""The activator's Deployment, Service, ServiceAccount, PodDisruptionBudget, Role(s) and binding(s)."""
 KUBE_VERSION = versions.version("kubernetes")
 DIGEST = "sha256:" + "ab" * 32
 
@@ -95,7 +97,12 @@ def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def operator_deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    (dep,) = by_kind(objs, "Deployment")
+    (dep,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] == f"{RELEASE}-fewerbits"]
+    return dep
+
+
+def activator_deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = [d for d in by_kind(objs, "Deployment") if d["metadata"]["name"] == ACTIVATOR]
     return dep
 
 
@@ -177,9 +184,9 @@ NAMESPACED_RULES = {
     ("fewerbits.io", "quantizedmodels/finalizers"): {"update"},
     ("", "secrets"): {"get"},
     ("batch", "jobs"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"list"},
+    ("", "pods"): {"list", "watch"},  # watch: the models' pods cache (handlers.INDEXED)
     ("apps", "deployments"): {"list", "watch", "create", "update", "delete"},
-    ("apps", "deployments/scale"): {"get", "patch", "update"},
+    ("apps", "deployments/scale"): {"get", "patch"},  # the wake (update) is the activator's
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
@@ -190,12 +197,19 @@ NAMESPACED_RULES = {
     ("", "configmaps"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", "rolebindings"): {"get", "create", "patch"},
     ("rbac.authorization.k8s.io", f"clusterroles[{RELEASE}-fewerbits-epp]"): {"bind"},
-    ("discovery.k8s.io", "endpointslices"): {"list", "create", "update", "delete"},
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch", "create", "update", "delete"},
 }
-ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in the release namespace (atzero.py)
-    ("discovery.k8s.io", "endpointslices"): {"list"},
+ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in the release namespace (slicewatch.py)
+    ("discovery.k8s.io", "endpointslices"): {"list", "watch"},
 }
 ACTIVATOR_ROLE = f"{RELEASE}-fewerbits-activator-endpoints"
+ACTIVATOR_SA_RULES = {  # the activator's own ServiceAccount, per watched namespace (activator.py): one request's needs
+    ("fewerbits.io", "quantizedmodels"): {"get"},
+    ("", "pods"): {"list"},
+    ("apps", "deployments"): {"list"},
+    ("apps", "deployments/scale"): {"get", "update"},
+    ("", "events"): {"create"},
+}
 EPP_RULES = {  # the ClusterRole the operator binds for each model's endpoint picker (upstream's Role)
     ("", "pods"): {"get", "list", "watch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "list", "watch"},
@@ -238,7 +252,7 @@ def test_every_rule_says_why(helm: list[str]):
     for mode in ("defaults", "cluster"):
         lines = template_text(helm, MODES[mode]).splitlines()
         rules = [i for i, ln in enumerate(lines) if ln.startswith("- apiGroups:")]
-        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES) \
+        assert len(rules) == len(NAMESPACED_RULES) + len(CLUSTER_RULES) + len(EPP_RULES) + len(ACTIVATOR_SA_RULES) \
             + (len(ACTIVATOR_RULES) if mode == "defaults" else 0)
         for i in rules:
             assert lines[i - 1].lstrip().startswith("#"), f"{mode}: rule without a comment: {lines[i]} {lines[i + 1]}"
@@ -249,16 +263,27 @@ def test_rbac_namespaced_scope(helm: list[str]):
     sa = f"{RELEASE}-fewerbits"
     (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
     assert _grants(cluster_role) == CLUSTER_RULES
-    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] not in (ACTIVATOR_ROLE, LEASE_ROLE)]
+    roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] not in (ACTIVATOR_ROLE, LEASE_ROLE, ACTIVATOR)]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-a", "ml-b"]
     for role in roles:
         assert _grants(role) == NAMESPACED_RULES
     (activator,) = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == ACTIVATOR_ROLE]
     assert activator["metadata"]["namespace"] == NAMESPACE and _grants(activator) == ACTIVATOR_RULES
     bindings = by_kind(objs, "RoleBinding") + by_kind(objs, "ClusterRoleBinding")
-    assert len(bindings) == 5  # the two namespaces', the cluster reads', the activator's, the Lease's
-    for b in bindings:
+    operators = [b for b in bindings if b["metadata"]["name"] != ACTIVATOR]
+    assert len(operators) == 5  # the two namespaces', the cluster reads', the activator endpoints', the Lease's
+    for b in operators:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    # The activator's own ServiceAccount: its least-privilege Role in each watched namespace, nothing else.
+    a_roles = [r for r in by_kind(objs, "Role") if r["metadata"]["name"] == ACTIVATOR]
+    assert sorted(r["metadata"]["namespace"] for r in a_roles) == ["ml-a", "ml-b"]
+    assert all(_grants(r) == ACTIVATOR_SA_RULES for r in a_roles)
+    a_bindings = [b for b in bindings if b["metadata"]["name"] == ACTIVATOR]
+    assert sorted((b["kind"], b["metadata"]["namespace"]) for b in a_bindings) == [
+        ("RoleBinding", "ml-a"), ("RoleBinding", "ml-b")]
+    for b in a_bindings:
+        assert b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACTIVATOR}
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": ACTIVATOR, "namespace": NAMESPACE}]
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == '["ml-a","ml-b"]'
 
 
@@ -275,8 +300,9 @@ def test_the_pickers_cluster_role_reads_pods_and_pools_only_and_is_bound_by_noth
 
 def test_rbac_namespaced_scope_defaults_to_the_release_namespace(helm: list[str]):
     objs = render(helm, [])
-    assert [(r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objs, "Role")
-            if r["metadata"]["name"] != LEASE_ROLE] == [(f"{RELEASE}-fewerbits", NAMESPACE), (ACTIVATOR_ROLE, NAMESPACE)]
+    assert sorted((r["metadata"]["name"], r["metadata"]["namespace"]) for r in by_kind(objs, "Role")
+                  if r["metadata"]["name"] != LEASE_ROLE) == [(f"{RELEASE}-fewerbits", NAMESPACE),
+                                                              (ACTIVATOR, NAMESPACE), (ACTIVATOR_ROLE, NAMESPACE)]
     assert json.loads(env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"]) == [NAMESPACE]
 
 
@@ -284,20 +310,25 @@ def test_rbac_cluster_scope(helm: list[str]):
     objs = render(helm, MODES["cluster"])
     assert [r["metadata"]["name"] for r in by_kind(objs, "Role")] == [LEASE_ROLE]
     assert [b["metadata"]["name"] for b in by_kind(objs, "RoleBinding")] == [LEASE_ROLE]
-    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if not r["metadata"]["name"].endswith("-epp")]
+    (cluster_role,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-fewerbits"]
     assert _grants(cluster_role) == NAMESPACED_RULES | CLUSTER_RULES
-    (binding,) = by_kind(objs, "ClusterRoleBinding")
+    (activator,) = [r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"] == ACTIVATOR]
+    assert _grants(activator) == ACTIVATOR_SA_RULES
+    binding, a_binding = sorted(by_kind(objs, "ClusterRoleBinding"), key=lambda b: b["metadata"]["name"])
     assert binding["roleRef"]["name"] == cluster_role["metadata"]["name"]
+    assert a_binding["roleRef"]["name"] == ACTIVATOR
+    assert a_binding["subjects"] == [{"kind": "ServiceAccount", "name": ACTIVATOR, "namespace": NAMESPACE}]
     assert env_of(operator_deployment(objs))["FEWERBITS_NAMESPACES"] == "[]"
 
 
 # ------------------------------------------------------------------ the operator pod
 
 
-def test_operator_pod_meets_the_restricted_pod_security_standard(helm: list[str]):
+@pytest.mark.parametrize("deployment", [operator_deployment, activator_deployment])
+def test_operator_pod_meets_the_restricted_pod_security_standard(helm: list[str], deployment):
     """The fields the `restricted` Pod Security Standard checks (kubernetes.io/docs/concepts/security/pod-security-standards)."""
     objs = render(helm, [])
-    pod = operator_deployment(objs)["spec"]["template"]["spec"]
+    pod = deployment(objs)["spec"]["template"]["spec"]
     for host in ("hostNetwork", "hostPID", "hostIPC"):
         assert not pod.get(host)
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -333,17 +364,17 @@ def test_operator_deployment(helm: list[str]):
     (anti,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert anti["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
     assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
-    (pdb,) = by_kind(objs, "PodDisruptionBudget")
+    (pdb,) = [p for p in by_kind(objs, "PodDisruptionBudget") if p["metadata"]["name"] == f"{RELEASE}-fewerbits"]
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": dep["spec"]["selector"]}
     assert pod["automountServiceAccountToken"] is True
-    (sa,) = by_kind(objs, "ServiceAccount")
+    (sa,) = [a for a in by_kind(objs, "ServiceAccount") if a["metadata"]["name"] == f"{RELEASE}-fewerbits"]
     assert sa["automountServiceAccountToken"] is False
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     (c,) = pod["containers"]
     assert c["image"] == "ghcr.io/fewerbits/fewerbits-operator:0.1.0"
     assert c["command"] == ["python", "-m", "fewerbits_operator"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081, "activator": 8082}
+    assert ports == {"metrics": 8080, "health": 8081}  # the activator is its own Deployment
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
     assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
@@ -362,7 +393,7 @@ def test_the_lease_role_is_the_one_lease_in_the_release_namespace(helm: list[str
     assert binding["roleRef"]["name"] == LEASE_ROLE and binding["metadata"]["namespace"] == NAMESPACE
     one = render(helm, ["replicas=1", "leaderElection.enabled=false"])
     assert not [r for r in by_kind(one, "Role") if r["metadata"]["name"] == LEASE_ROLE]
-    assert by_kind(one, "PodDisruptionBudget") == []
+    assert [p["metadata"]["name"] for p in by_kind(one, "PodDisruptionBudget")] == [ACTIVATOR]  # the operator's: none
     assert env_of(operator_deployment(one))["FEWERBITS_LEADER_ELECTION"] == "false"
 
 
@@ -380,9 +411,13 @@ def test_image_by_digest(helm: list[str]):
 def test_env_names_are_the_operator_settings(helm: list[str], monkeypatch: pytest.MonkeyPatch):
     """Every FEWERBITS_* variable the chart sets is a field of OperatorSettings, every field can be
     set, and the values parse into the settings the operator will run with."""
-    env = env_of(operator_deployment(render(helm, MODES["everything"])))
+    objs = render(helm, MODES["everything"])
+    env, activator_env = env_of(operator_deployment(objs)), env_of(activator_deployment(objs))
     fields = {f"FEWERBITS_{name.upper()}" for name in OperatorSettings.model_fields}
-    assert set(env) == fields
+    # The activator's port, queue and wait are set on its own Deployment, the rest on the operator's.
+    assert set(activator_env) == {"FEWERBITS_ACTIVATOR_PORT", "FEWERBITS_ACTIVATOR_QUEUE",
+                                  "FEWERBITS_ACTIVATOR_TIMEOUT_SECONDS", "FEWERBITS_METRICS_PORT"}
+    assert set(env) | set(activator_env) == fields
     for k in list(os.environ):
         if k.startswith("FEWERBITS_"):
             monkeypatch.delenv(k)
@@ -400,7 +435,8 @@ def test_env_names_are_the_operator_settings(helm: list[str], monkeypatch: pytes
 
 def test_defaults_match_the_operator_defaults(helm: list[str]):
     """With default values the chart tells the operator what it would assume anyway (one truth)."""
-    env = env_of(operator_deployment(render(helm, [])))
+    objs = render(helm, [])
+    env = {**env_of(activator_deployment(objs)), **env_of(operator_deployment(objs))}
     for name, field in OperatorSettings.model_fields.items():
         key = f"FEWERBITS_{name.upper()}"
         default = field.get_default(call_default_factory=True)
@@ -422,7 +458,7 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
 
 def test_metrics_off(helm: list[str]):
     objs = render(helm, ["metrics.enabled=false"])
-    assert [s["metadata"]["name"] for s in by_kind(objs, "Service")] == ["fb-fewerbits-activator"]
+    assert [s["metadata"]["name"] for s in by_kind(objs, "Service")] == [ACTIVATOR]
     assert env_of(operator_deployment(objs))["FEWERBITS_METRICS_PORT"] == "0"
 
 
@@ -430,7 +466,13 @@ def test_metrics_service_and_service_monitor_select_the_operator(helm: list[str]
     objs = render(helm, MODES["service-monitor"])
     dep = operator_deployment(objs)
     (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-metrics")]
-    (sm,) = by_kind(objs, "ServiceMonitor")
+    (sm,) = [m for m in by_kind(objs, "ServiceMonitor") if m["metadata"]["name"] == f"{RELEASE}-fewerbits"]
+    (asm,) = [m for m in by_kind(objs, "ServiceMonitor") if m["metadata"]["name"] == ACTIVATOR]
+    (asvc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == ACTIVATOR]
+    assert asm["spec"]["selector"]["matchLabels"].items() <= asvc["metadata"]["labels"].items()  # its metrics too
+    assert not sm["spec"]["selector"]["matchLabels"].items() <= asvc["metadata"]["labels"].items()
+    assert [e["port"] for e in asm["spec"]["endpoints"]] == ["metrics"]
+    assert "metrics" in {p["name"] for p in asvc["spec"]["ports"]}
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
@@ -503,10 +545,40 @@ def test_gpu_cost_weights_and_the_pickers_role_reach_the_operator(helm: list[str
     assert env["FEWERBITS_EPP_CLUSTER_ROLE"] == "fb-fewerbits-epp"
 
 
-def test_the_grace_period_covers_the_requests_the_activator_holds(helm: list[str]):
-    """A terminating replica answers the requests its activator holds (runner._drain_activator)
-    before it ends: the grace period is the activator's wait plus the reconciles' 30 s."""
-    spec = operator_deployment(render(helm, ["activator.timeoutSeconds=120"]))["spec"]["template"]["spec"]
-    assert spec["terminationGracePeriodSeconds"] == 150
-    spec = operator_deployment(render(helm, ["activator.enabled=false"]))["spec"]["template"]["spec"]
-    assert spec["terminationGracePeriodSeconds"] == 30
+def test_the_activator_is_its_own_deployment_with_two_replicas_and_a_pdb(helm: list[str]):
+    """Out of the operator's failure domain (a killed operator replica loses no held request): its
+    own Deployment, ServiceAccount and PodDisruptionBudget, the operator's image with another
+    entrypoint, a Service selecting only its pods, probes on /healthz, and a grace period covering
+    the requests it holds (activator_main.py drains them on SIGTERM)."""
+    objs = render(helm, ["activator.timeoutSeconds=120"])
+    dep, op = activator_deployment(objs), operator_deployment(objs)
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["image"] == operator_deployment(objs)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert c["command"] == ["python", "-m", "fewerbits_operator.runtime.activator_main"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": 8082, "metrics": 8080}
+    assert c["readinessProbe"]["httpGet"] == c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert pod["terminationGracePeriodSeconds"] == 130
+    assert op["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+    assert env_of(dep)["FEWERBITS_ACTIVATOR_TIMEOUT_SECONDS"] == "120"
+    (sa,) = [a for a in by_kind(objs, "ServiceAccount") if a["metadata"]["name"] == ACTIVATOR]
+    assert pod["serviceAccountName"] == ACTIVATOR and sa["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is True
+    sel = dep["spec"]["selector"]["matchLabels"]
+    (pdb,) = [p for p in by_kind(objs, "PodDisruptionBudget") if p["metadata"]["name"] == ACTIVATOR]
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": sel}}
+    (svc,) = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == ACTIVATOR]
+    assert svc["spec"]["selector"] == sel and svc["spec"]["ports"][0]["name"] == "http"
+    # Neither Deployment's selector matches the other's pods.
+    op_sel = op["spec"]["selector"]["matchLabels"]
+    assert not op_sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert not sel.items() <= op["spec"]["template"]["metadata"]["labels"].items()
+    assert env_of(op)["FEWERBITS_ACTIVATOR_SERVICE"] == f"{NAMESPACE}/{ACTIVATOR}"
+    (anti,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == sel
+    one = render(helm, ["activator.replicas=1"])
+    assert not [p for p in by_kind(one, "PodDisruptionBudget") if p["metadata"]["name"] == ACTIVATOR]
+    off = render(helm, ["activator.enabled=false"])
+    assert not [o for o in off if o["metadata"]["name"] == ACTIVATOR]
+    assert "FEWERBITS_ACTIVATOR_SERVICE" not in env_of(operator_deployment(off))

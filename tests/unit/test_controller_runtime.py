@@ -19,7 +19,7 @@ from kopf._core.engines.indexing import OperatorIndexer
 from kubernetes.client.exceptions import ApiException
 
 from fewerbits_operator.base.freshness import GONE, rv_at_least
-from fewerbits_operator.runtime.handlers import KINDS, register
+from fewerbits_operator.runtime.handlers import INDEXED, KINDS, register
 from fewerbits_operator.base.indexes import IndexView, index_entry, node_entry, selector_matches, without_managed_fields
 from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.runtime.runner import Operator, configure_kopf
@@ -188,8 +188,12 @@ def test_registration_indexes_and_watches_each_kind_and_persists_nothing():
     register(Operator(), kopf_scope(["t-*"]), registry)
     indexing = registry._indexing.get_all_handlers()
     watching = registry._watching.get_all_handlers()
-    assert sorted(h.id for h in indexing) == sorted(f"{k}_index" for k in KINDS)
+    assert sorted(h.id for h in indexing) == sorted(f"{k}_index" for k in (*KINDS, *INDEXED))
+    # The models' pods and activator slices are indexed only: a change of theirs enqueues nothing.
     assert sorted(h.id for h in watching) == sorted(f"{k}_event" for k in KINDS)
+    assert {h.id: h.labels for h in indexing if h.id in ("pods_index", "endpointslices_index")} == {
+        "pods_index": {"fewerbits.io/model": kopf.PRESENT},
+        "endpointslices_index": {"endpointslice.kubernetes.io/managed-by": "activator.fewerbits.io"}}
     # No high-level handler, timer or daemon: nothing kopf would persist or guard with a finalizer.
     assert not registry._changing.get_all_handlers() and not registry._spawning.get_all_handlers()
     assert all(h.when is not None for h in [*indexing, *watching])  # the glob filter
@@ -207,10 +211,12 @@ def test_kopf_settings_store_nothing_and_scan_nothing():
     selected = {r.plural: list(k.watching.label_selectors.collect(r)) for r in (
         kopf.Resource("batch", "v1", "jobs"), kopf.Resource("apps", "v1", "deployments"),
         kopf.Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets"),
-        kopf.Resource("fewerbits.io", "v1alpha1", "quantizedmodels"), kopf.Resource("", "v1", "nodes"))}
+        kopf.Resource("fewerbits.io", "v1alpha1", "quantizedmodels"), kopf.Resource("", "v1", "nodes"),
+        kopf.Resource("", "v1", "pods"), kopf.Resource("discovery.k8s.io", "v1", "endpointslices"))}
     managed = ["app.kubernetes.io/managed-by=fewerbits"]
     assert selected == {"jobs": managed, "deployments": managed, "leaderworkersets": managed,
-                        "quantizedmodels": [], "nodes": []}
+                        "quantizedmodels": [], "nodes": [], "pods": ["fewerbits.io/model"],
+                        "endpointslices": ["endpointslice.kubernetes.io/managed-by=activator.fewerbits.io"]}
     body = kopf.Body({"metadata": {"name": "m", "annotations": {}}, "spec": {"x": 1}})
     patch = kopf.Patch()
     k.persistence.progress_storage.store(body=body, patch=patch, key=kopf.HandlerId("h"), record={"started": "t"})

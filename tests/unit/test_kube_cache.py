@@ -94,3 +94,64 @@ def test_namespace_labels_are_kept_for_the_ttl():
     cache.get("ns", load)
     assert len(loads) == 2
     assert TTLCache(0).get("x", load) == {"team": "a"} and len(loads) == 3
+
+
+def _model_pod(name: str, model: str, rv: str) -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": rv,
+                         "labels": {"fewerbits.io/model": model, "app.kubernetes.io/component": "server"}},
+            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+class _LiveLists:
+    """What Kube asks the API server (counted): the cached reads must not come here."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, str]] = []
+        self.created_rv = "50"
+
+    def list_namespaced_pod(self, namespace, label_selector):
+        self.calls.append(("pods", label_selector))
+        return type("L", (), {"items": []})()
+
+    def list_namespaced_endpoint_slice(self, namespace, label_selector):
+        self.calls.append(("endpointslices", label_selector))
+        return type("L", (), {"items": []})()
+
+    def create_namespaced_endpoint_slice(self, namespace, body):
+        return {**body, "metadata": {**body["metadata"], "resourceVersion": self.created_rv}}
+
+
+def test_the_loops_read_pods_and_activator_slices_from_the_caches_not_the_api_server():
+    """Kube.list_pods and list_endpoint_slices (atzero.ZeroRouter, metricsprobe, the keep-awake):
+    from kopf's indexes (handlers.INDEXED) for what they hold; a LIST for what they cannot (a Job's
+    pods), and for a namespace where a slice of ours is newer than the cache (read-your-writes)."""
+    from kubernetes import client
+
+    from fewerbits_operator.base.indexes import index_entry
+    from fewerbits_operator.base.kube import Kube
+
+    kube = Kube(client.ApiClient())
+    live = kube.core = kube.discovery = _LiveLists()
+    pods, slices = (OperatorIndexer(), IndexView("pods")), (OperatorIndexer(), IndexView("endpointslices"))
+    for indexer, view in (pods, slices):
+        view.attach(indexer.index)
+        view.mark_synced()
+    kube.pods, kube.slices = pods[1], slices[1]
+    for p in (_model_pod("a-1", "a", "3"), _model_pod("b-1", "b", "4")):
+        pods[0].replace(("ns", p["metadata"]["name"], p["metadata"]["uid"]), index_entry(p))
+    assert [p["metadata"]["name"] for p in kube.list_pods("ns", "fewerbits.io/model=a,app.kubernetes.io/component=server")] \
+        == ["a-1"]
+    kube.list_pods("ns", "job-name=quantize-x")  # not a model's pod: the cache cannot answer
+    ours = "endpointslice.kubernetes.io/managed-by=activator.fewerbits.io"
+    assert kube.list_endpoint_slices("ns", ours) == []
+    assert live.calls == [("pods", "job-name=quantize-x")]
+    body = {"metadata": {"name": "a-activator-8082", "namespace": "ns", "uid": "s1",
+                         "labels": {"endpointslice.kubernetes.io/managed-by": "activator.fewerbits.io"}}}
+    kube.create_endpoint_slice(body)
+    kube.list_endpoint_slices("ns", ours)  # the cache is behind our write: live
+    assert live.calls[-1] == ("endpointslices", ours)
+    slices[0].replace(("ns", "a-activator-8082", "s1"), index_entry({**body, "metadata": {
+        **body["metadata"], "resourceVersion": "50"}}))
+    n = len(live.calls)
+    assert [s["metadata"]["name"] for s in kube.list_endpoint_slices("ns", ours)] == ["a-activator-8082"]
+    assert len(live.calls) == n  # caught up: from the cache again

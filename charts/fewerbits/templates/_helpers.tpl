@@ -63,3 +63,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (list .Release.Namespace) .Values.watchNamespaces | uniq | toJson -}}
 {{- end -}}
 {{- end }}
+
+{{/* The activator's selector labels: its own component, so neither the operator's Deployment,
+     Service nor PodDisruptionBudget selects its pods (and the other way round). */}}
+{{- define "fewerbits.activatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "fewerbits.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: activator
+{{- end }}
+
+{{- define "fewerbits.activatorLabels" -}}
+helm.sh/chart: {{ include "fewerbits.chart" . }}
+{{ include "fewerbits.activatorSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: fewerbits
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

@@ -42,11 +42,13 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# Pods, list only: a Job pod's termination message carries the Job's result (Kube.job_pods); the
-# autoscaler lists each variant's ready pods to read vLLM's /metrics (Kube.list_pods).
+# Pods: a Job pod's termination message carries the Job's result (Kube.job_pods, a list); the
+# models' pods (labelled fewerbits.io/model) are listed and watched by a cache (kopf: handlers.py
+# INDEXED) from which the autoscaler, the metrics probe and the activator path read each variant's
+# ready pods (Kube.list_pods) instead of a list per pass. Never written.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # vLLM Deployments, one per variant: list and watch those labelled
 # app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_deployments, which the
 # autoscaler reads too; their events enqueue the owning models, runner.py), list by model label
@@ -58,11 +60,10 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   verbs: ["list", "watch", "create", "update", "delete"]
 # The scale subresource: the autoscaler changes replicas only through it (Kube.read_scale,
 # Kube.patch_scale), never the Deployment's spec, so its writes cannot collide with the
-# operator's. Update: the activator's wake replaces the scale at the resourceVersion it read, only
-# from 0 (Kube.wake_scale), so two operator replicas waking one model write once.
+# operator's. (The wake from zero is the activator's, under its own ServiceAccount.)
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["get", "patch"]
 # Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/lws.py): list and watch those
 # labelled app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_lws, started only
 # where the API is served; their events enqueue the owning models), create, update when the rendered
@@ -126,11 +127,12 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 # EndpointSlices labelled endpointslice.kubernetes.io/managed-by=activator.fewerbits.io: one per
 # model that may reach zero, adding the activator's endpoints to the model's Service while it has at
 # most one ready pod (atzero.py: Kube.list_endpoint_slices, create_endpoint_slice,
-# replace_endpoint_slice, delete_endpoint_slice). The EndpointSlice controller's own slices are
-# only listed, never written.
+# replace_endpoint_slice, delete_endpoint_slice); list and watch: a cache of those (kopf:
+# handlers.py INDEXED, label-selected) serves the reads. The EndpointSlice controller's own slices
+# are never written.
 - apiGroups: ["discovery.k8s.io"]
   resources: ["endpointslices"]
-  verbs: ["list", "create", "update", "delete"]
+  verbs: ["list", "watch", "create", "update", "delete"]
 {{- end }}
 
 {{/* Reads of cluster-scoped resources: needed in both scopes. */}}
@@ -157,4 +159,32 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
+{{- end }}
+
+
+{{/* The activator's rules (activator.py, its own ServiceAccount): a Role per watched namespace, or
+a ClusterRole with rbac.scope=cluster. Least privilege: what one request needs. */}}
+{{- define "fewerbits.rbac.activatorRules" -}}
+# QuantizedModels, get by name only: the model a request names exists, whether autoscaling may wake
+# it, and its plan's variant order (Kube.get_model in Activator.handle). No list or watch.
+- apiGroups: ["fewerbits.io"]
+  resources: ["quantizedmodels"]
+  verbs: ["get"]
+# Pods, list by the model's label: a ready serving pod to forward to (Activator.pods, ready_pod).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+# Deployments, list by the model's label: the variant to wake (Activator.wake, variant_to_wake).
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list"]
+# The wake: read the scale and replace it 0 -> 1 at the resourceVersion read, only from 0
+# (Kube.wake_scale), so two replicas waking one model write once. No patch: never another count.
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["get", "update"]
+# The ScaledFromZero Event on the model (Kube.post_event). Create only.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 {{- end }}

@@ -40,6 +40,10 @@ log = logging.getLogger("fewerbits.kube")
 COMPONENT = "fewerbits-operator"
 CONFLICT_RETRIES = 3
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=fewerbits"
+MODEL_LABEL = "fewerbits.io/model"
+"""Every pod of a model's workload carries it (render.model_labels): the pods cache's filter."""
+ACTIVATOR_SLICE_LABEL, ACTIVATOR_SLICE_MANAGER = "endpointslice.kubernetes.io/managed-by", "activator.fewerbits.io"
+"""The models' activator EndpointSlices (atzero.py): the slices cache's filter."""
 """The Jobs and Deployments the operator creates carry this label (render.py); only they are watched."""
 
 
@@ -98,6 +102,10 @@ class Kube:
         self.jobs: IndexView | None = None
         self.deployments: IndexView | None = None
         self.lws: IndexView | None = None
+        self.pods: IndexView | None = None
+        """The models' pods (labelled ``fewerbits.io/model``): the loops' reads (list_pods)."""
+        self.slices: IndexView | None = None
+        """The models' activator EndpointSlices (atzero.py's, list_endpoint_slices)."""
         self._lws_served_at_start = True
         """Whether the LeaderWorkerSet API was served when kopf started (``lws_available``)."""
         self._namespace_labels = TTLCache(0)
@@ -110,6 +118,7 @@ class Kube:
         self.namespaces = list(namespaces)
         self.models, self.jobs, self.deployments = views["models"], views["jobs"], views["deployments"]
         self.lws, self.nodes, self.policies = views["leaderworkersets"], views["nodes"], views["policies"]
+        self.pods, self.slices = views.get("pods"), views.get("endpointslices")
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
         self._lws_served_at_start = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 
@@ -325,6 +334,14 @@ class Kube:
         return self.list_pods(namespace, f"job-name={job_name}")
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """Pods matching an equality selector; from the watched cache of the models' pods when the
+        selector names a model (every pod the cache can miss lacks that label), else a LIST. The
+        operator never writes a pod, so the cache is never behind a write of its own."""
+        if self.pods is not None and self.pods.fresh_namespace(namespace) and \
+                any(t.split("=", 1)[0].strip() == MODEL_LABEL for t in selector.split(",") if "!=" not in t) and \
+                selector_matches(selector, {}) is not None:
+            return self.pods.items(namespace, lambda p: bool(selector_matches(
+                selector, (p.get("metadata") or {}).get("labels") or {})))
         pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
@@ -385,27 +402,50 @@ class Kube:
     # ------------------------------------------------------------ EndpointSlices (atzero.py)
 
     def list_endpoint_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        out = self.discovery.list_namespaced_endpoint_slice(namespace, label_selector=selector)
-        return [self.api.sanitize_for_serialization(s) for s in out.items]
+        """EndpointSlices matching an equality selector; the models' activator slices from the
+        watched cache when it holds every write of ours in the namespace (the read-your-writes
+        guard, as for Deployments), else a LIST."""
+        ours = f"{ACTIVATOR_SLICE_LABEL}={ACTIVATOR_SLICE_MANAGER}" in (t.strip() for t in selector.split(",")) \
+            and selector_matches(selector, {}) is not None
+        if ours and self.slices is not None and self.slices.fresh_namespace(namespace):
+            return self.slices.items(namespace, lambda o: bool(selector_matches(
+                selector, (o.get("metadata") or {}).get("labels") or {})))
+        out = [self.api.sanitize_for_serialization(s)
+               for s in self.discovery.list_namespaced_endpoint_slice(namespace, label_selector=selector).items]
+        for o in out if ours else ():  # read live: the cache serves them again once it holds what was read
+            self._noted_slice(namespace, o["metadata"]["name"], _rv(o))
+        return out
+
+    def _noted_slice(self, namespace: str, name: str, resource_version: str | None) -> None:
+        if self.slices is not None:
+            self.slices.note(namespace, name, resource_version)
 
     def create_endpoint_slice(self, body: dict[str, Any]) -> None:
+        md = body["metadata"]
         try:
-            self.discovery.create_namespaced_endpoint_slice(body["metadata"]["namespace"], body)
+            out = self.discovery.create_namespaced_endpoint_slice(md["namespace"], body)
         except ApiException as e:
             if e.status != 409:  # another operator replica created the same slice: success
                 raise
+            if self.slices is not None:
+                self.slices.invalidate(md["namespace"], md["name"])  # theirs: read it live until the cache has it
+            return
         self._wrote()
+        self._noted_slice(md["namespace"], md["name"], _rv(out))
 
     def replace_endpoint_slice(self, body: dict[str, Any]) -> bool:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile."""
         md = body["metadata"]
         try:
-            self.discovery.replace_namespaced_endpoint_slice(md["name"], md["namespace"], body)
+            out = self.discovery.replace_namespaced_endpoint_slice(md["name"], md["namespace"], body)
         except ApiException as e:
             if e.status in (404, 409):
+                if self.slices is not None:
+                    self.slices.invalidate(md["namespace"], md["name"])
                 return False
             raise
         self._wrote()
+        self._noted_slice(md["namespace"], md["name"], _rv(out))
         return True
 
     def delete_endpoint_slice(self, namespace: str, name: str, resource_version: str) -> None:
@@ -416,7 +456,11 @@ class Kube:
         except ApiException as e:
             if e.status not in (404, 409):
                 raise
+            if e.status == 409 and self.slices is not None:
+                self.slices.invalidate(namespace, name)
+                return
         self._wrote()
+        self._noted_slice(namespace, name, GONE)
 
     def wake_scale(self, namespace: str, name: str) -> bool:
         """The activator's wake: 0 -> 1 replica on the scale subresource, only while it is at 0 and

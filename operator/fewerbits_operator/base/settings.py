@@ -129,8 +129,10 @@ class OperatorSettings(BaseSettings):
     """How often the referenced-keys ConfigMap of each namespace with node-cache models is synced
     (one GET per namespace with models; a write only when the keys or owners changed)."""
     activator_port: int = 8082
-    """Port of the scale-from-zero activator (activator.py): a request for a model at zero replicas
-    waits there while one replica starts (0: off)."""
+    """Port of the scale-from-zero activator (activator.py), read by its own process
+    (`python -m fewerbits_operator.runtime.activator_main`, the chart's activator Deployment): a
+    request for a model at zero replicas waits there while one replica starts. The operator does
+    not serve it."""
     activator_queue: int = Field(default=100, ge=1, le=10_000)
     """Requests that may wait per model at zero replicas; past it they get 503 with Retry-After."""
     activator_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
@@ -140,7 +142,8 @@ class OperatorSettings(BaseSettings):
     ready endpoints are added to the Service of every model that may reach zero (atzero.py).
     Empty: models' Services are left alone (the activator answers only direct calls)."""
     activator_sync_seconds: float = Field(default=2.0, gt=0, le=60)
-    """How often each replica brings the activator's EndpointSlices of the models up to date."""
+    """How often each operator replica brings the activator's EndpointSlices of the models up to date
+    (from its indexes and a watch: no API read per pass)."""
     gpu_cost_weights: str = ""
     """Relative cost of one GPU per pool name or GPU product, `PRODUCT=WEIGHT,...` (e.g.
     `NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.27`): where a model routed through an InferencePool adds

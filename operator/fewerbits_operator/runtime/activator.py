@@ -4,10 +4,12 @@ starts, then passes it on (docs/routing.md, "Scale from zero").
 Why an activator and not the endpoint picker: the EPP (Gateway API Inference Extension v1.1.0)
 answers a request for a pool with no ready pod with an error at once; it has no hook that holds a
 request or asks for capacity. So, as Knative does, a small HTTP component sits in the path while a
-model can be at zero: it runs in every operator replica (``FEWERBITS_ACTIVATOR_PORT``; it needs
-no leadership: it holds requests and wakes a variant, both safe from several replicas), and
-``atzero.py`` points the model's own Service at it (an extra EndpointSlice) while the model has no
-more than one ready serving pod, so the user's URL reaches it at zero.
+model can be at zero: its own Deployment of 2 replicas (activator_main.py, the chart's
+``<release>-activator``), out of the operator's failure domain, so a request held while the
+operator's leader dies is still answered; it needs no leadership (it holds requests and wakes a
+variant, both safe from several replicas). The operator's ``atzero.py`` points the model's own
+Service at it (an extra EndpointSlice) while the model has no more than one ready serving pod, so
+the user's URL reaches it at zero.
 
 For each request (the model from the ``Host`` the Service was called by,
 ``<model>.<namespace>.svc[...]``, or the ``X-Fewerbits-Model: <namespace>/<model>`` header):
@@ -125,9 +127,10 @@ class Activator:
         self._lock = threading.Lock()
         self.woken = 0
         """Wake-ups asked (a counter for tests and metrics)."""
-        self._held: dict[tuple[str, str], float] = {}
         self._in_flight = 0
         self._idle = threading.Condition()
+        self.draining = False
+        """Set on SIGTERM (activator_main.py): /healthz answers 503, held requests are still answered."""
 
     # ------------------------------------------------------------ draining (SIGTERM)
 
@@ -148,8 +151,8 @@ class Activator:
 
     def drain(self, timeout: float) -> int:
         """Wait (at most ``timeout`` s) until no request is held or being answered here, while the
-        server keeps serving them: a replica shutting down (a rolling update, a drained node, the
-        leader handing over) loses none of the requests it holds. Its pod leaves the activator
+        server keeps serving them: a replica shutting down (a rolling update, a drained node) loses
+        none of the requests it holds. Its pod leaves the activator
         Service's ready endpoints as it terminates, so new requests reach the other replica.
         Returns how many requests were still in flight when it gave up (0: drained)."""
         deadline = time.monotonic() + timeout
@@ -157,16 +160,6 @@ class Activator:
             while self._in_flight and (left := deadline - time.monotonic()) > 0:
                 self._idle.wait(left)
             return self._in_flight
-
-    def last_held(self, ns: str, name: str) -> float | None:
-        """When (epoch seconds) a request for this model last waited here for a replica: the
-        autoscaler keeps a woken model from going back to zero for scaleDownDelaySeconds after it."""
-        with self._lock:
-            return self._held.get((ns, name))
-
-    def _note_held(self, key: tuple[str, str]) -> None:
-        with self._lock:
-            self._held[key] = time.time()
 
     def gate(self, key: tuple[str, str]) -> ModelGate:
         with self._lock:
@@ -195,6 +188,8 @@ class Activator:
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
         key = model_of(headers.get("host"), headers.get("x-fewerbits-model"))
+        if key is None and path == "/healthz":  # the kubelet's probes (Host: the pod's IP)
+            return (503, {}, b"draining") if self.draining else (200, {}, b"ok")
         if key is None:
             return error(400, "the request names no model: call the model's Service (Host <model>.<namespace>.svc) "
                               "or set X-Fewerbits-Model: <namespace>/<model>")
@@ -215,7 +210,6 @@ class Activator:
                     return error(503, f"{ns}/{name} is starting and {g.waiting} requests already wait for it",
                                  {"Retry-After": str(RETRY_AFTER_SECONDS)})
                 g.waiting += 1
-            self._note_held(key)
             WAITING.inc()
             t0 = time.monotonic()
             try:
@@ -223,7 +217,6 @@ class Activator:
             finally:
                 with g.lock:
                     g.waiting -= 1
-                self._note_held(key)
                 WAITING.dec()
                 HOLD_SECONDS.observe(time.monotonic() - t0)
             if target is None:

@@ -23,7 +23,8 @@ has no ready endpoint because of this switch, in either direction. The Service's
 changed. Knative keeps its activator in the path of a revision with little spare capacity for the
 same reason (``target-burst-capacity``).
 
-Every operator replica runs this loop (no leadership): each computes the same slice from the same
+Every operator replica runs this loop (no leadership; the activator itself is its own Deployment,
+activator_main.py): each computes the same slice from the same
 facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
 left to the next pass), so two replicas converge instead of fighting.
 
@@ -35,11 +36,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any, Callable, Protocol
 
 from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
+from fewerbits_operator.runtime.periodic import run_periodically
 from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL
 
 log = logging.getLogger("fewerbits.atzero")
@@ -84,6 +86,27 @@ def may_reach_zero(model: dict[str, Any]) -> bool:
 def ready_serving_pods(pods: list[dict[str, Any]]) -> int:
     return sum(1 for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
                and (p.get("status") or {}).get("podIP") and is_ready(p))
+
+
+def last_ready_at(pods: list[dict[str, Any]]) -> float | None:
+    """When (epoch seconds) the most recently ready serving pod became ready, or None.
+
+    The autoscaler's keep-awake input (``autoscaler.loop.keep_awake``): no scale-down to zero
+    within ``scaleDownDelaySeconds`` of it. The activator answers what it holds as soon as a pod
+    is ready (it polls every 0.5 s), so for a woken model this is when its last held request left
+    the activator, read from the pods (API objects) since the activator runs in its own Deployment."""
+    times = []
+    for p in pods:
+        if (p.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") == "True" and c.get("lastTransitionTime"):
+                times.append(_epoch(c["lastTransitionTime"]))
+    return max(times) if times else None
+
+
+def _epoch(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def activator_in_path(model: dict[str, Any], pods: list[dict[str, Any]]) -> bool:
@@ -170,18 +193,27 @@ class ZeroRouterIO(Protocol):
 
 class ZeroRouter:
     """The loop: every ``period`` seconds, each model's activator slices are brought to what
-    ``decide_model`` says."""
+    ``decide_model`` says. A pass reads no API at rest: the models, their pods and their activator
+    slices come from kopf's indexes (Kube.list_models, list_pods, list_endpoint_slices), the
+    activator Service's slices from ``activator_slices`` (slicewatch.SliceWatch: a watch; None
+    until it first listed, and then the pass is skipped). Without ``activator_slices`` they are
+    listed each pass (tests' fakes)."""
 
-    def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None):
+    def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None,
+                 activator_slices: Callable[[], list[dict[str, Any]] | None] | None = None):
         self.io = io
         self.activator_ns, _, self.activator_name = activator_service.partition("/")
         self.namespaces = list(namespaces or [])
+        self.activator_slices = activator_slices or (lambda: self.io.list_endpoint_slices(
+            self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
         self.passes = 0
         """Completed passes (tests wait on it instead of sleeping)."""
 
     def run_once(self) -> dict[str, SliceChanges]:
-        endpoints = activator_endpoints(self.io.list_endpoint_slices(
-            self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
+        slices = self.activator_slices()
+        if slices is None:  # the watch has not listed yet: "no endpoints" would remove every slice
+            return {}
+        endpoints = activator_endpoints(slices)
         done: dict[str, SliceChanges] = {}
         current_by_ns: dict[str, list[dict[str, Any]]] = {}
         for model in self.io.list_models(self.namespaces):
@@ -216,10 +248,4 @@ class ZeroRouter:
     def run_forever(self, stop: threading.Event, period: float = 2.0) -> None:
         log.info("activator path kept for models that may reach zero (every %.0fs, activator Service %s/%s)",
                  period, self.activator_ns, self.activator_name)
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                self.run_once()
-            except Exception as e:
-                log.warning("activator path pass failed: %s: %s", type(e).__name__, e)
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+        run_periodically(stop, period, self.run_once, "activator path", log)

@@ -36,6 +36,18 @@ KINDS: dict[str, tuple[str, str, str, dict[str, str] | None]] = {
     "policies": (GROUP, VERSION, POLICY_PLURAL, None),
 }
 """Index and event handler per kind: ``<kind>_index`` is also the kwarg kopf passes the index as."""
+INDEXED: dict[str, tuple[str, str, str, dict[str, Any], str]] = {
+    # The pods of the models' workloads (render.py labels every one with its model).
+    "pods": ("", "v1", "pods", {"fewerbits.io/model": kopf.PRESENT}, "fewerbits.io/model"),
+    # The models' activator EndpointSlices (atzero.py writes them).
+    "endpointslices": ("discovery.k8s.io", "v1", "endpointslices",
+                       {"endpointslice.kubernetes.io/managed-by": "activator.fewerbits.io"},
+                       "endpointslice.kubernetes.io/managed-by=activator.fewerbits.io"),
+}
+"""Indexed only, no event handler (a change enqueues nothing): what the loops beside reconcile
+read each pass instead of a LIST (atzero.ZeroRouter, metricsprobe.MetricsProbe, the autoscaler's
+keep-awake; Kube.list_pods, Kube.list_endpoint_slices). The last field: the same filter as a
+label selector, for the API server (runner.configure_kopf)."""
 
 
 def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) -> None:
@@ -46,6 +58,9 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
         entry = node_entry if kind == "nodes" else index_entry
         kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(entry))
         kopf.on.event(*coords, labels=labels, when=when, id=f"{kind}_event", registry=registry)(_on_event(op, kind))
+    for kind, (group, version, plural, labels, _) in INDEXED.items():
+        coords = (group, version, plural) if group else (version, plural)
+        kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(index_entry))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:  # an own registry has none of kopf's default login handlers
@@ -53,7 +68,7 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-        op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in KINDS})
+        op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in (*KINDS, *INDEXED)})
 
     @kopf.on.cleanup(registry=registry)
     def cleanup(**_: Any) -> None:  # sync: kopf runs it in its executor (it joins threads)

@@ -16,19 +16,21 @@ with the same ``MetricsSource`` the autoscaler uses and writes what the autoscal
 
 A model routed through its Service only is not probed: a Service spreads requests evenly and reads
 no metrics, so a pod without them changes nothing in routing. Deciding is pure
-(``variant_findings``, ``metrics_event``); ``MetricsProbe`` does the I/O.
+(``variant_findings``, ``metrics_event``); ``MetricsProbe`` does the I/O, whose reads (models,
+Deployments, pods) come from kopf's indexes through Kube: a pass costs no API request but the
+status write and the event when something changed (periodic.py runs it).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from fewerbits_operator.autoscaler.loop import AutoscalerIO, classify_pods, published_autoscaling
 from fewerbits_operator.autoscaler.metrics import MetricsSource, PodSample
+from fewerbits_operator.runtime.periodic import run_periodically
 from fewerbits_operator.serving.render import LABEL_MODEL, LABEL_VARIANT
 from fewerbits_operator.serving.routing import DEFAULT_ROUTING, INFERENCE_POOL
 
@@ -125,10 +127,4 @@ class MetricsProbe:
 
     def run_forever(self, stop: threading.Event, period: float = 15.0) -> None:
         log.info("metrics probe started (every %.0fs)", period)
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                self.run_once()
-            except Exception as e:
-                log.warning("metrics probe pass failed: %s: %s", type(e).__name__, e)
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
+        run_periodically(stop, period, self.run_once, "metrics probe", log)

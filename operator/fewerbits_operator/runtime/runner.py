@@ -42,7 +42,7 @@ from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.runtime.metricsprobe import MetricsProbe
 from fewerbits_operator.base.queueing import job_holds_slot, queued_entries
 from fewerbits_operator.base.relevance import RelevanceFilter, any_change, model_relevant, node_relevant, policy_relevant
-from fewerbits_operator.serving.render import LABEL_COMPONENT
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL
 from fewerbits_operator.runtime.reconcile import Reconciler
 from fewerbits_operator.runtime.resync import model_steady, next_resync
 from fewerbits_operator.base.settings import OperatorSettings, get_settings
@@ -61,7 +61,7 @@ MAX_BACKOFF_SECONDS = 60.0
 """Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
 STOP_SECONDS = 10.0
 """On SIGTERM, how long running reconciles may take to finish before the process exits."""
-VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies")
+VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies", "pods", "endpointslices")
 
 
 def job_projection(job: dict[str, Any]) -> Any:
@@ -117,7 +117,7 @@ class Operator:
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
-        self._start_activator()
+        self._start_zero_router()
         if s.leader_election:
             from kubernetes import client
 
@@ -143,19 +143,6 @@ class Operator:
         self.join(STOP_SECONDS)
         if self.elector is not None:
             self.elector.release()
-        self._drain_activator()
-
-    def _drain_activator(self) -> None:
-        """The requests this replica's activator holds are answered before the process ends (the
-        other replica takes the new ones): bounded by the activator's own wait, which the chart's
-        terminationGracePeriodSeconds covers."""
-        activator = getattr(self, "activator", None)
-        if activator is None or not activator.in_flight:
-            return
-        log.info("draining the activator: %d request(s) held or being answered", activator.in_flight)
-        left = activator.drain(activator.timeout + 5.0)
-        if left:
-            log.warning("activator: %d request(s) still in flight at shutdown", left)
 
     def probe(self) -> str:
         """kopf's ``on.probe`` (the liveness endpoint): raises while a thread died."""
@@ -182,10 +169,9 @@ class Operator:
         probe = MetricsProbe(KubeAutoscalerIO(self.kube), source, namespaces=s.namespaces, autoscaler_running=s.autoscaler_enabled)
         self._spawn(lambda: probe.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-metrics-probe")
         if s.autoscaler_enabled:
-            activator = getattr(self, "activator", None)
             scaler = Autoscaler(KubeAutoscalerIO(self.kube), source, namespaces=s.namespaces,
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
-                                held=activator.last_held if activator is not None else None)
+                                held=self.last_woken)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
         self._leading_threads = self._threads[before:]
         self.request_all()
@@ -198,24 +184,33 @@ class Operator:
         self.stop()
         self.stop_flag.set()
 
-    def _start_activator(self) -> None:
-        """The scale-from-zero activator (activator.py) serves in every replica: it holds requests
-        and wakes a variant through the scale subresource."""
+    def _start_zero_router(self) -> None:
+        """The models' Services at zero point at the activator's own Service (atzero.py), from every
+        replica. The activator itself is its own Deployment (activator_main.py): a request it holds
+        is not lost when an operator replica is killed."""
         s = self.settings
         assert s is not None and self.kube is not None
-        self.activator = None
-        if not s.activator_port:
-            return
-        from fewerbits_operator.runtime.activator import Activator, serve as serve_activator
-        self.activator = Activator(self.kube, queue=s.activator_queue, timeout=s.activator_timeout_seconds)
-        try:
-            self._activator_server = serve_activator(self.activator, s.activator_port)
-        except OSError as e:  # the port taken: scale from zero is off, everything else works
-            log.error("activator not started on port %d: %s", s.activator_port, e)
-        if s.activator_service:  # every replica, leader or not: see atzero.py
+        if s.activator_service:
             from fewerbits_operator.runtime.atzero import ZeroRouter
-            router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces)
+            from fewerbits_operator.runtime.slicewatch import SliceWatch
+            ns, _, name = s.activator_service.partition("/")
+            activator_slices = SliceWatch(self.kube.discovery, ns, name, timeout_seconds=s.watch_timeout_seconds)
+            self._spawn(lambda: activator_slices.run(self._stop), "fewerbits-activator-slices")
+            router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces,
+                                activator_slices=activator_slices.slices)
             self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
+
+    def last_woken(self, namespace: str, name: str) -> float | None:
+        """The autoscaler's keep-awake input for a model that may reach zero: when its last serving
+        pod became ready (atzero.last_ready_at), read from the pods, since the activator that held
+        the requests is another process. None (no read) for a model that cannot reach zero."""
+        from fewerbits_operator.runtime.atzero import last_ready_at, may_reach_zero
+
+        assert self.kube is not None
+        model = self.kube.get_model(namespace, name)
+        if model is None or not may_reach_zero(model):
+            return None
+        return last_ready_at(self.kube.list_pods(namespace, f"{LABEL_MODEL}={name},{LABEL_COMPONENT}=server"))
 
     def start_workers(self, n: int) -> None:
         for i in range(n):
@@ -480,8 +475,10 @@ def configure_kopf(k: Any, s: OperatorSettings) -> None:
     k.networking.error_backoffs = (1, 2, 4, 8, 16, 32, 60)
     # The children are listed and watched by their label on the API server (the handlers' `labels=`
     # alone would filter in this process, after every Job and Deployment in scope came over the wire).
-    from fewerbits_operator.runtime.handlers import KINDS, MANAGED
+    from fewerbits_operator.runtime.handlers import INDEXED, KINDS, MANAGED
     selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     for group, _, plural, labels in KINDS.values():
         if labels == MANAGED:
             k.watching.label_selectors[group, plural] = selector
+    for group, version, plural, _, server_selector in INDEXED.values():  # the models' pods, the activator's slices
+        k.watching.label_selectors[group or version, plural] = server_selector

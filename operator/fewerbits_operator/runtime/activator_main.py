@@ -1,0 +1,61 @@
+"""``python -m fewerbits_operator.runtime.activator_main``: the scale-from-zero activator as its own
+process, the chart's ``<release>-activator`` Deployment (2 replicas, same image as the operator).
+
+Why apart from the operator: the operator's replicas are one failure domain with a leader that may
+be SIGKILLed (a node lost, an OOM kill); a request the activator holds must not go with it. The
+activator is stateless (it holds requests in memory while one replica starts, and wakes a variant
+with a conditional scale from 0), so two replicas behind one Service need no election: either
+answers any request, and a wake asked by both writes once (Kube.wake_scale).
+
+What the process serves, on ``activator_port``: the requests (activator.py), ``/healthz`` (200
+while serving, 503 once SIGTERM came: the kubelet's readiness and liveness probes), and its
+Prometheus metrics on ``metrics_port``. On SIGTERM it keeps answering until no request is held or
+being streamed (``Activator.drain``, bounded by the activator's own wait, which the chart's
+``terminationGracePeriodSeconds`` covers), then exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+log = logging.getLogger("fewerbits.activator")
+DRAIN_MARGIN_SECONDS = 5.0
+"""Beyond the activator's own wait: the last held request's answer being passed back."""
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from prometheus_client import start_http_server
+
+    from fewerbits_operator.base.kube import Kube
+    from fewerbits_operator.base.settings import get_settings
+    from fewerbits_operator.runtime.activator import Activator, serve
+
+    s = get_settings()
+    if not s.activator_port:
+        log.error("FEWERBITS_ACTIVATOR_PORT is 0: the activator has no port to serve on")
+        return 2
+    activator = Activator(Kube(), queue=s.activator_queue, timeout=s.activator_timeout_seconds)
+    if s.metrics_port:
+        start_http_server(s.metrics_port)
+    server = serve(activator, s.activator_port)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    log.info("activator serving on port %d (queue %d per model, wait %.0fs)", s.activator_port,
+             s.activator_queue, s.activator_timeout_seconds)
+    stopping.wait()
+    activator.draining = True
+    log.info("stopping: draining %d request(s) held or being answered", activator.in_flight)
+    left = activator.drain(activator.timeout + DRAIN_MARGIN_SECONDS)
+    if left:
+        log.warning("%d request(s) still in flight at shutdown", left)
+    server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
