@@ -300,7 +300,7 @@ class Autoscaler:
         self._status_written: dict[tuple[str, str], float] = {}
         self._unreported: set[tuple[str, str, str]] = set()
         self.held = held
-        """When the activator last held a request for a model (``Activator.last_held``), if it runs."""
+        """When the model last woke: its latest serving pod became Ready (``runner.last_woken``), if known."""
 
     # -------------------------------------------------------------- entry points
 
