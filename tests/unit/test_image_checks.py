@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "crds", ROOT / "operator", ROOT / "quantjob", ROOT / "runtime"]
 
@@ -103,3 +105,15 @@ def test_a_digest_entry_records_the_push_and_the_sbom(tmp_path):
     assert entry["by_digest"] == "reg:5000/fewerbits-runtime@sha256:" + "a" * 64
     assert entry["sbom_components"] == {"python": 2, "debian": 1} and entry["pushed_bytes"] is None
     assert (entry["size_bytes"], entry["build_s"], entry["push_s"]) == (144000000, 16, 7)
+
+
+@pytest.mark.parametrize("name", ["operator", "quantjob", "runtime"])
+def test_the_committed_sboms_list_every_pin_the_image_declares(name):
+    """images/sbom/ is what scripts/images.sh last wrote: a pin changed in pyproject.toml without a
+    rebuild (lm-eval once never reached the quantjob image) fails here, naming the pin."""
+    import tomllib
+
+    requirements = _load(ROOT / "images" / "steps" / "requirements.py")
+    declared = requirements.requirements(name, tomllib.loads((ROOT / "pyproject.toml").read_text()))
+    sbom = json.loads((ROOT / "images" / "sbom" / f"fewerbits-{name}.cdx.json").read_text())
+    assert imports.sbom_problems({"imports": {}}, sbom, declared) == []
