@@ -247,8 +247,12 @@ class Podman:
         self.run("rm", "-f", "--ignore", name, check=False)
 
     def digests(self) -> set[str]:
-        """`repository@sha256:...` of every image in the storage (what was pulled by digest)."""
-        r = self.run("images", "--digests", "--format", "{{.Repository}}@{{.Digest}}", check=False)
+        """`repository@sha256:...` of every image in the storage, each of its names with each digest
+        it is known by (an image pulled onto one already there keeps that one's digest too)."""
+        ids = sorted(set(self.run("images", "--quiet", "--no-trunc", check=False).stdout.split()))
+        if not ids:
+            return set()
+        r = self.run("image", "inspect", "--format", "{{range .RepoDigests}}{{println .}}{{end}}", *ids, check=False)
         return {line.strip() for line in r.stdout.splitlines() if "@sha256:" in line}
 
     def remove_store(self) -> None:
