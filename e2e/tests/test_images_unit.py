@@ -70,6 +70,9 @@ def test_no_command_keeps_the_images_entrypoint():
     ("fewerbits-runtime:dev", True),
     ("vllm/vllm-openai:v0.33.0", False),
     ("fewerbits-test/python", False),
+    ("127.0.0.1:5000/fewerbits-operator@sha256:" + "0" * 64, True),
+    ("127.0.0.1:5000/fewerbits-runtime:0.1.0", True),
+    ("127.0.0.1:5000/vllm-openai:v1", False),
 ])
 def test_which_images_run_from_podman(image, ours):
     assert images.is_image_workload(image) is ours
@@ -88,3 +91,44 @@ def test_container_names_are_valid_and_distinct_per_restart():
     a = images.container_name("demo", "tiny-llama-server-abc", "fetch", "0123456789", 0)
     b = images.container_name("demo", "tiny-llama-server-abc", "fetch", "0123456789", 1)
     assert a != b and a.startswith("fb-demo-") and all(ch.isalnum() or ch in "_.-" for ch in a)
+
+
+@pytest.mark.parametrize("image, repo", [
+    ("127.0.0.1:5000/fewerbits-operator@sha256:" + "0" * 64, "127.0.0.1:5000/fewerbits-operator"),
+    ("127.0.0.1:5000/a/b:1.0", "127.0.0.1:5000/a/b"),
+    ("ghcr.io/fewerbits/fewerbits-runtime:0.1.0", "ghcr.io/fewerbits/fewerbits-runtime"),
+    ("localhost:5000/x", "localhost:5000/x"),
+    ("busybox", "busybox"),
+])
+def test_a_registry_port_is_not_a_tag(image, repo):
+    assert images.repository(image) == repo
+
+
+DIGEST_REF = "127.0.0.1:5000/fewerbits-quantjob@sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize("image, policy, present, pull", [
+    (DIGEST_REF, None, False, True),            # a digest defaults to IfNotPresent: absent -> pull
+    (DIGEST_REF, None, True, False),            # present -> no pull
+    (DIGEST_REF, "Always", True, True),
+    (DIGEST_REF, "Never", False, False),        # the caller's ErrImageNeverPull
+    ("ghcr.io/fewerbits/fewerbits-runtime:0.1.0", None, True, False),
+    ("ghcr.io/fewerbits/fewerbits-runtime:latest", None, True, True),   # :latest defaults to Always
+    ("ghcr.io/fewerbits/fewerbits-runtime", None, True, True),          # no tag: latest
+])
+def test_pulls_follow_the_pull_policy_as_a_kubelet_does(image, policy, present, pull):
+    assert images.pull_needed(image, policy, present) is pull
+
+
+def test_a_loopback_registry_is_pulled_over_plain_http_and_no_other():
+    assert images.pull_argv(["podman"], DIGEST_REF) == ["podman", "pull", "--quiet", "--tls-verify=false", DIGEST_REF]
+    ref = "localhost:5000/fewerbits-runtime:0.1.0"
+    assert "--tls-verify=false" in images.pull_argv(["podman"], ref)
+    for ref in ("ghcr.io/fewerbits/fewerbits-runtime:0.1.0", "registry.example:5000/fewerbits-runtime:1",
+                "fewerbits/fewerbits-runtime:1"):
+        assert images.pull_argv(["podman"], ref) == ["podman", "pull", "--quiet", ref]
+
+
+def test_a_store_of_its_own_has_its_own_runroot(tmp_path):
+    a, b = images.store_flags(tmp_path / "a"), images.store_flags(tmp_path / "b")
+    assert a[:2] == ("--root", str(tmp_path / "a" / "storage")) and a[3] != b[3]
