@@ -77,13 +77,15 @@ def test_the_operators_message_and_the_engine_cores_root_cause_are_read_from_vll
     log.write_text("\n".join(
         ["INFO 11-26 starting"] * 100
         + ["(EngineCore pid=7) ERROR Traceback (most recent call last):",
-           "(EngineCore pid=7) ValueError: fp8 block GEMM needs AMX on CPU",
+           "(EngineCore pid=7) ValueError: no kernel for the ScaledMM layer. Reasons:",
+           "CPUFp8BlockScaledMMKernel requires AMX tile support.",
            "Traceback (most recent call last):",
            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]))
     message = serve_check.kubelet_message(log)
     assert len(message.splitlines()) <= 80 and len(message) <= 2048
     assert message.endswith("Failed core proc(s): {}")
-    assert serve_check.root_cause(log.read_text()) == "ValueError: fp8 block GEMM needs AMX on CPU"
+    assert serve_check.root_cause(log.read_text()) == (
+        "ValueError: no kernel for the ScaledMM layer. Reasons: CPUFp8BlockScaledMMKernel requires AMX tile support.")
     assert serve_check.root_cause("INFO all good") is None
     argv = serve_check.vllm_command("/m", 8123)
     assert argv[1].endswith("e2e/vllm_cpu.py") and argv[2:5] == ["serve", "/m", "--port"]

@@ -18,7 +18,8 @@ whose CPU_STAND_IN lists everything translated for the CPU (the module entry poi
 
 One server at a time; each is stopped (its whole process group) before the next starts. Results
 are cached under ``${FEWERBITS_CACHE:-~/.cache/fewerbits}/vllm-check/served/`` keyed by the
-artifact's folder name (which carries its content hash), the vLLM CPU version and SERVE_CHECK_VERSION.
+artifact's folder name (which carries its content hash), the vLLM CPU version and SERVE_CHECK_VERSION,
+each beside the end of its server's log.
 
     python -m tools.vllm_check.serve_check ROWS.json --out SERVED.json [--fresh]
 """
@@ -58,11 +59,15 @@ START_TIMEOUT_S = 300.0
 """Start to /health measured 50-75 s under load (issue 29); four times that is a hang."""
 REQUEST_TIMEOUT_S = 120.0
 PROMPT = "The quick brown fox jumps over the lazy dog and runs into the forest"
+LOG_KEPT_LINES = 400
+"""The end of each server's log kept beside its cached result, as evidence."""
 KUBELET_TAIL_LINES, KUBELET_TAIL_BYTES = 80, 2048
 """FallbackToLogsOnError keeps the last 80 lines or 2048 bytes of the log, whichever is smaller
 (as e2e/podrunner.py does for its pods)."""
 _EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?([\w.]*(?:Error|Exception)\b[^:]*:.*)$")
 _WRAPPERS = ("Engine core initialization failed",)
+_NOT_CONTINUATION = ("Traceback", "File ", "During handling", "The above exception", "Process ", "(", "[", "INFO",
+                     "WARNING", "ERROR")
 """The API server's own line when its engine core died: it names no cause ("See root cause above")."""
 
 
@@ -92,11 +97,18 @@ def kubelet_message(log: Path) -> str:
 
 def root_cause(log_text: str) -> str | None:
     """vLLM's first exception line that is not the API server's wrapper (the engine core's own
-    error, printed above the wrapper), or None."""
-    for line in log_text.splitlines():
-        m = _EXCEPTION_LINE.match(line.strip())
+    error, printed above the wrapper), with the lines that continue its message (vLLM lists the
+    kernels it tried and why each refused on the lines after "Reasons:"), or None."""
+    lines = [ln.strip() for ln in log_text.splitlines()]
+    for i, line in enumerate(lines):
+        m = _EXCEPTION_LINE.match(line)
         if m and not any(w in m.group(1) for w in _WRAPPERS):
-            return m.group(1)[:600]
+            more = []
+            for nxt in lines[i + 1:i + 6]:
+                if not nxt or nxt.startswith(_NOT_CONTINUATION):
+                    break
+                more.append(nxt)
+            return " ".join([m.group(1), *more])[:600]
     return None
 
 
@@ -222,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 r["vllm_cpu"] = versions.version("vllm")
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 cache.write_text(json.dumps(r, indent=2) + "\n")
+                cache.with_suffix(".log").write_text(procs.tail(Path(tmp) / str(i) / "vllm.log", LOG_KEPT_LINES) + "\n")
             results.append({"path": model_dir, **r})
             print(f"{Path(model_dir).name:40} {r['result']:8} {r.get('start_seconds', 0):6.1f} s  {r['detail'][:150]}",
                   flush=True)
