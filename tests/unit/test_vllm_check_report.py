@@ -76,9 +76,10 @@ def test_the_operators_message_and_the_engine_cores_root_cause_are_read_from_vll
     log = tmp_path / "vllm.log"
     log.write_text("\n".join(
         ["INFO 11-26 starting"] * 100
-        + ["(EngineCore pid=7) ERROR Traceback (most recent call last):",
-           "(EngineCore pid=7) ValueError: no kernel for the ScaledMM layer. Reasons:",
-           "CPUFp8BlockScaledMMKernel requires AMX tile support.",
+        + ["(EngineCore pid=7) ERROR 11-26 09:27:55 [core.py:1510] Traceback (most recent call last):",
+           "(EngineCore pid=7) ERROR 11-26 09:27:55 [core.py:1510] ValueError: no kernel for the ScaledMM layer. Reasons: ",
+           "(EngineCore pid=7) ERROR 11-26 09:27:55 [core.py:1510] CPUFp8BlockScaledMMKernel requires AMX tile support.",
+           "(APIServer pid=6) ERROR 11-26 09:27:56 [async_llm.py:906] AsyncLLM output_handler failed.",
            "Traceback (most recent call last):",
            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]))
     message = serve_check.kubelet_message(log)

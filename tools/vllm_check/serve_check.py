@@ -64,11 +64,12 @@ LOG_KEPT_LINES = 400
 KUBELET_TAIL_LINES, KUBELET_TAIL_BYTES = 80, 2048
 """FallbackToLogsOnError keeps the last 80 lines or 2048 bytes of the log, whichever is smaller
 (as e2e/podrunner.py does for its pods)."""
-_EXCEPTION_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?([\w.]*(?:Error|Exception)\b[^:]*:.*)$")
-_WRAPPERS = ("Engine core initialization failed",)
-_NOT_CONTINUATION = ("Traceback", "File ", "During handling", "The above exception", "Process ", "(", "[", "INFO",
-                     "WARNING", "ERROR")
-"""The API server's own line when its engine core died: it names no cause ("See root cause above")."""
+_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\))?\s*(?:(?:ERROR|WARNING|INFO|DEBUG) \S+ \S+ \[[^\]]*\]\s?)?")
+"""vLLM's prefix on a process's log lines: `(EngineCore pid=7) ERROR 11-26 09:43:58 [core.py:1512] `."""
+_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception)\b[^:]*:.*$")
+_WRAPPERS = ("Engine core initialization failed", "EngineCore encountered an issue")
+_NOT_CONTINUATION = ("Traceback", "File ", "During handling", "The above exception", "Process ", "[")
+"""The API server's own lines when its engine core died: they name no cause ("See root cause above")."""
 
 
 def cache_dir() -> Path:
@@ -99,16 +100,18 @@ def root_cause(log_text: str) -> str | None:
     """vLLM's first exception line that is not the API server's wrapper (the engine core's own
     error, printed above the wrapper), with the lines that continue its message (vLLM lists the
     kernels it tried and why each refused on the lines after "Reasons:"), or None."""
-    lines = [ln.strip() for ln in log_text.splitlines()]
-    for i, line in enumerate(lines):
-        m = _EXCEPTION_LINE.match(line)
-        if m and not any(w in m.group(1) for w in _WRAPPERS):
+    lines = []
+    for raw in log_text.splitlines():
+        m = _LOG_PREFIX.match(raw.strip())
+        lines.append((m.group(1), raw.strip()[m.end():].strip()))
+    for i, (proc, line) in enumerate(lines):
+        if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS):
             more = []
-            for nxt in lines[i + 1:i + 6]:
-                if not nxt or nxt.startswith(_NOT_CONTINUATION):
+            for nxt_proc, nxt in lines[i + 1:i + 6]:
+                if nxt_proc != proc or not nxt or nxt.startswith(_NOT_CONTINUATION):
                     break
                 more.append(nxt)
-            return " ".join([m.group(1), *more])[:600]
+            return " ".join([line, *more])[:600]
     return None
 
 
@@ -185,7 +188,9 @@ def serve_one(model_dir: str, work: Path, pod_dir: Path) -> dict:
         try:
             detail = forward_pass(port)
         except Exception as e:  # noqa: BLE001 — the request's error is the result
-            return {"result": "fails", "detail": f"{type(e).__name__}: {str(e)[:500]}", "start_seconds": start_s}
+            cause = root_cause(log.read_text(errors="replace"))  # the engine core dies on its first forward pass
+            return {"result": "fails", "detail": f"{type(e).__name__}: {str(e)[:500]}", "start_seconds": start_s,
+                    **({"root_cause": cause} if cause else {})}
         return {"result": "served", "detail": detail, "start_seconds": start_s}
     finally:
         procs.stop_group(proc.pid, grace=20.0, proc=proc)
