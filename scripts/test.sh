@@ -33,7 +33,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 step "installing fewerbits with [dev,quantjob] extras (pip cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
+# --no-compile: byte-compiling all 5.8 GB at install took half of it (101 s against 51 s measured);
+# Python compiles what is imported, once, on first import.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,quantjob]'
 if [ -n "$build_pid" ]; then
   step "waiting for the build"
   wait "$build_pid" || { echo "test.sh: the build failed (see above)" >&2; exit 1; }
