@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kopf._core.engines.indexing import OperatorIndexer
 
-from fewerbits_operator.base.indexes import IndexView, node_entry
+from fewerbits_operator.base.indexes import IndexView, node_entry, pod_entry
 from fewerbits_operator.base.relevance import RelevanceFilter, node_relevant, policy_relevant
 from fewerbits_operator.base.ttlcache import TTLCache
 
@@ -34,6 +34,50 @@ def test_the_node_index_keeps_only_what_the_planner_reads():
     assert [n["metadata"]["name"] for n in items] == ["a", "b"]
     assert set(items[0]["status"]) == {"allocatable"} and "managedFields" not in items[0]["metadata"]
     assert set(items[0]["metadata"]) == {"name", "labels", "resourceVersion"}
+
+
+def served_pod(name: str, *, ready: bool = True, created: str = "2026-11-26T10:00:00Z") -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}", "resourceVersion": "7",
+                     "creationTimestamp": created, "generateName": "m-",
+                     "labels": {"fewerbits.io/model": "m", "fewerbits.io/variant": "h100"},
+                     "annotations": {"big": "x" * 1000}, "managedFields": [{"big": "x" * 1000}]},
+        "spec": {"nodeName": "gpu-1", "volumes": [{"name": "v", "emptyDir": {}}],
+                 "containers": [{"name": "vllm", "args": ["--model", "/models/m"] * 50,
+                                 "env": [{"name": "E", "value": "x" * 500}],
+                                 "ports": [{"name": "http", "containerPort": 8123}]}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.9",
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                   "lastTransitionTime": "2026-11-26T10:01:00Z"}],
+                   "containerStatuses": [{"name": "vllm", "ready": ready, "state": {"running": {}},
+                                          "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                                        "message": "ValueError: bad flag"}}}]},
+    }
+
+
+def test_the_pod_index_keeps_what_the_loops_read_and_they_read_the_same():
+    """A slim pod gives every reader of Kube.list_pods the answer the whole pod gives, at a
+    fraction of its size (the pods index holds one per serving pod, 300 models over)."""
+    import json
+
+    from fewerbits_operator.autoscaler.loop import classify_pods, http_port
+    from fewerbits_operator.base.terminations import terminations
+    from fewerbits_operator.runtime.atzero import last_ready_at, ready_serving_pods
+
+    full = [served_pod("a"), served_pod("b", ready=False, created="2026-11-26T10:05:00Z")]
+    indexer, view = OperatorIndexer(), IndexView("pods")
+    view.attach(indexer.index)
+    for p in full:
+        indexer.replace(("ns", p["metadata"]["name"], p["metadata"]["uid"]), pod_entry(p))
+    view.mark_synced()
+    slim = sorted(view.items("ns"), key=lambda p: p["metadata"]["name"])
+    assert [p["metadata"]["name"] for p in slim] == ["a", "b"]
+    assert "managedFields" not in slim[0]["metadata"] and "annotations" not in slim[0]["metadata"]
+    assert slim[0]["spec"]["containers"] == [{"name": "vllm", "ports": [{"name": "http", "containerPort": 8123}]}]
+    assert len(json.dumps(slim[0])) * 4 < len(json.dumps(full[0]))
+    for reader in (lambda ps: classify_pods("ns", ps), terminations, last_ready_at, ready_serving_pods,
+                   lambda ps: [http_port(p) for p in ps]):
+        assert reader(slim) == reader(full)
 
 
 def test_heartbeats_and_status_only_updates_are_not_changes():

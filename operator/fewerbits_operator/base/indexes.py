@@ -1,6 +1,7 @@
 """What observe reads without an API call: kopf indexes (``@kopf.index``, registered in
 handlers.py), one per kind, each keyed by ``(namespace, name)`` and holding the object slimmed to
-what the operator reads (no ``managedFields``; a Node only its GPU facts, relevance.node_facts).
+what the operator reads (no ``managedFields``; a Node only its GPU facts, relevance.node_facts;
+a pod its identity, ports and status, relevance.pod_facts).
 
 kopf fills and empties the indexes in its event loop; the reconciles run in worker threads and
 read them through ``IndexView``, which copies values out (a value is a fresh dict per event that
@@ -19,7 +20,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from fewerbits_operator.base.freshness import ReadYourWrites
-from fewerbits_operator.base.relevance import node_facts
+from fewerbits_operator.base.relevance import node_facts, pod_facts
 
 Key = tuple[str, str]
 
@@ -42,6 +43,10 @@ def index_entry(body: Mapping[str, Any], slim: Callable[[Mapping[str, Any]], dic
 
 def node_entry(body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
     return index_entry(body, lambda b: node_facts(copy.deepcopy(dict(b))))
+
+
+def pod_entry(body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
+    return index_entry(body, lambda b: pod_facts(copy.deepcopy(dict(b))))
 
 
 def selector_matches(selector: str, labels: dict[str, str]) -> bool | None:

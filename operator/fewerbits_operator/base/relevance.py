@@ -28,6 +28,25 @@ def node_facts(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+POD_METADATA = ("name", "namespace", "uid", "labels", "resourceVersion", "creationTimestamp", "deletionTimestamp")
+
+
+def pod_facts(pod: dict[str, Any]) -> dict[str, Any]:
+    """What the loops read of a model's pod (Kube.list_pods from the pods index: the autoscaler's
+    classify_pods, the zero router, the metrics probe, observe's terminations): identity, labels
+    and timestamps, each container's name and ports (``http_port``) and the whole status (phase,
+    podIP, conditions, container states). The spec's command lines, env, volumes and the
+    annotations are dropped: most of a pod's bytes, read by nothing here, held 300 times over."""
+    md, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return {
+        "metadata": {k: md[k] for k in POD_METADATA if md.get(k) is not None},
+        "spec": {"nodeName": spec.get("nodeName"),
+                 "containers": [{"name": c.get("name"), "ports": c.get("ports") or []}
+                                for c in spec.get("containers") or []]},
+        "status": pod.get("status") or {},
+    }
+
+
 def node_relevant(node: dict[str, Any]) -> Any:
     facts = node_facts(node)
     return (facts["metadata"]["labels"], facts["spec"], facts["status"])

@@ -18,7 +18,7 @@ from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
-from fewerbits_operator.base.indexes import index_entry, node_entry
+from fewerbits_operator.base.indexes import index_entry, node_entry, pod_entry
 from fewerbits_operator.serving.lws import LWS_GROUP, LWS_PLURAL, LWS_VERSION
 from fewerbits_operator.base.scope import KopfScope
 
@@ -60,7 +60,8 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
         kopf.on.event(*coords, labels=labels, when=when, id=f"{kind}_event", registry=registry)(_on_event(op, kind))
     for kind, (group, version, plural, labels, _) in INDEXED.items():
         coords = (group, version, plural) if group else (version, plural)
-        kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(index_entry))
+        entry = pod_entry if kind == "pods" else index_entry
+        kopf.index(*coords, labels=labels, when=when, id=f"{kind}_index", registry=registry)(_indexer(entry))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:  # an own registry has none of kopf's default login handlers
