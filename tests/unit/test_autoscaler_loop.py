@@ -569,6 +569,41 @@ def test_a_model_the_activator_just_woke_is_not_scaled_back_to_zero(servers):
     assert len(io.scale_writes) == 2 and io.scale_writes[-1] == ("m1-h100", 0)  # 6.5 s after it
 
 
+def test_two_idle_replicas_go_to_zero_through_one(servers):
+    # Idle at two replicas with minReplicas 0: the straight step 2 -> 0 would leave the model's
+    # Service with only terminating pods until the activator's slice pass; it goes 2 -> 1, and
+    # to zero only at a later pass (the activator enters the path at one ready pod, atzero.py).
+    io = FakeIO()
+    srvs = setup(io, servers, 2, minReplicas=0, maxReplicas=4, scaleDownDelaySeconds=6)
+    for s in srvs:
+        s.set(kv=0.0)
+    a = scaler(io)
+    out = []
+    for t in (0, 2, 4, 6):
+        out = a.run_once(T0 + t)
+    assert io.scale_writes == [("m1-h100", 1)]
+    assert out[0].decision.desired == 1 and "2 -> 1, not 0" in out[0].decision.reason
+    io.deployments["m1-h100"]["spec"]["replicas"] = 1
+    del io.pods[sorted(io.pods)[-1]]
+    a.run_once(T0 + 8)
+    assert io.scale_writes == [("m1-h100", 1), ("m1-h100", 0)]
+
+
+def test_through_one_counts_the_model_not_the_variant():
+    from fewerbits_operator.autoscaler.algorithm import Decision, History
+    from fewerbits_operator.autoscaler.loop import through_one
+
+    def d(current, desired):
+        return Decision(desired, current, desired != current, "idle", History(), "down" if desired < current else None)
+
+    two_variants = through_one([d(1, 0), d(1, 0)], may_reach_zero=True)
+    assert [x.desired for x in two_variants] == [1, 0] and not two_variants[0].act and two_variants[1].act
+    assert [x.desired for x in through_one([d(1, 0), d(3, 0)], True)] == [0, 1]
+    assert [x.desired for x in through_one([d(1, 0)], True)] == [0]         # the last one: the activator is in
+    assert [x.desired for x in through_one([d(2, 0)], False)] == [0]        # never reaches zero by policy
+    assert [x.desired for x in through_one([d(2, 1), d(1, 0)], True)] == [1, 0]  # not all to zero
+
+
 def _warm_forecast(a: Autoscaler, srvs, kv: float, passes: int = 70) -> float:
     """One pass a minute at a steady load until the forecast has checked enough of its forecasts to
     know its band (ForecastTuning.min_errors); returns the time of the last pass."""

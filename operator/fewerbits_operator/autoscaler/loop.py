@@ -162,6 +162,23 @@ DEFAULT_STARTUP_SECONDS = 180.0
 """A vLLM pod's start-up before one was seen (image pull, weights, CUDA graphs)."""
 
 
+def through_one(decisions: list[Decision], may_reach_zero: bool) -> list[Decision]:
+    """A model that would go from two or more replicas straight to zero in one pass keeps one (the
+    variant holding most): the activator enters the model's Service (atzero.py: at most one ready
+    serving pod) before its last pod leaves, so no request meets a Service with only terminating
+    endpoints; the step from one to zero comes at a later pass (docs/routing.md, "Through the
+    model's Service at zero"). Counted over the model's variants: two variants at one replica
+    each going to zero together is the same window."""
+    if not may_reach_zero or any(d.desired for d in decisions) or sum(d.current for d in decisions) < 2:
+        return decisions
+    keep = max(range(len(decisions)), key=lambda i: (decisions[i].current, -i))
+    d = decisions[keep]
+    kept = replace(d, desired=1, act=d.current != 1, direction="down" if d.current > 1 else None,
+                   reason=f"{d.current} -> 1, not 0: the model's last replica goes at a later pass, once the "
+                          f"activator is in its path; {d.reason}")
+    return [kept if i == keep else x for i, x in enumerate(decisions)]
+
+
 def _parse_time(text: str | None) -> float | None:
     try:
         return datetime.strptime(text or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
@@ -428,8 +445,10 @@ class Autoscaler:
                                self.tuning)
             observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
         held_at = self.held(ns, name) if self.held is not None else None
+        stepped = through_one([keep_awake(o[5], held_at, now, float(auto.scaleDownDelaySeconds)) for o in observed],
+                              auto.minReplicas == 0)
+        observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, stepped)]
         for dname, variant, key, multinode, current, d, _complete, failures in observed:
-            d = keep_awake(d, held_at, now, float(auto.scaleDownDelaySeconds))
             scaled = False
             prev = status_serving.get(variant) or {}
             last_scale = prev.get("lastScaleTime")
