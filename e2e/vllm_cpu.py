@@ -5,7 +5,7 @@ The pod runner (e2e/podrunner.py, rule kind `vllm-cpu`) runs the serving contain
 line: the real launcher (`python3 -m fewerbits_runtime launch ... -- vllm serve DIR ...`, from the
 copy the fetch init container installed) with this environment's interpreter as the image's
 `python3`, and a `vllm` on PATH that is this file. So the launcher's checks (the artifact's format
-against the node's compute capability) run exactly as in the real image, and what it execs arrives
+against the node's compute capability) run exactly as in the real image, and what it starts arrives
 here with the argv the operator rendered. This file changes only what a CPU cannot honour, all of it
 listed in `CPU_STAND_IN` below, and runs `vllm` through vLLM's own CLI from the CPU build.
 

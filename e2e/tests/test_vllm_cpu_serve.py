@@ -115,7 +115,7 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     [pod] = pods(api, namespace, "app=cpu")
     ip = pod.status.pod_ip
     log = cluster.pod_logs(namespace, pod.metadata.name, "vllm")
-    assert STAND_IN_MARK in log  # the launcher exec'd `vllm`, the stand-in started vLLM
+    assert STAND_IN_MARK in log  # the launcher started `vllm`, the stand-in started vLLM
     prompt = PROMPT
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
     answers = [_post(ip, "/v1/completions", body)["choices"][0]["text"] for _ in range(2)]

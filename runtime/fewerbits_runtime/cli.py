@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read and check the manifest only (a streamed load): storage reachable, credentials "
                         f"accepted, artifact published; writes the manifest to --dest [{ENV['manifest_only']}=true]")
 
-    la = sub.add_parser("launch", help="check the GPU against the artifact format, then exec the command after --")
+    la = sub.add_parser("launch", help="check the GPU against the artifact format, then run the command after -- (its root cause becomes the termination message)")
     la.add_argument("--format", help=f"artifact format (default: read from the fetched manifest) [{ENV['format']}]")
     la.add_argument("--manifest", help=f"path of the fetched manifest [{ENV['manifest']}]")
     la.add_argument("--node-cc", help=f"compute capability the variant was planned for, e.g. 9.0 [{ENV['node_cc']}]")
@@ -230,7 +230,7 @@ def _check_manifest(opts, a: argparse.Namespace) -> int:
 
 
 def _run_launch(a: argparse.Namespace) -> int:
-    from .launch import check_stream_source, detect_gpu, exec_command, hold_in_use, model_dir_from_args, prepare, resolve_format
+    from .launch import check_stream_source, detect_gpu, hold_in_use, model_dir_from_args, prepare, resolve_format, supervise
 
     cmd = list(a.cmd)
     if cmd and cmd[0] == "--":
@@ -243,8 +243,7 @@ def _run_launch(a: argparse.Namespace) -> int:
     prepare(fmt, gpu, allow_unknown_gpu=not require)
     check_stream_source(cmd)
     hold_in_use(model_dir_from_args(cmd))
-    exec_command(cmd)
-    return EXIT_OK  # not reached: exec replaced the process
+    return supervise(cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

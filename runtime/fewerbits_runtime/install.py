@@ -17,7 +17,7 @@ import fewerbits_api
 
 from . import __file__ as _pkg_init
 
-LAUNCHER_MODULES = ("__init__.py", "__main__.py", "cli.py", "errors.py", "launch.py", "layout.py")
+LAUNCHER_MODULES = ("__init__.py", "__main__.py", "cli.py", "errors.py", "launch.py", "layout.py", "vllmlog.py")
 API_MODULES = ("formats.py", "names.py")
 """The modules of ``fewerbits_api`` the launcher imports (standard library only)."""
 

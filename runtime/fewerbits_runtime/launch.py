@@ -1,4 +1,5 @@
-"""The vLLM launch wrapper: check that this GPU can run the artifact's format, then exec vLLM.
+"""The vLLM launch wrapper: check that this GPU can run the artifact's format, then run vLLM as its
+child (``supervise``: its log passes through; its root cause becomes the termination message).
 
 The planner already placed the variant on a pool whose compute capability fits its format
 (the same ``cc_verdict``); this is the last line of defence against a mislabelled node or a
@@ -14,21 +15,26 @@ Compute capabilities are compared as numbers (10.0 > 9.0), never as strings.
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from fewerbits_api.formats import CC, FORMAT_FACTS, QuantFormat, cc_verdict, fmt_cc
 
-from .errors import ExecFailed, GPUIncompatible, StorageError, UsageError
+from .errors import ExecFailed, GPUIncompatible, StorageError, UsageError, termination_message, write_termination_message
+from .vllmlog import root_cause
 from .layout import DEST_MANIFEST_NAME, MARKER_NAME
 
 log = logging.getLogger("fewerbits.launch")
@@ -198,22 +204,73 @@ def prepare(fmt: QuantFormat, gpu: GPUInfo | None, allow_unknown_gpu: bool = Tru
     return verdict
 
 
-def exec_command(cmd: list[str]) -> None:
-    """Replace this process with the command, so signals (SIGTERM on pod deletion) reach vLLM
-    directly and its exit status is the container's."""
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+KEPT_LINES = 2000
+"""How much of the end of vLLM's output is kept to find its root cause (a start's traceback is a
+few hundred lines; the kubelet itself keeps only 2,048 bytes)."""
+
+
+def supervise(cmd: list[str], out: BinaryIO | None = None) -> int:
+    """Run vLLM as this process's child and return its exit status (128 + N for signal N, as a shell
+    does). Its output passes through line by line to ``out`` (the container's log, unchanged), and
+    the end of it is kept: when vLLM fails with an exception, its root cause (vllmlog.root_cause:
+    the engine core's own error, not the API server's "see root cause above") becomes the
+    container's termination message, which the operator shows in ``Ready=False PodsFailing``. An
+    argument error has no exception: the termination message stays empty and the kubelet's
+    FallbackToLogsOnError tail ("vllm: error: unrecognized arguments: ...") says it, as before.
+
+    Why not exec: after an exec nothing is left to read vLLM's log when it dies. SIGTERM, SIGINT,
+    SIGHUP, SIGQUIT and SIGUSR1/2 are forwarded to vLLM, so a pod's deletion still drains it."""
     if not cmd:
         raise UsageError("nothing to launch: give the command after '--'")
-    log.info("exec %s", " ".join(cmd[:2]) + (" ..." if len(cmd) > 2 else ""))
+    out = out if out is not None else sys.stdout.buffer
+    log.info("starting %s", " ".join(cmd[:2]) + (" ..." if len(cmd) > 2 else ""))
     for h in logging.getLogger().handlers:
         h.flush()
+    forwarded: list[int] = []
+    pending: list[int] = []
+    children: list[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: object) -> None:  # before the start too: delivered once it runs
+        forwarded.append(signum)
+        if children:
+            children[0].send_signal(signum)
+        else:
+            pending.append(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        os.execvp(cmd[0], cmd)
-    except OSError as e:
-        raise ExecFailed(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+        try:
+            children.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, close_fds=False))
+        except OSError as e:
+            raise ExecFailed(f"cannot start {cmd[0]!r}: {e.strerror}") from None
+        for signum in pending:
+            children[0].send_signal(signum)
+        kept = _pass_through(children[0].stdout, out)
+        rc = children[0].wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if rc > 0 and not forwarded and (cause := root_cause("\n".join(kept))):
+        write_termination_message(termination_message("launch", "VllmFailed", cause, rc, command=cmd[0]))
+    return 128 - rc if rc < 0 else rc
+
+
+def _pass_through(pipe: BinaryIO | None, out: BinaryIO) -> collections.deque[str]:
+    """Copy the child's output to ``out`` as it comes (line by line, flushed: a log reader sees each
+    line at once) until it closes; returns its last KEPT_LINES lines."""
+    kept: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
+    if pipe is None:
+        return kept
+    for line in iter(pipe.readline, b""):
+        out.write(line)
+        out.flush()
+        kept.append(line.decode("utf-8", errors="replace").rstrip("\n"))
+    return kept
 
 
 def hold_in_use(model_dir: str | None) -> int | None:
-    """Take a shared lock on a node-cache entry's marker and keep it across the ``exec``: the
+    """Take a shared lock on a node-cache entry's marker and keep it while vLLM runs (``supervise``): the
     node cache never evicts an entry whose marker someone holds (``fewerbits_runtime.nodecache``).
     Returns the descriptor, or None when ``model_dir`` holds no verified copy (a pod-local copy,
     or a streamed load)."""
@@ -235,7 +292,7 @@ def hold_in_use(model_dir: str | None) -> int | None:
 def check_stream_source(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 10.0) -> None:
     """For ``--load-format runai_streamer`` from ``s3://``: make sure the storage endpoint answers
     before vLLM starts, so an unreachable store fails the pod in seconds with the storage error in
-    its termination message (after the exec, vLLM's own failure would be all there is). Standard
+    its termination message (after vLLM starts, its own failure would be all there is). Standard
     library only: one TCP connection to the endpoint (``AWS_ENDPOINT_URL``, else the bucket's
     regional AWS host); credentials and the artifact itself were checked by the init container."""
     model = model_dir_from_args(cmd)

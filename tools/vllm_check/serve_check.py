@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import re
 import tempfile
 import time
 import urllib.error
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from e2e import procs, versions
 from fewerbits_operator.base.terminations import failure_line
+from fewerbits_runtime.vllmlog import root_cause
 
 SERVE_CHECK_VERSION = 2
 SHIM = Path(__file__).resolve().parents[2] / "e2e" / "vllm_cpu.py"
@@ -64,14 +64,6 @@ LOG_KEPT_LINES = 400
 KUBELET_TAIL_LINES, KUBELET_TAIL_BYTES = 80, 2048
 """FallbackToLogsOnError keeps the last 80 lines or 2048 bytes of the log, whichever is smaller
 (as e2e/podrunner.py does for its pods)."""
-_LOG_PREFIX = re.compile(r"^(\(\w+ pid=\d+\))?\s*(?:(?:ERROR|WARNING|INFO|DEBUG) \S+ \S+ \[[^\]]*\]\s?)?")
-"""vLLM's prefix on a process's log lines: `(EngineCore pid=7) ERROR 11-26 09:43:58 [core.py:1512] `."""
-_EXCEPTION_LINE = re.compile(r"^[\w.]*(?:Error|Exception)\b[^:]*:.*$")
-_WRAPPERS = ("Engine core initialization failed", "EngineCore encountered an issue")
-_NOT_CONTINUATION = ("Traceback", "File ", "During handling", "The above exception", "Process ", "[")
-"""The API server's own lines when its engine core died: they name no cause ("See root cause above")."""
-
-
 def cache_dir() -> Path:
     return versions.cache_dir() / "vllm-check" / "served"
 
@@ -94,25 +86,6 @@ def kubelet_message(log: Path) -> str:
     """The termination message FallbackToLogsOnError gives a container that exited with this log."""
     lines = log.read_text(errors="replace").splitlines()[-KUBELET_TAIL_LINES:]
     return "\n".join(lines)[-KUBELET_TAIL_BYTES:]
-
-
-def root_cause(log_text: str) -> str | None:
-    """vLLM's first exception line that is not the API server's wrapper (the engine core's own
-    error, printed above the wrapper), with the lines that continue its message (vLLM lists the
-    kernels it tried and why each refused on the lines after "Reasons:"), or None."""
-    lines = []
-    for raw in log_text.splitlines():
-        m = _LOG_PREFIX.match(raw.strip())
-        lines.append((m.group(1), raw.strip()[m.end():].strip()))
-    for i, (proc, line) in enumerate(lines):
-        if _EXCEPTION_LINE.match(line) and not any(w in line for w in _WRAPPERS):
-            more = []
-            for nxt_proc, nxt in lines[i + 1:i + 6]:
-                if nxt_proc != proc or not nxt or nxt.startswith(_NOT_CONTINUATION):
-                    break
-                more.append(nxt)
-            return " ".join([line, *more])[:600]
-    return None
 
 
 def _get(port: int, path: str) -> int:
