@@ -279,6 +279,24 @@ class AutoscalerMetrics:
 # ------------------------------------------------------------------ the loop
 
 
+@dataclass(frozen=True)
+class _Variant:
+    """One variant as a pass saw it: its workload, and the decision of its own rules."""
+
+    key: tuple[str, str, str]
+    """(namespace, model, variant)."""
+    workload: str
+    multinode: bool
+    decision: Decision
+    complete: bool
+    """Every ready pod gave metrics (capacity.rebalance moves no capacity on partial data)."""
+    failures: int
+
+    @property
+    def variant(self) -> str:
+        return self.key[2]
+
+
 @dataclass
 class VariantOutcome:
     """What one pass did for one variant (returned by run_once, for tests and logs)."""
@@ -396,95 +414,102 @@ class Autoscaler:
         auto = published_autoscaling(model)
         if auto is None or not auto.enabled:
             return []
-        cap = auto.policyMaxReplicas
-        status_serving = {s.get("variant"): s for s in ((model.get("status") or {}).get("serving") or [])}
-        outcomes: list[VariantOutcome] = []
-        updates: dict[str, dict[str, Any]] = {}
-        urgent = False
         workloads = [(dep, False) for dep in self.io.list_deployments(ns, f"{LABEL_MODEL}={name}")]
         if hasattr(self.io, "list_lws") and self.io.lws_available():
             # Multi-node variants: LeaderWorkerSets, whose replicas are groups (one leader each).
             workloads += [(lws, True) for lws in self.io.list_lws(ns, f"{LABEL_MODEL}={name}")]
-        observed = []
-        for dep, multinode in workloads:
-            dname = dep["metadata"]["name"]
-            variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
-            if not variant:
-                continue
-            current = self.io.read_lws_scale(ns, dname) if multinode else self.io.read_scale(ns, dname)
-            if current is None:
-                continue
-            key = (ns, name, variant)
-            seen.add(key)
-            # A group's leader serves its API and metrics; headless workers serve neither.
-            pods = self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"
-                                         + (f",{LABEL_COMPONENT}=server" if multinode else ""))
-            targets, not_ready = classify_pods(ns, pods)
-            results = self.source.sample(targets) if targets else {}
-            samples = [r for t in targets if isinstance(r := results.get(t.name), PodSample)]
-            failures = len(targets) - len(samples)
-            for t in targets:
-                r = results.get(t.name)
-                if not isinstance(r, PodSample):
-                    log.info("no metrics from %s/%s: %s", ns, t.name, getattr(r, "reason", "no result"))
-            if failures:
-                self.metrics.scrape_failures.inc(failures)
-            self._warn_missing_metrics(model, key, len(targets), failures)
-            obs = Observation(current, tuple(samples), failures, not_ready)
-            d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
-            self._history[key] = d.history
-            d = self._foresee(key, d, auto, cap, now, pods)
-            observed.append((dname, variant, key, multinode, current, d, obs.complete, failures))
-        if auto.placement == "cheapestPool" and len(observed) > 1:
-            # Routing follows capacity: the model's extra capacity goes to the cheapest pool per
-            # token (capacity.rebalance, the function the bench runs).
-            plan = ((model.get("status") or {}).get("plan") or {}).get("variants") or []
-            economics = economics_from_plan(plan, auto.poolCostWeights or {})
-            lo, hi = bounds(auto, cap)
-            placed = rebalance([(v, d, complete) for _, v, _, _, _, d, complete, _ in observed], lo, hi, economics,
-                               self.tuning)
-            observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, placed)]
+        observed = [v for dep, multinode in workloads
+                    if (v := self._variant(model, ns, name, dep, multinode, auto, now)) is not None]
+        seen |= {v.key for v in observed}
+        decisions = self._place(model, auto, observed)
         held_at = self.held(ns, name) if self.held is not None else None
-        stepped = through_one([keep_awake(o[5], held_at, now, float(auto.scaleDownDelaySeconds)) for o in observed],
-                              auto.minReplicas == 0)
-        observed = [o[:5] + (d,) + o[6:] for o, d in zip(observed, stepped)]
-        for dname, variant, key, multinode, current, d, _complete, failures in observed:
-            scaled = False
-            prev = status_serving.get(variant) or {}
-            last_scale = prev.get("lastScaleTime")
-            cause = prev.get("lastScaleCause")
-            if d.act:
-                (self.io.patch_lws_scale if multinode else self.io.patch_scale)(ns, dname, d.desired)
-                scaled = True
-                last_scale = rfc3339(now)
-                cause = "Predictive" if d.cause == "predictive" else "Reactive"
-                if d.cause == "predictive" and d.desired > current:
-                    self.metrics.predictive_ups.labels(*key).inc()
-                self.metrics.scale_events.labels(d.direction or ("up" if d.desired > current else "down")).inc()
-                log.info("%s/%s: %s", ns, dname, d.reason)
-                self.io.post_event(model, "Normal", "ScaledUp" if d.desired > current else "ScaledDown",
-                                   f"{dname}: {d.reason}")
-            self.metrics.desired.labels(*key).set(d.desired)
-            if d.avg_kv is not None:
-                self.metrics.kv.labels(*key).set(d.avg_kv)
-                self.metrics.waiting.labels(*key).set(d.avg_waiting or 0.0)
-            fields = {
-                "desiredReplicas": d.desired,
-                "kvCacheUsage": round(d.avg_kv, 3) if d.avg_kv is not None else None,
-                "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
-                "lastScaleTime": last_scale,
-                "podsWithoutMetrics": failures or None,
-                "forecast": forecast_status(self._forecasts.get(key)),
-                "lastScaleCause": cause,
-            }
-            if prev and any(prev.get(k) != v for k, v in fields.items()):
-                updates[variant] = fields
-                urgent |= prev.get("desiredReplicas") != d.desired or prev.get("lastScaleTime") != last_scale \
-                    or prev.get("podsWithoutMetrics") != fields["podsWithoutMetrics"]
-            outcomes.append(VariantOutcome(ns, name, variant, dname, d, scaled))
-        if updates:
-            last = self._status_written.get((ns, name))
-            if urgent or last is None or now - last >= self.status_interval:
-                self.io.patch_serving_status(ns, name, updates)
-                self._status_written[(ns, name)] = now
+        decisions = through_one([keep_awake(d, held_at, now, float(auto.scaleDownDelaySeconds)) for d in decisions],
+                                auto.minReplicas == 0)
+        status_serving = {s.get("variant"): s for s in ((model.get("status") or {}).get("serving") or [])}
+        outcomes: list[VariantOutcome] = []
+        updates: dict[str, dict[str, Any]] = {}
+        urgent = False
+        for v, d in zip(observed, decisions):
+            prev = status_serving.get(v.variant) or {}
+            fields = self._act(model, v, d, prev, now)
+            if prev and any(prev.get(k) != x for k, x in fields.items()):
+                updates[v.variant] = fields
+                urgent |= any(prev.get(k) != fields[k] for k in ("desiredReplicas", "lastScaleTime", "podsWithoutMetrics"))
+            outcomes.append(VariantOutcome(ns, name, v.variant, v.workload, d, d.act))
+        last = self._status_written.get((ns, name))
+        if updates and (urgent or last is None or now - last >= self.status_interval):
+            self.io.patch_serving_status(ns, name, updates)
+            self._status_written[(ns, name)] = now
         return outcomes
+
+    def _variant(self, model: dict[str, Any], ns: str, name: str, dep: dict[str, Any], multinode: bool,
+                 auto: EffectiveAutoscaling, now: float) -> _Variant | None:
+        """One variant's observation and its reactive + predictive decision (None: not a variant of
+        the model, or its scale is unreadable)."""
+        workload = dep["metadata"]["name"]
+        variant = (dep["metadata"].get("labels") or {}).get(LABEL_VARIANT)
+        if not variant:
+            return None
+        current = self.io.read_lws_scale(ns, workload) if multinode else self.io.read_scale(ns, workload)
+        if current is None:
+            return None
+        key = (ns, name, variant)
+        # A group's leader serves its API and metrics; headless workers serve neither.
+        pods = self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_VARIANT}={variant}"
+                                     + (f",{LABEL_COMPONENT}=server" if multinode else ""))
+        targets, not_ready = classify_pods(ns, pods)
+        results = self.source.sample(targets) if targets else {}
+        samples = [r for t in targets if isinstance(r := results.get(t.name), PodSample)]
+        failures = len(targets) - len(samples)
+        for t in targets:
+            if not isinstance(r := results.get(t.name), PodSample):
+                log.info("no metrics from %s/%s: %s", ns, t.name, getattr(r, "reason", "no result"))
+        if failures:
+            self.metrics.scrape_failures.inc(failures)
+        self._warn_missing_metrics(model, key, len(targets), failures)
+        obs = Observation(current, tuple(samples), failures, not_ready)
+        cap = auto.policyMaxReplicas
+        d = decide(auto, cap, obs, self._history.get(key, History()), now, self.tuning)
+        self._history[key] = d.history
+        d = self._foresee(key, d, auto, cap, now, pods)
+        return _Variant(key, workload, multinode, d, obs.complete, failures)
+
+    def _place(self, model: dict[str, Any], auto: EffectiveAutoscaling, observed: list[_Variant]) -> list[Decision]:
+        """``placement: cheapestPool``: routing follows capacity, the model's extra capacity goes to
+        the cheapest pool per token (capacity.rebalance, the function the bench runs)."""
+        decisions = [v.decision for v in observed]
+        if auto.placement != "cheapestPool" or len(observed) < 2:
+            return decisions
+        plan = ((model.get("status") or {}).get("plan") or {}).get("variants") or []
+        economics = economics_from_plan(plan, auto.poolCostWeights or {})
+        lo, hi = bounds(auto, auto.policyMaxReplicas)
+        return rebalance([(v.variant, v.decision, v.complete) for v in observed], lo, hi, economics, self.tuning)
+
+    def _act(self, model: dict[str, Any], v: _Variant, d: Decision, prev: dict[str, Any], now: float) -> dict[str, Any]:
+        """Write the scale when the decision acts (with its Event and metrics); returns the variant's
+        autoscaler-owned status fields."""
+        ns, _, _ = v.key
+        last_scale, cause = prev.get("lastScaleTime"), prev.get("lastScaleCause")
+        if d.act:
+            (self.io.patch_lws_scale if v.multinode else self.io.patch_scale)(ns, v.workload, d.desired)
+            last_scale = rfc3339(now)
+            cause = "Predictive" if d.cause == "predictive" else "Reactive"
+            if d.cause == "predictive" and d.desired > d.current:
+                self.metrics.predictive_ups.labels(*v.key).inc()
+            self.metrics.scale_events.labels(d.direction or ("up" if d.desired > d.current else "down")).inc()
+            log.info("%s/%s: %s", ns, v.workload, d.reason)
+            self.io.post_event(model, "Normal", "ScaledUp" if d.desired > d.current else "ScaledDown",
+                               f"{v.workload}: {d.reason}")
+        self.metrics.desired.labels(*v.key).set(d.desired)
+        if d.avg_kv is not None:
+            self.metrics.kv.labels(*v.key).set(d.avg_kv)
+            self.metrics.waiting.labels(*v.key).set(d.avg_waiting or 0.0)
+        return {
+            "desiredReplicas": d.desired,
+            "kvCacheUsage": round(d.avg_kv, 3) if d.avg_kv is not None else None,
+            "waitingRequests": round(d.avg_waiting, 1) if d.avg_waiting is not None else None,
+            "lastScaleTime": last_scale,
+            "podsWithoutMetrics": v.failures or None,
+            "forecast": forecast_status(self._forecasts.get(v.key)),
+            "lastScaleCause": cause,
+        }
