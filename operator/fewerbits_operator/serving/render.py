@@ -158,18 +158,7 @@ def render_job(
     ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
     first); without it, the operator's fixed requests and the placement's GPUs."""
     assert spec.storage is not None
-    source_mount = None
-    volumes: list[dict[str, Any]] = [
-        {"name": "work", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
-    if spec.source.scheme == "pvc":
-        # The claim's root is mounted; the Job reads <source.mountPath>/<path>.
-        claim = spec.source.uri.removeprefix("pvc://").partition("/")[0]
-        source_mount = "/source"
-        volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
+    volumes, mounts, source_mount = _job_volumes(spec)
     # What decides the bytes travels once, in keyInputs (source, format, ignore, calibration).
     contract = QuantJobContract(
         key=artifact.key,
@@ -192,41 +181,8 @@ def render_job(
         sized = job_resources(size, placement, settings, artifact.job_name)
         resources, volumes[0], deadline = sized.resources, sized.work_volume, sized.deadline_seconds
     labels = {**MANAGED_BY, LABEL_COMPONENT: "quantize", LABEL_ARTIFACT: artifact.key[:63]}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": dict(POD_SECURITY),
-        "containers": [{
-            "name": "quantize",
-            "image": settings.quantjob_image,
-            "env": [
-                {"name": CONTRACT_ENV, "value": contract.to_json()},
-                {"name": "HOME", "value": "/work"},
-                {"name": "HF_HOME", "value": "/work/hf"},
-                {"name": "PYTHONUNBUFFERED", "value": "1"},
-                *source_credential_env(spec.source),
-                *storage_credential_env(spec.storage),
-                *endpoint_rule_env(settings),
-            ],
-            "resources": resources,
-            "securityContext": dict(CONTAINER_SECURITY),
-            "volumeMounts": mounts,
-            "terminationMessagePath": TERMINATION_LOG_DEFAULT,
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }],
-        "volumes": volumes,
-    }
-    if gpus:
-        pod_spec["tolerations"] = [dict(GPU_TOLERATION)]
-    if placement.nodeSelector:
-        pod_spec["nodeSelector"] = dict(placement.nodeSelector)
-    elif size is not None and size.gpus and pool_selector:
-        pod_spec.update(pool_placement(pool_selector))  # the pools the sizing found able to run it
-    if placement.tolerations:  # added to the GPU toleration, never instead of it
-        pod_spec["tolerations"] = pod_spec.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
-    if placement.priorityClassName:
-        pod_spec["priorityClassName"] = placement.priorityClassName
+    pod_spec = _job_pod_spec(spec, settings, contract, resources, mounts, volumes)
+    pod_spec.update(_job_scheduling(placement, gpus, size, pool_selector))
     job_labels = dict(labels)
     if placement.kueue is not None:  # Kueue admits it: created suspended, in its LocalQueue
         job_labels.update(kueue_labels(placement.kueue.localQueueName, placement.kueue.workloadPriorityClassName))
@@ -253,6 +209,68 @@ def render_job(
             **({"suspend": True} if placement.kueue is not None else {}),
         },
     })
+
+
+def _job_volumes(spec: QuantizedModelSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The Job's volumes (``work`` first: the sizing may replace it), mounts, and where a ``pvc://``
+    source's claim is mounted (its root; the Job reads ``<mountPath>/<path>``)."""
+    volumes: list[dict[str, Any]] = [{"name": "work", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    mounts = [{"name": "work", "mountPath": "/work"}, {"name": "tmp", "mountPath": "/tmp"}]
+    if spec.source.scheme != "pvc":
+        return volumes, mounts, None
+    claim = spec.source.uri.removeprefix("pvc://").partition("/")[0]
+    volumes.append({"name": "source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+    mounts.append({"name": "source", "mountPath": "/source", "readOnly": True})
+    return volumes, mounts, "/source"
+
+
+def _job_pod_spec(spec: QuantizedModelSpec, settings: OperatorSettings, contract: QuantJobContract,
+                  resources: dict[str, Any], mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """The quantize container in a restricted pod: the contract and credentials by env, never args."""
+    return {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": dict(POD_SECURITY),
+        "containers": [{
+            "name": "quantize",
+            "image": settings.quantjob_image,
+            "env": [
+                {"name": CONTRACT_ENV, "value": contract.to_json()},
+                {"name": "HOME", "value": "/work"},
+                {"name": "HF_HOME", "value": "/work/hf"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                *source_credential_env(spec.source),
+                *storage_credential_env(spec.storage),
+                *endpoint_rule_env(settings),
+            ],
+            "resources": resources,
+            "securityContext": dict(CONTAINER_SECURITY),
+            "volumeMounts": mounts,
+            "terminationMessagePath": TERMINATION_LOG_DEFAULT,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }],
+        "volumes": volumes,
+    }
+
+
+def _job_scheduling(placement: QuantizationJobPlacement, gpus: int, size: QuantizationJobSize | None,
+                    pool_selector: dict[str, str] | list[dict[str, str]] | None) -> dict[str, Any]:
+    """Where the Job's pod may run: GPU toleration, the placement's node selector (else the pools the
+    sizing found able to run it), the placement's own tolerations (added, never instead) and priority."""
+    out: dict[str, Any] = {}
+    if gpus:
+        out["tolerations"] = [dict(GPU_TOLERATION)]
+    if placement.nodeSelector:
+        out["nodeSelector"] = dict(placement.nodeSelector)
+    elif size is not None and size.gpus and pool_selector:
+        out.update(pool_placement(pool_selector))
+    if placement.tolerations:
+        out["tolerations"] = out.get("tolerations", []) + [t.to_wire() for t in placement.tolerations]
+    if placement.priorityClassName:
+        out["priorityClassName"] = placement.priorityClassName
+    return out
 
 
 # ------------------------------------------------------------------ serving
