@@ -613,15 +613,9 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         target_len = limit
 
     if request.format is not QuantFormat.NONE:
-        findings = ignore_findings(shape, request.ignore)
-        if findings.nothing_quantized and shape.source_quantization is None:
-            return RejectedPool(pool=pool.name, reason=(
-                "spec.quantization.ignore matches every Linear layer of the model: nothing would be quantized; "
-                "name fewer layers, or set format none to serve the model at 16 bits"))
-        for entry in findings.unmatched:
-            warnings.append(f"spec.quantization.ignore entry {entry!r} matches no layer of this model "
-                            f"({shape.model_type}); it keeps nothing at 16 bits")
-        warnings.extend(_effective(tuple(shape.arch_config.items()), tuple(request.ignore)).warnings)
+        rejected = _ignore_warnings(shape, pool, request, warnings)
+        if rejected is not None:
+            return rejected
 
     if shape.source_quantization is not None:
         return _plan_as_is(shape, pool, request, dtype, kv_dtype, target_len, warnings)
@@ -634,32 +628,60 @@ def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVar
         request = request.model_copy(update={"format": QuantFormat.NONE})
 
     if request.format is not QuantFormat.AUTO:
-        fmt = request.format
-        if not request.allows(fmt):
-            allowed = ", ".join(f.value for f in request.allowed_formats or ())
-            return RejectedPool(pool=pool.name, reason=f"format {fmt.value} is not allowed by the policy (allowedFormats: {allowed})")
-        if fmt in FORMAT_BLOCKERS:
-            return RejectedPool(pool=pool.name, reason=FORMAT_BLOCKERS[fmt])
-        support, why = kernel_support(fmt, pool.cc)
-        if support == "refused":
-            return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
-        if support == "fallback":
-            warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
-        fit = _or_across_nodes(shape, pool, fit_format(shape, pool, fmt, kv_dtype, target_len, request),
-                               kv_dtype, target_len, request, warnings)
-        if fit.tp is None:
-            hint = ""
-            chain, _ = _auto_chain(pool, request)
-            for alt in chain:
-                if alt is fmt:
-                    continue
-                alt_fit = fit_format(shape, pool, alt, kv_dtype, target_len, request)
-                if alt_fit.tp is not None:
-                    hint = f"; it would fit at {alt.value} (tensor parallelism {alt_fit.tp})"
-                    break
-            return RejectedPool(pool=pool.name, reason=fit.reason + hint)
-        return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+        return _plan_format(shape, pool, request, dtype, kv_dtype, target_len, warnings)
+    return _plan_auto(shape, pool, request, dtype, kv_dtype, target_len, warnings)
 
+
+def _ignore_warnings(shape: ModelShape, pool: GPUPool, request: PlanRequest, warnings: list[str]) -> RejectedPool | None:
+    """spec.quantization.ignore against the model's layers: a rejection when it keeps every layer
+    at 16 bits (nothing to quantize), else a warning per entry that matches nothing."""
+    findings = ignore_findings(shape, request.ignore)
+    if findings.nothing_quantized and shape.source_quantization is None:
+        return RejectedPool(pool=pool.name, reason=(
+            "spec.quantization.ignore matches every Linear layer of the model: nothing would be quantized; "
+            "name fewer layers, or set format none to serve the model at 16 bits"))
+    for entry in findings.unmatched:
+        warnings.append(f"spec.quantization.ignore entry {entry!r} matches no layer of this model "
+                        f"({shape.model_type}); it keeps nothing at 16 bits")
+    warnings.extend(_effective(tuple(shape.arch_config.items()), tuple(request.ignore)).warnings)
+    return None
+
+
+def _plan_format(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: str, kv_dtype: str,
+                 target_len: int | None, warnings: list[str]) -> PlanVariant | RejectedPool:
+    """The format the request names (not auto): allowed, runnable on this GPU, and fitting (on one
+    node, else across the pool's nodes); a rejection names the first format of the chain that would fit."""
+    fmt = request.format
+    if not request.allows(fmt):
+        allowed = ", ".join(f.value for f in request.allowed_formats or ())
+        return RejectedPool(pool=pool.name, reason=f"format {fmt.value} is not allowed by the policy (allowedFormats: {allowed})")
+    if fmt in FORMAT_BLOCKERS:
+        return RejectedPool(pool=pool.name, reason=FORMAT_BLOCKERS[fmt])
+    support, why = kernel_support(fmt, pool.cc)
+    if support == "refused":
+        return RejectedPool(pool=pool.name, reason=f"{why}; use format auto or a format this GPU runs")
+    if support == "fallback":
+        warnings.append(f"{fmt.value} below compute capability {_cc(FORMAT_FACTS[fmt].native_min_cc)}: {why}")
+    fit = _or_across_nodes(shape, pool, fit_format(shape, pool, fmt, kv_dtype, target_len, request),
+                           kv_dtype, target_len, request, warnings)
+    if fit.tp is not None:
+        return _finish(shape, pool, fit, dtype, kv_dtype, request, warnings)
+    hint = ""
+    chain, _ = _auto_chain(pool, request)
+    for alt in chain:
+        if alt is fmt:
+            continue
+        alt_fit = fit_format(shape, pool, alt, kv_dtype, target_len, request)
+        if alt_fit.tp is not None:
+            hint = f"; it would fit at {alt.value} (tensor parallelism {alt_fit.tp})"
+            break
+    return RejectedPool(pool=pool.name, reason=fit.reason + hint)
+
+
+def _plan_auto(shape: ModelShape, pool: GPUPool, request: PlanRequest, dtype: str, kv_dtype: str,
+               target_len: int | None, warnings: list[str]) -> PlanVariant | RejectedPool:
+    """Format auto: the first format of the pool's chain that fits on one node, else the first that
+    fits across the pool's nodes; a rejection gives the reason of the format with the fewest bytes."""
     chain, notes = _auto_chain(pool, request)
     warnings += notes
     chain = [f for f in chain if f is QuantFormat.NONE or not quantize_blocker(shape.model_type, f.value)]
