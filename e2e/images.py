@@ -29,12 +29,14 @@ Pure functions decide (`security_args`, `run_argv`, `pull_needed`, `pull_argv`,
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -272,3 +274,13 @@ class Podman:
             m = re.search(rf"{re.escape(LABEL)}:(\d+)", labels)
             if m and not Path(f"/proc/{m.group(1)}").exists():
                 self.run("rm", "-f", "--ignore", name, check=False)
+
+
+def load_check(path: Path):
+    """A check script of images/ (run inside the images, standard library only, not a package module)
+    loaded by path, for the tests that run its functions here."""
+    spec = importlib.util.spec_from_file_location(path.stem + "_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

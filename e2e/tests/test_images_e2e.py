@@ -18,11 +18,9 @@ container of the project's images runs from what was pulled from the registry by
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,16 +47,8 @@ def _pyproject() -> dict:
 VERSION = _pyproject()["project"]["version"]
 
 
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem + "_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-IMPORTS = _load(images.REPO / "images" / "check" / "imports.py")
-REQUIREMENTS = _load(images.REPO / "images" / "steps" / "requirements.py")
+IMPORTS = images.load_check(images.REPO / "images" / "check" / "imports.py")
+REQUIREMENTS = images.load_check(images.REPO / "images" / "steps" / "requirements.py")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +116,7 @@ def read_only_violations(pods_dir: Path) -> dict[str, list[str]]:
 def image_cluster(pushed, node_store):
     import yaml
 
-    chart = yaml.safe_load((images.REPO / "charts" / "fewerbits" / "Chart.yaml").read_text())
+    chart = yaml.safeimages.load_check((images.REPO / "charts" / "fewerbits" / "Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION, "the chart's appVersion and the images' tag must agree"
     state = Path(tempfile.mkdtemp(prefix="fewerbits-e2e-images-"))
     # The pod runner reads both when the cluster starts it: image mode, on the empty node storage.

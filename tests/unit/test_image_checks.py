@@ -4,27 +4,19 @@ with an SBOM, and images/digests.json's entries (images/check/digests.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from e2e.images import load_check
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "crds", ROOT / "operator", ROOT / "quantjob", ROOT / "runtime"]
 
 
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem + "_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-imports = _load(ROOT / "images" / "check" / "imports.py")
-digests = _load(ROOT / "images" / "check" / "digests.py")
+imports = load_check(ROOT / "images" / "check" / "imports.py")
+digests = load_check(ROOT / "images" / "check" / "digests.py")
 
 
 def _closure(root: str) -> dict:
@@ -113,7 +105,7 @@ def test_the_committed_sboms_list_every_pin_the_image_declares(name):
     rebuild (lm-eval once never reached the quantjob image) fails here, naming the pin."""
     import tomllib
 
-    requirements = _load(ROOT / "images" / "steps" / "requirements.py")
+    requirements = load_check(ROOT / "images" / "steps" / "requirements.py")
     declared = requirements.requirements(name, tomllib.loads((ROOT / "pyproject.toml").read_text()))
     sbom = json.loads((ROOT / "images" / "sbom" / f"fewerbits-{name}.cdx.json").read_text())
     assert imports.sbom_problems({"imports": {}}, sbom, declared) == []
