@@ -33,7 +33,8 @@ SERVED = ["--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny", 
           "--gpu-memory-utilization", "0.9"]
 """bf16 weights with the FP8 KV cache, as the operator renders it for an H100."""
 ONE_POD: dict[str, str] = {}
-"""The single pod's greedy completion of PROMPT: what the pipeline-parallel pair must answer too."""
+"""The single pod's greedy completion of PROMPT (what the pipeline-parallel pair must answer too),
+kept so that the pair's test reuses the first test's answer instead of serving it again."""
 STAND_IN_MARK = "fewerbits e2e: vLLM's CPU build for `vllm"
 """The line e2e/vllm_cpu.py writes before it execs vLLM: present in a log means vLLM was started."""
 
@@ -91,11 +92,7 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     api = client.CoreV1Api(cluster.api_client())
     apps = client.AppsV1Api(cluster.api_client())
     served = [*SERVED, "--enforce-eager"]
-    apps.create_namespaced_deployment(namespace, {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cpu"},
-        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cpu"}},
-                 "template": {"metadata": {"labels": {"app": "cpu"}},
-                              "spec": _pod_spec(model, ["--format", "none", "--node-cc", "9.0"], served)}}})
+    _start_one(apps, namespace, model)
     # Beside it, two pods that never start a server. An FP8-block artifact on an A100 (CC 8.0): the
     # launcher refuses before vLLM. A flag vLLM does not know: vLLM's parser refuses it.
     api.create_namespaced_pod(namespace, {"metadata": {"name": "refused"}, "spec": _pod_spec(
@@ -110,15 +107,12 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     assert verdict["computeCapability"] == "8.0", verdict
     assert STAND_IN_MARK not in cluster.pod_logs(namespace, "refused", "vllm")
 
-    wait_for("Deployment available", lambda: (apps.read_namespaced_deployment("cpu", namespace).status.ready_replicas
-                                              or 0) == 1, timeout=420, interval=1)
-    [pod] = pods(api, namespace, "app=cpu")
+    pod = _ready_one(api, apps, namespace)
     ip = pod.status.pod_ip
     log = cluster.pod_logs(namespace, pod.metadata.name, "vllm")
     assert STAND_IN_MARK in log  # the launcher started `vllm`, the stand-in started vLLM
     prompt = PROMPT
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0}
-    answers = [_post(ip, "/v1/completions", body)["choices"][0]["text"] for _ in range(2)]
+    answers = [_complete(ip) for _ in range(2)]
     assert answers[0] and answers[0] == answers[1], answers  # greedy: real text, the same twice
     ONE_POD["completion"] = answers[0]
     scored = _post(ip, "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0,
@@ -139,8 +133,43 @@ def test_vllm_cpu_image_runs_the_launcher_then_real_vllm(cluster, gpu_pool, name
     assert bad.exit_code != 0 and "--no-such-vllm-flag" in (bad.message or ""), bad.message
     print(f"\nvLLM CPU: completion {answers[0]!r}; prompt logprobs of {len(logprobs)} tokens")
     # At most two vLLM servers per test worker: this one is gone before the pair below starts.
+    _stop_one(api, apps, namespace)
+
+
+def _start_one(apps, namespace: str, model: str) -> None:
+    """The single pod: a Deployment of one, bf16 with the FP8 KV cache, on one GPU of an L4 node."""
+    apps.create_namespaced_deployment(namespace, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cpu"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cpu"}},
+                 "template": {"metadata": {"labels": {"app": "cpu"}}, "spec": _pod_spec(
+                     model, ["--format", "none", "--node-cc", "9.0"], [*SERVED, "--enforce-eager"])}}})
+
+
+def _ready_one(api, apps, namespace: str):
+    wait_for("Deployment available", lambda: (apps.read_namespaced_deployment("cpu", namespace).status.ready_replicas
+                                              or 0) == 1, timeout=420, interval=1)
+    [pod] = pods(api, namespace, "app=cpu")
+    return pod
+
+
+def _stop_one(api, apps, namespace: str) -> None:
     apps.delete_namespaced_deployment("cpu", namespace)
     wait_for("the served pod gone", lambda: not pods(api, namespace, "app=cpu"), timeout=120, interval=1)
+
+
+def _complete(ip: str) -> str:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
+    return _post(ip, "/v1/completions", body)["choices"][0]["text"]
+
+
+def _one_pod_completion(api, apps, namespace: str, model: str) -> str:
+    """The single pod's greedy completion of PROMPT: from the test above when it ran in this worker,
+    else served here (one pod, stopped before the pair starts: two vLLM servers at most)."""
+    if "completion" not in ONE_POD:
+        _start_one(apps, namespace, model)
+        ONE_POD["completion"] = _complete(_ready_one(api, apps, namespace).status.pod_ip)
+        _stop_one(api, apps, namespace)
+    return ONE_POD["completion"]
 
 
 def test_two_pods_one_pipeline_stage_each_answer_what_one_pod_answered(cluster, gpu_pool, namespace):
@@ -152,10 +181,10 @@ def test_two_pods_one_pipeline_stage_each_answer_what_one_pod_answered(cluster, 
     tests/integration/test_multinode.py, checks the expansion in the controller's own pods, with the
     simulator, since its scaling and worker-loss steps need many pod starts). Greedy decoding across
     the two stages gives the single pod's completion (the test above)."""
-    assert ONE_POD, "the single-pod test above must run first (same file, same worker)"
     gpu_pool("l4-pp", "NVIDIA-L4", nodes=2, gpus_per_node=1)  # one GPU each: the pods land on two nodes
     model = str(build_test_model())
     api = client.CoreV1Api(cluster.api_client())
+    one_pod = _one_pod_completion(api, client.AppsV1Api(cluster.api_client()), namespace, model)
     shared = [*SERVED, *multinode_args(SimpleNamespace(nodesPerReplica=2))]
     launch = ["--format", "none", "--node-cc", "8.9"]
     leader = _pod_spec(model, launch, [*shared, *leader_args()], restart="Never")
@@ -186,7 +215,7 @@ def test_two_pods_one_pipeline_stage_each_answer_what_one_pod_answered(cluster, 
     wait_for("the pipeline-parallel leader ready", leader_ready, timeout=600, interval=2)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     answer = _post(leader_ip, "/v1/completions", body)["choices"][0]["text"]
-    assert answer == ONE_POD["completion"], (answer, ONE_POD)
+    assert answer == one_pod, (answer, one_pod)
     log = cluster.pod_logs(namespace, "stage-1", "vllm")
     assert "headless multiproc executor" in log, log[-2000:]  # the worker ran as vLLM's headless stage
     print(f"\nvLLM CPU, pipeline parallel over two pods: {answer!r}")
