@@ -52,6 +52,13 @@ NAME = "fewerbits-e2e"
 RELEASE = "fb"
 CHART_NAMESPACE = "fewerbits-system"
 METRICS_SERVICE = f"{RELEASE}-fewerbits-metrics"
+OPERATOR_MONITOR = f"{RELEASE}-fewerbits"
+"""The chart's ServiceMonitor of the operator (its metrics Service)."""
+VLLM_MONITOR = f"{RELEASE}-fewerbits-vllm"
+"""The chart's PodMonitor of the serving pods."""
+ACTIVATOR_MONITOR = f"{RELEASE}-fewerbits-activator"
+"""The chart's ServiceMonitor of the activator's Deployment (the e2e runs the activator as a host
+process, so its job has no target here; the Prometheus Operator still turns it into a job)."""
 SCRAPE_INTERVAL = "1s"
 """Every monitor and the Prometheus scrape every second, so tests wait seconds, not minutes."""
 CHART_VALUES = [
@@ -82,8 +89,9 @@ def crd_name(f: Path) -> str:
 
 
 def chart_objects() -> list[dict[str, Any]]:
-    """The chart's ServiceMonitor, PodMonitor and the metrics Service the ServiceMonitor selects
-    (cluster scope: the PodMonitor looks in every namespace, as the session operator watches)."""
+    """The chart's ServiceMonitors (operator, activator), PodMonitor and the metrics Service the
+    operator's ServiceMonitor selects (cluster scope: the PodMonitor looks in every namespace, as the
+    session operator watches)."""
     versions.ensure_built("helm")
     root = Path(__file__).resolve().parents[2]
     args = [str(versions.binary("helm")), "template", RELEASE, str(root / "charts" / "fewerbits"),
@@ -92,9 +100,6 @@ def chart_objects() -> list[dict[str, Any]]:
         args += ["--set", v]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
-    # The operator's monitors only: the activator's ServiceMonitor (its own Deployment, run by the
-    # `activator` fixture as a process) is the chart's too, but these tests scrape the operator.
-    docs = [d for d in docs if (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component") != "activator"]
     return [d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor")
             or (d["kind"] == "Service" and d["metadata"]["name"] == METRICS_SERVICE)]
 
@@ -125,9 +130,10 @@ def prometheus_version() -> str:
 
 
 def expected_jobs(objects: list[dict[str, Any]]) -> dict[str, str]:
-    """The scrape job each monitor's first endpoint becomes (the operator's naming:
+    """The scrape job each monitor's first endpoint becomes, by monitor name (the operator's naming:
     ``serviceMonitor/<namespace>/<name>/0``, ``podMonitor/<namespace>/<name>/0``)."""
-    return {o["kind"]: f"{o['kind'][0].lower()}{o['kind'][1:]}/{o['metadata']['namespace']}/{o['metadata']['name']}/0"
+    return {o["metadata"]["name"]: f"{o['kind'][0].lower()}{o['kind'][1:]}/{o['metadata']['namespace']}/"
+                                   f"{o['metadata']['name']}/0"
             for o in objects if o["kind"] in ("ServiceMonitor", "PodMonitor")}
 
 

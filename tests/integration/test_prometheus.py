@@ -128,15 +128,15 @@ def test_the_operator_generated_jobs_scrape_both_monitors(cluster, observed, ope
     ns, jobs = observed, prometheus_operator.jobs
     # The jobs are the operator's: read back from the Secret it wrote, not from this harness.
     assert set(jobs.values()) <= set(po.scrape_jobs(po.generated_config(cluster))), jobs
-    assert set(jobs) == {"ServiceMonitor", "PodMonitor"}
+    assert set(jobs) == {po.OPERATOR_MONITOR, po.VLLM_MONITOR, po.ACTIVATOR_MONITOR}
     core = client.CoreV1Api(cluster.api_client())
     names = sorted(p.metadata.name for p in ready_pods(core, ns))
     (op,) = prometheus.wait("the ServiceMonitor's job to scrape the operator", lambda: [
-        t for t in up_targets(prometheus, jobs["ServiceMonitor"]) if t["labels"].get("service") == po.METRICS_SERVICE])
+        t for t in up_targets(prometheus, jobs[po.OPERATOR_MONITOR]) if t["labels"].get("service") == po.METRICS_SERVICE])
     assert op["scrapeUrl"].endswith(f":{operator.metrics_port}/metrics"), op
 
     def pod_targets() -> list[dict[str, Any]] | None:
-        ts = [t for t in up_targets(prometheus, jobs["PodMonitor"]) if t["labels"].get("namespace") == ns]
+        ts = [t for t in up_targets(prometheus, jobs[po.VLLM_MONITOR]) if t["labels"].get("namespace") == ns]
         return ts if sorted(t["labels"]["pod"] for t in ts) == names else None
     pods = prometheus.wait("the PodMonitor's job to scrape both serving pods", pod_targets)
     # The same targets in Prometheus's own `up` series (a target's labels are its series' labels).
@@ -218,7 +218,7 @@ def test_every_dashboard_panel_returns_data(cluster, observed, prometheus_operat
     dash = json.loads(DASHBOARD.read_text())
     # The operator (a host process listed in the chart's metrics Service) is scraped by the
     # ServiceMonitor's job.
-    prometheus.wait("the operator scraped", lambda: up_targets(prometheus, prometheus_operator.jobs["ServiceMonitor"]))
+    prometheus.wait("the operator scraped", lambda: up_targets(prometheus, prometheus_operator.jobs[po.OPERATOR_MONITOR]))
     core = client.CoreV1Api(cluster.api_client())
     set_load(core, ns, MODEL, 0.5, 1, 2)
 

@@ -86,7 +86,7 @@ def test_the_e2e_prometheus_selects_the_chart_monitors_and_they_reach_the_operat
     two monitors, the ServiceMonitor selects the metrics Service, whose port leads to the operator
     pod's metrics port; the jobs it waits for are named as the Prometheus Operator names them."""
     objs = po.chart_objects()
-    (sm,) = by_kind(objs, "ServiceMonitor")
+    sm, activator = sorted(by_kind(objs, "ServiceMonitor"), key=lambda m: m["metadata"]["name"] != po.OPERATOR_MONITOR)
     (pm,) = by_kind(objs, "PodMonitor")
     (svc,) = by_kind(objs, "Service")
     spec = po.prometheus_resource(SimpleNamespace(server="https://127.0.0.1:6443", state_dir=Path("/s")),
@@ -105,8 +105,12 @@ def test_the_e2e_prometheus_selects_the_chart_monitors_and_they_reach_the_operat
     pod = dep["spec"]["template"]
     assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     assert port["targetPort"] in {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert (sm["metadata"]["name"], pm["metadata"]["name"], activator["metadata"]["name"]) == (
+        po.OPERATOR_MONITOR, po.VLLM_MONITOR, po.ACTIVATOR_MONITOR)
+    assert _matches(spec["serviceMonitorSelector"], activator["metadata"]["labels"])
     assert po.expected_jobs(objs) == {
-        "ServiceMonitor": f"serviceMonitor/fewerbits-system/{sm['metadata']['name']}/0",
-        "PodMonitor": f"podMonitor/fewerbits-system/{pm['metadata']['name']}/0"}
+        po.OPERATOR_MONITOR: f"serviceMonitor/fewerbits-system/{po.OPERATOR_MONITOR}/0",
+        po.VLLM_MONITOR: f"podMonitor/fewerbits-system/{po.VLLM_MONITOR}/0",
+        po.ACTIVATOR_MONITOR: f"serviceMonitor/fewerbits-system/{po.ACTIVATOR_MONITOR}/0"}
     # Every monitor scrapes at the e2e interval, within it.
     assert {e["interval"] for e in sm["spec"]["endpoints"] + pm["spec"]["podMetricsEndpoints"]} == {po.SCRAPE_INTERVAL}
