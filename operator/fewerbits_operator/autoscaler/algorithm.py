@@ -168,102 +168,55 @@ def _drain_eta(history: History, waiting: float, now: float) -> float | None:
     return waiting / ((history.waiting - waiting) / (now - history.at))
 
 
+@dataclass(frozen=True)
+class _Demand:
+    """What the metrics ask for now (``_demand``): None throughout when no pod reported."""
+
+    avg_kv: float | None = None
+    avg_wait: float | None = None
+    kv_wants: int | None = None
+    queue_wants: int | None = None
+    raw: int | None = None
+    """The larger of the two rules, after the concurrency floor."""
+    saturated: tuple[float, float] | None = None
+    """(when, running per pod) the last time requests queued (History.saturated_running)."""
+
+
 def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, history: History, now: float,
            tuning: Tuning = Tuning()) -> Decision:
     """The desired replica count of one variant now, and why."""
     lo, hi = bounds(spec, policy_max)
     cur = obs.current_replicas
-    target = spec.targetKVCacheUsage
     delay = float(spec.scaleDownDelaySeconds)
-    n = len(obs.samples)
-    ready = obs.ready
     notes: list[str] = []
-
-    avg_kv = avg_wait = None
-    kv_wants = queue_wants = None
-    raw: int | None = None
-    saturated = history.saturated_running
-    if n:
-        avg_kv = sum(s.kv_cache_usage for s in obs.samples) / n
-        avg_wait = sum(s.waiting for s in obs.samples) / n
-        running = [s.running for s in obs.samples if s.running is not None]
-        avg_run = sum(running) / len(running) if running else 0.0
-        ratio = avg_kv / target
-        if abs(ratio - 1.0) <= tuning.tolerance + EPS:
-            kv_wants = cur
-            notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) is within {tuning.tolerance:.0%} of target {target:.2f}")
-        else:
-            kv_wants = math.ceil(ready * ratio - EPS)
-            notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) vs target {target:.2f} wants {kv_wants}")
-        starting = obs.pods_not_ready + obs.pods_missing
-        grown = history.ready is not None and ready > history.ready
-        if avg_wait > spec.maxWaitingRequests + EPS and starting:
-            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue rule waits for "
-                         f"{starting} starting pod(s)")
-        elif avg_wait > spec.maxWaitingRequests + EPS and grown:
-            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue rule waits one "
-                         f"sync for {ready - history.ready} newly ready pod(s) to take their share")
-        elif avg_wait > spec.maxWaitingRequests + EPS and (eta := _drain_eta(history, avg_wait * ready, now)) \
-                is not None and eta <= tuning.queue_drain_horizon_seconds:
-            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests}, but the queue drains in ~{eta:.0f}s")
-        elif avg_wait > spec.maxWaitingRequests + EPS:
-            excess = (avg_wait - spec.maxWaitingRequests) * ready
-            per_pod = max(1.0, avg_run)
-            queue_wants = ready + math.ceil(excess / per_pod - EPS)
-            if running:
-                saturated = (now, avg_run)
-            notes.append(f"{avg_wait:.1f} waiting/pod > {spec.maxWaitingRequests} (running {avg_run:.1f}/pod) "
-                         f"wants {queue_wants}")
-        else:
-            notes.append(f"{avg_wait:.1f} waiting/pod <= {spec.maxWaitingRequests}")
-        raw = max(kv_wants, queue_wants or 0)
-        if saturated is not None and now - saturated[0] <= tuning.saturation_memory_seconds and running \
-                and saturated[1] > EPS and raw < cur:
-            # KV usage understates prefill-bound load: do not go below the count at which the
-            # pods would run as many requests as they did when requests last queued.
-            conc_floor = math.ceil(avg_run * ready / (saturated[1] * (1 - tuning.tolerance)) - EPS)
-            if conc_floor > raw:
-                raw = min(cur, conc_floor)
-                notes.append(f"running {avg_run:.1f}/pod; requests queued at {saturated[1]:.1f}/pod "
-                             f"{now - saturated[0]:.0f}s ago: keeps at least {raw}")
-
-    missing = []
-    if not n:
-        missing.append("no pod reported metrics")
-    if obs.scrape_failures:
-        missing.append(f"{obs.scrape_failures} ready pod(s) not reporting")
-    if obs.pods_not_ready:
-        missing.append(f"{obs.pods_not_ready} pod(s) not ready")
-    if obs.pods_missing:
-        missing.append(f"{obs.pods_missing} pod(s) not created yet")
-    if n and obs.scrape_failures:
-        notes.append(f"{obs.scrape_failures} unreported pod(s) assumed at the average")
-
+    dem = _demand(spec, obs, history, now, tuning, notes) if obs.samples else _Demand(saturated=history.saturated_running)
+    missing = _missing_data(obs, notes)
     # What this instant asks for, as remembered for the scale-down window: never below the
     # current count when data is missing (rule 6).
-    rec = cur if raw is None else (raw if obs.complete else max(raw, cur))
+    rec = cur if dem.raw is None else (dem.raw if obs.complete else max(dem.raw, cur))
     rec = min(max(rec, lo), hi)
-    new_history = _record(history, now, rec, delay, ready, None if avg_wait is None else avg_wait * ready, saturated)
-    figures = {"ready": float(ready), "reporting": float(n), "current": float(cur)}
+    new_history = _record(history, now, rec, delay, obs.ready,
+                          None if dem.avg_wait is None else dem.avg_wait * obs.ready, dem.saturated)
+    figures = {"ready": float(obs.ready), "reporting": float(len(obs.samples)), "current": float(cur)}
 
     def done(desired: int, direction: str | None, why: str) -> Decision:
         text = why + ("; " + "; ".join(notes) if notes else "")
         if missing:
             text += " (missing data: " + ", ".join(missing) + ")"
-        return Decision(desired, cur, desired != cur, text, new_history, direction, avg_kv, avg_wait,
-                        kv_wants, queue_wants, figures)
+        return Decision(desired, cur, desired != cur, text, new_history, direction, dem.avg_kv, dem.avg_wait,
+                        dem.kv_wants, dem.queue_wants, figures)
 
     if cur < lo:
         return done(lo, "up", f"scale up {cur}->{lo}: below minReplicas {lo}")
     if cur > hi:
         cap = "policy rules.maxReplicas" if policy_max is not None and policy_max < spec.maxReplicas else "maxReplicas"
         return done(hi, "down", f"scale down {cur}->{hi}: above {cap} {hi}")
-    if raw is not None and raw > cur:
+    if dem.raw is not None and dem.raw > cur:
         limit = max(math.ceil(cur * tuning.max_scale_up_factor - EPS), cur + tuning.max_scale_up_add)
-        desired = min(raw, limit, hi)
+        desired = min(dem.raw, limit, hi)
         if desired == cur:
-            return done(cur, None, f"hold {cur}: demand wants {raw} but maxReplicas is {hi}")
-        extra = f" (step limit {limit})" if raw > limit and limit < hi else (f" (capped at {hi})" if raw > hi else "")
+            return done(cur, None, f"hold {cur}: demand wants {dem.raw} but maxReplicas is {hi}")
+        extra = f" (step limit {limit})" if dem.raw > limit and limit < hi else (f" (capped at {hi})" if dem.raw > hi else "")
         return done(desired, "up", f"scale up {cur}->{desired}{extra}")
     window_max = min(max(new_history.entries[0][1], lo), hi)
     if window_max < cur:
@@ -275,3 +228,74 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
         return done(window_max, "down", f"scale down {cur}->{window_max}: highest recommendation in the last "
                                           f"{delay:.0f}s is {window_max}")
     return done(cur, None, f"hold {cur}")
+
+
+def _demand(spec: AutoscalingSpec, obs: Observation, history: History, now: float, tuning: Tuning,
+            notes: list[str]) -> _Demand:
+    """The KV rule and the queue rule over the reporting pods, and the concurrency floor."""
+    n, ready, cur, target = len(obs.samples), obs.ready, obs.current_replicas, spec.targetKVCacheUsage
+    avg_kv = sum(s.kv_cache_usage for s in obs.samples) / n
+    avg_wait = sum(s.waiting for s in obs.samples) / n
+    running = [s.running for s in obs.samples if s.running is not None]
+    avg_run = sum(running) / len(running) if running else 0.0
+    ratio = avg_kv / target
+    if abs(ratio - 1.0) <= tuning.tolerance + EPS:
+        kv_wants = cur
+        notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) is within {tuning.tolerance:.0%} of target {target:.2f}")
+    else:
+        kv_wants = math.ceil(ready * ratio - EPS)
+        notes.append(f"KV {avg_kv:.2f} avg over {n} pod(s) vs target {target:.2f} wants {kv_wants}")
+    queue_wants = _queue_rule(spec, obs, history, now, tuning, avg_wait, avg_run, notes)
+    saturated = (now, avg_run) if queue_wants is not None and running else history.saturated_running
+    raw = max(kv_wants, queue_wants or 0)
+    if saturated is not None and now - saturated[0] <= tuning.saturation_memory_seconds and running \
+            and saturated[1] > EPS and raw < cur:
+        # KV usage understates prefill-bound load: do not go below the count at which the
+        # pods would run as many requests as they did when requests last queued.
+        conc_floor = math.ceil(avg_run * ready / (saturated[1] * (1 - tuning.tolerance)) - EPS)
+        if conc_floor > raw:
+            raw = min(cur, conc_floor)
+            notes.append(f"running {avg_run:.1f}/pod; requests queued at {saturated[1]:.1f}/pod "
+                         f"{now - saturated[0]:.0f}s ago: keeps at least {raw}")
+    return _Demand(avg_kv, avg_wait, kv_wants, queue_wants, raw, saturated)
+
+
+def _queue_rule(spec: AutoscalingSpec, obs: Observation, history: History, now: float, tuning: Tuning,
+                avg_wait: float, avg_run: float, notes: list[str]) -> int | None:
+    """Replicas the waiting requests ask for, or None: within maxWaitingRequests, or a queue that
+    starting pods, newly ready pods or its own drain will absorb."""
+    ready, limit = obs.ready, spec.maxWaitingRequests
+    if avg_wait <= limit + EPS:
+        notes.append(f"{avg_wait:.1f} waiting/pod <= {limit}")
+        return None
+    starting = obs.pods_not_ready + obs.pods_missing
+    if starting:
+        notes.append(f"{avg_wait:.1f} waiting/pod > {limit}, but the queue rule waits for {starting} starting pod(s)")
+        return None
+    if history.ready is not None and ready > history.ready:
+        notes.append(f"{avg_wait:.1f} waiting/pod > {limit}, but the queue rule waits one "
+                     f"sync for {ready - history.ready} newly ready pod(s) to take their share")
+        return None
+    eta = _drain_eta(history, avg_wait * ready, now)
+    if eta is not None and eta <= tuning.queue_drain_horizon_seconds:
+        notes.append(f"{avg_wait:.1f} waiting/pod > {limit}, but the queue drains in ~{eta:.0f}s")
+        return None
+    queue_wants = ready + math.ceil((avg_wait - limit) * ready / max(1.0, avg_run) - EPS)
+    notes.append(f"{avg_wait:.1f} waiting/pod > {limit} (running {avg_run:.1f}/pod) wants {queue_wants}")
+    return queue_wants
+
+
+def _missing_data(obs: Observation, notes: list[str]) -> list[str]:
+    """What the pass could not see (said in the decision's reason; rule 6 holds the count)."""
+    missing = []
+    if not obs.samples:
+        missing.append("no pod reported metrics")
+    if obs.scrape_failures:
+        missing.append(f"{obs.scrape_failures} ready pod(s) not reporting")
+    if obs.pods_not_ready:
+        missing.append(f"{obs.pods_not_ready} pod(s) not ready")
+    if obs.pods_missing:
+        missing.append(f"{obs.pods_missing} pod(s) not created yet")
+    if obs.samples and obs.scrape_failures:
+        notes.append(f"{obs.scrape_failures} unreported pod(s) assumed at the average")
+    return missing
