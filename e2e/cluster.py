@@ -152,11 +152,14 @@ class Cluster:
     `state_dir` (Path: logs/, pki/, pods/).
     """
 
-    def __init__(self, state_dir: Path | None = None, *, with_s3: bool = True, detach: bool = False,
+    def __init__(self, state_dir: Path | None = None, *, with_s3: bool = True, with_sim: bool = True, detach: bool = False,
                  images: list[workloads.ImageRule] | None = None, sim_metrics: str | None = None,
                  audit: bool | None = None, kwok_cidr: str | None = None, pod_cidr: str | None = None):
         self.state_dir = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="fewerbits-e2e-"))
         self.with_s3 = with_s3
+        # with_sim: the pod runner plays vLLM images with llm-d-inference-sim; without it (the demo,
+        # which serves with vLLM's CPU build) such a pod waits with a message naming the missing simulator.
+        self.with_sim = with_sim
         self.detach = detach
         self.images = images if images is not None else workloads.default_rules()
         # fake (default): simulators start at zero load and take POST /admin/config; real: their own counts.
@@ -202,7 +205,8 @@ class Cluster:
 
     def _start(self) -> None:
         t = time.monotonic()
-        versions.ensure_built("kubernetes", "etcd", "kwok", "sim", *(["minio"] if self.with_s3 else []))
+        versions.ensure_built("kubernetes", "etcd", "kwok", *(["sim"] if self.with_sim else []),
+                              *(["minio"] if self.with_s3 else []))
         t = self._step("build-check", t)
         d = self.state_dir
         (d / "logs").mkdir(parents=True, exist_ok=True)
@@ -293,7 +297,8 @@ class Cluster:
             sys.executable, "-m", "e2e.podrunner", "--kubeconfig", str(self.kubeconfig),
             "--state-dir", str(d / "pods"), "--images", str(d / "runner-images.json"),
             "--cidr", self.pod_cidr,
-            "--sim", str(versions.binary("llm-d-inference-sim")), "--sim-metrics", self.sim_metrics,
+            *(["--sim", str(versions.binary("llm-d-inference-sim"))] if self.with_sim else []),
+            "--sim-metrics", self.sim_metrics,
         ], env={**os.environ, "PYTHONPATH": _pythonpath()}, cwd=E2E_DIR.parent)
 
         # MinIO --------------------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     state = cluster_mod.default_state_dir() if a.keep else Path(tempfile.mkdtemp(prefix="fewerbits-demo-"))
     say(f"starting the control plane (state {state})")
-    c = cluster_mod.Cluster(state, with_s3=True, detach=a.keep)
+    c = cluster_mod.Cluster(state, with_s3=True, with_sim=False, detach=a.keep)
     c.start()
     ok = False
     try:

@@ -201,6 +201,9 @@ class PodRun(threading.Thread):
         if c.rule is None or c.rule.kind == "noop":
             c.proc = None
         elif c.rule.kind == "vllm":
+            if self.runner.sim is None:
+                raise ConfigError(f"image {c.image} is played by llm-d-inference-sim, and this cluster was started "
+                                  "without it (Cluster(with_sim=False)); serve it with fewerbits-test/vllm-cpu")
             c.vllm = workloads.parse_vllm_args(command + args)
             c.sim_port = procs.free_port()
             argv = workloads.sim_argv(self.runner.sim, c.vllm, c.sim_port, self.runner.sim_metrics)
@@ -481,7 +484,7 @@ def _http_ok(url: str) -> bool:
 
 
 class Runner:
-    def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str,
+    def __init__(self, kubeconfig: str, state_dir: Path, rules: list[workloads.ImageRule], cidr: str, sim: str | None,
                  sim_metrics: str = "fake", mode: str = "process"):
         from kubernetes import client, config
 
@@ -603,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--state-dir", type=Path, required=True)
     ap.add_argument("--images", type=Path, required=True, help="JSON list of image rules")
     ap.add_argument("--cidr", required=True)
-    ap.add_argument("--sim", required=True, help="llm-d-inference-sim binary")
+    ap.add_argument("--sim", help="llm-d-inference-sim binary (without it, pods of simulated vLLM images wait "
+                                   "with a message saying so)")
     ap.add_argument("--sim-metrics", choices=["fake", "real"], default="fake",
                     help="fake: start sims with zero fake metrics so POST /admin/config can change them")
     ap.add_argument("--mode", choices=["process", "image"], default=os.environ.get("FEWERBITS_E2E_RUN_MODE") or "process",

@@ -12,9 +12,9 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # The build (Go compiles, the vLLM environment's pip) does not need this venv: it runs in the
 # background while pip installs the project, so a cold demo pays the longer of the two.
 echo "==> building what the demo uses in the background (cached; the first time takes a while)"
-# Only these: the control plane, the S3 server, Helm, the simulator the pod runner is started with,
-# and vLLM's CPU build that serves the model (not Kueue, LeaderWorkerSet, Prometheus or the picker).
-e2e/build.sh kubernetes etcd kwok minio sim helm vllm &
+# Only these: the control plane, the S3 server, Helm and vLLM's CPU build that serves the model (not
+# the simulator, Kueue, LeaderWorkerSet, Prometheus or the picker: the demo's cluster runs without them).
+e2e/build.sh kubernetes etcd kwok minio helm vllm &
 build_pid=$!
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "==> installing fewerbits with [dev,quantjob] extras"
