@@ -221,3 +221,36 @@ def test_back_to_service_routing_removes_the_pickers_deployment_only():
     dep["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]  # not ours: left alone
     out, _ = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
     assert out.actions == ()
+
+
+def gateway_world(routing_value: str = "inferencePool") -> World:
+    w = World(spec=base_spec(serving={"maxModelLen": 4096, "routing": routing_value,
+                                      "gateway": {"name": "inference-gw"}}))
+    _ready_world(w)
+    return w
+
+
+def test_gateway_without_the_httproute_crd_names_the_field_and_the_model_is_served():
+    from fewerbits_operator.base.observed import GatewayFacts
+
+    obs = replace(gateway_world().observed(), routing=RoutingFacts(True, owned_pool()), gateway=GatewayFacts(False))
+    out = decide(obs, SETTINGS)
+    conds = {c.type: c for c in out.status.conditions}
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "RoutingUnavailable")
+    assert "spec.serving.gateway" in conds["Deployed"].message and "httproutes" in conds["Deployed"].message
+    assert conds["Ready"].status == "True" and out.actions == ()  # decide never writes the route
+
+
+def test_gateway_route_of_someone_else_is_a_conflict_and_an_owned_one_is_fine():
+    from fewerbits_operator.base.observed import GatewayFacts
+    from fewerbits_operator.serving import gatewayroute
+
+    theirs = {"metadata": {"name": NAME, "namespace": NS, "ownerReferences": [{"uid": "someone-else"}]}}
+    for routing_value, pool in (("inferencePool", RoutingFacts(True, owned_pool())), ("service", None)):
+        obs = replace(gateway_world(routing_value).observed(), routing=pool, gateway=GatewayFacts(True, theirs))
+        d = {c.type: c for c in decide(obs, SETTINGS).status.conditions}["Deployed"]
+        assert (d.status, d.reason) == ("False", "HTTPRouteConflict") and "spec.serving.gateway" in d.message
+    ours = gatewayroute.render_http_route(Owner(NAME, NS, UID), {"name": "inference-gw"}, gatewayroute.POOL)
+    obs = replace(gateway_world().observed(), routing=RoutingFacts(True, owned_pool()), gateway=GatewayFacts(True, ours))
+    d = {c.type: c for c in decide(obs, SETTINGS).status.conditions}["Deployed"]
+    assert d.status == "True"

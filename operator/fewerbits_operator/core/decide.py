@@ -91,7 +91,7 @@ from fewerbits_operator.base.terminations import job_failure_text, pod_failure, 
 from fewerbits_operator.base.queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from fewerbits_operator.artifacts.evaljob import render_eval_job
 from fewerbits_operator.artifacts.quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
-from fewerbits_operator.serving import picker
+from fewerbits_operator.serving import gatewayroute, picker
 from fewerbits_operator.serving import routing
 from fewerbits_operator.serving.routing import capacity_placement
 from fewerbits_operator.base.settings import OperatorSettings
@@ -1033,6 +1033,8 @@ def routing_step(obs: Observed, spec: QuantizedModelSpec, planned: bool, setting
         actions.extend(pool_actions)
     elif not routed and obs.routing is not None and (gone := picker.leftover(obs.routing.picker, owner)):
         actions.append(DeleteDeployment(*gone))
+    if problem is None and not conflict and obs.gateway is not None:
+        problem = gatewayroute.route_problem(obs.gateway.crd_served, obs.gateway.route, owner)
     return RoutingStep(tuple(actions), conflict, problem, None if conflict else endpoint(owner))
 
 
