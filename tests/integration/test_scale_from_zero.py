@@ -178,6 +178,14 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     models.wait_condition(namespace, "sleepy", "Ready", timeout=60)
     assert health(models.get(namespace, "sleepy"))[0] == "Healthy"
 
+    route_back_to_the_pool(models, apps, namespace, name, serving, through_gateway, gateway["via"])
+
+
+def route_back_to_the_pool(models, apps, namespace: str, name: str, serving, through_gateway: RouteStandIn,
+                           at_zero_via: str) -> None:
+    """The HTTPRoute stays on the Service with one ready pod and returns to the InferencePool once a
+    second is Ready; a request through it is then answered through the picker."""
+    api = through_gateway.api
     # One ready pod: the route stays on the Service (the activator shares the path of the last pod).
     assert route_backend(api, namespace, "sleepy")["kind"] == "Service"
     # A second replica, as the autoscaler adds one under load (kept: no scale-down within the delay,
@@ -191,7 +199,7 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     assert len([p for p in serving() if not p[1] and p[2]]) == 2, serving()  # switched only with two Ready
     via, status, body = through_gateway.chat("sleepy")
     assert (via, status) == ("InferencePool", 200) and body["choices"], (via, status, body)
-    print("GATEWAY ROUTE", json.dumps({"at_zero": gateway["via"], "two_ready": via}))
+    print("GATEWAY ROUTE", json.dumps({"at_zero": at_zero_via, "two_ready": via}))
 
 
 def operator_metric(port: int, name: str, labels: dict[str, str]) -> float:
