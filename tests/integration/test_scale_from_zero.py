@@ -34,6 +34,8 @@ from e2e.routeproxy import RouteStandIn, route_backend
 from e2e.serviceproxy import open_service_url, service_endpoints
 from tests.integration.conftest import ACTIVATOR_QUEUE, ACTIVATOR_UNPUBLISHED
 
+from fewerbits_operator.serving import gatewayroute
+from fewerbits_operator.serving.render import Owner
 from tests.integration.test_routing import picker_pod_ip
 from tests.unit.test_argocd_health import health
 
@@ -87,7 +89,15 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     api = cluster.api_client()
     route = models.wait("the HTTPRoute to the Service at zero", lambda: (r := route_backend(api, namespace, "sleepy"))
                         and r["kind"] == "Service" and r, timeout=30)
-    assert route == {"group": "", "kind": "Service", "name": "sleepy", "port": 8000}
+    assert route == {"group": "", "kind": "Service", "name": "sleepy", "port": 8000, "weight": 1}
+    # As the API server stored it (its CRD's defaults applied), the route is what the operator renders:
+    # nothing to write at rest.
+    stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "gateway.networking.k8s.io", "v1", namespace, "httproutes", "sleepy")
+    uid = models.get(namespace, "sleepy")["metadata"]["uid"]
+    desired = gatewayroute.render_http_route(Owner("sleepy", namespace, uid), {"name": "inference-gw"},
+                                             gatewayroute.SERVICE)
+    assert gatewayroute.route_change(desired, stored, uid) == gatewayroute.RouteChange(), (stored, desired)
     pickers: list = []
 
     def pool_gateway_url() -> str:  # the ext_proc gateway in front of the model's picker, once needed

@@ -41,14 +41,27 @@ def test_render_names_the_gateway_and_one_backend():
     assert r["metadata"]["name"] == "m" and r["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
     assert r["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw",
                                         "namespace": NS}]  # the model's namespace by default
-    assert r["spec"]["rules"] == [{"backendRefs": [{"group": "inference.networking.k8s.io",
-                                                    "kind": "InferencePool", "name": "m", "port": 8000}]}]
+    assert r["spec"]["rules"] == [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],  # the CRD's defaults
+                                   # the activator finds the model by it (a gateway keeps the client's Host)
+                                   "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
+                                       "set": [{"name": "X-Fewerbits-Model", "value": f"{NS}/m"}]}}],
+                                   "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                                    "name": "m", "port": 8000, "weight": 1}]}]
     s = gr.render_http_route(OWNER, {"name": "gw", "namespace": "edge", "sectionName": "https"}, gr.SERVICE)
     assert s["spec"]["parentRefs"][0] | {} == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw",
                                               "namespace": "edge", "sectionName": "https"}
-    assert s["spec"]["rules"][0]["backendRefs"] == [{"group": "", "kind": "Service", "name": "m", "port": 8000}]
+    assert s["spec"]["rules"][0]["backendRefs"] == [{"group": "", "kind": "Service", "name": "m", "port": 8000,
+                                                     "weight": 1}]
     assert gr.current_backend(s) == "Service" and gr.current_backend(None) is None
     assert gr.current_backend({"spec": {"rules": []}}) is None
+
+
+def test_the_model_header_is_what_the_activator_reads():
+    from fewerbits_operator.runtime.activator import model_of
+
+    (f,) = gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE)["spec"]["rules"][0]["filters"]
+    (h,) = f["requestHeaderModifier"]["set"]
+    assert h["name"] == "X-Fewerbits-Model" and model_of("gateway.example.com", h["value"]) == (NS, "m")
 
 
 def test_route_change_create_keep_replace_conflict():

@@ -62,10 +62,27 @@ def parent_ref(gateway: Mapping[str, Any], model_namespace: str) -> dict[str, An
     return ref
 
 
+MATCH_ALL = [{"path": {"type": "PathPrefix", "value": "/"}}]
+"""A rule's ``matches`` as the HTTPRoute CRD defaults it (v1.4.0 standard channel)."""
+MODEL_HEADER = "X-Fewerbits-Model"
+"""How the activator tells the model of a request that does not carry the Service's Host
+(runtime/activator.model_of: ``<namespace>/<name>``, before the Host): a gateway forwards the
+client's Host (the gateway's name), so the route sets this header on every request."""
+
+
+def model_header_filter(owner: Owner) -> dict[str, Any]:
+    """Sets (never adds to) the model header: a client cannot name another model through this route."""
+    return {"type": "RequestHeaderModifier",
+            "requestHeaderModifier": {"set": [{"name": MODEL_HEADER, "value": f"{owner.namespace}/{owner.name}"}]}}
+
+
 def backend_ref(backend: Backend, model: str) -> dict[str, Any]:
+    """With ``weight: 1``, the CRD's default: the route is rendered as the API server stores it, so
+    a route that is as wanted compares equal and is never rewritten at rest."""
     if backend == POOL:
-        return {"group": INFERENCE_POOL_GROUP, "kind": INFERENCE_POOL_KIND, "name": model, "port": VLLM_PORT}
-    return {"group": "", "kind": "Service", "name": model, "port": VLLM_PORT}
+        return {"group": INFERENCE_POOL_GROUP, "kind": INFERENCE_POOL_KIND, "name": model, "port": VLLM_PORT,
+                "weight": 1}
+    return {"group": "", "kind": "Service", "name": model, "port": VLLM_PORT, "weight": 1}
 
 
 def route_backend(routed_through_pool: bool, pool_served: bool, activator_in_path: bool) -> Backend:
@@ -86,7 +103,8 @@ def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend
                      "ownerReferences": [owner.reference()]},
         "spec": {
             "parentRefs": [parent_ref(gateway, owner.namespace)],
-            "rules": [{"backendRefs": [backend_ref(backend, owner.name)]}],
+            "rules": [{"matches": MATCH_ALL, "filters": [model_header_filter(owner)],
+                       "backendRefs": [backend_ref(backend, owner.name)]}],
         },
     }
 
