@@ -367,6 +367,17 @@ class GatewayRef(ApiModel):
     """The Gateway listener to attach to. Default: every listener that admits the route."""
 
 
+class PublishedRoute(ApiModel):
+    """The HTTPRoute the operator keeps for the model (`spec.serving.gateway`, with the policies'
+    defaults), as reconcile resolved it; the loop that writes the route reads only this."""
+
+    gateway: GatewayRef
+    """The Gateway the route attaches to."""
+    inferencePool: bool = False
+    """Whether the model's InferencePool can be the route's backend (routing through one, its CRD
+    served, the pool and its picker the model's own). False: the backend is always the Service."""
+
+
 class ServingSpec(ApiModel):
     """How the quantized model is served: vLLM, one Deployment per GPU pool behind one Service."""
 
@@ -896,6 +907,10 @@ class QuantizedModelStatus(ApiModel):
     """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
     with the policy's replica cap. Absent while the spec is not accepted (an invalid or
     violated policy fails closed: nothing is scaled). The autoscaler reads only this."""
+    route: PublishedRoute | None = None
+    """The HTTPRoute the operator keeps (`spec.serving.gateway`): absent when none is named, the
+    cluster does not serve HTTPRoutes, or a route of the model's name is not its own (see the
+    Deployed condition). Its backend switches between the InferencePool and the Service at zero."""
     effective: EffectivePolicies | None = None
     """The policies governing the model and the effective values they set, each with its source."""
     calibrationData: CalibrationDataStatus | None = None

@@ -56,6 +56,9 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
         autoscaling={"enabled": True, "minReplicas": 0, "maxReplicas": 2, "scaleDownDelaySeconds": DELAY}))
     models.wait_condition(namespace, "sleepy", "Ready", timeout=600)
     models.wait_condition(namespace, "sleepy", "Deployed", timeout=60)  # the pool and the route: no refusal
+    # What reconcile resolved for the route's writer: the Gateway, and the pool usable as its backend.
+    assert models.get(namespace, "sleepy")["status"]["route"] == {"gateway": {"name": "inference-gw"},
+                                                                  "inferencePool": True}
     apps = client.AppsV1Api(cluster.api_client())
     core = client.CoreV1Api(cluster.api_client())
     (dep,) = models.deployments(namespace, "sleepy")

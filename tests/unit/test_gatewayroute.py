@@ -18,21 +18,36 @@ from tests.unit.test_atzero import EP, NS, FakeIO, model, pod
 OWNER = Owner("m", NS, "uid-m")
 
 
-def gw_model(routing="inferencePool", gateway=None, **kw):
+def gw_model(pool=True, gateway=None, **kw):
+    """A model whose reconcile published its route (status.route)."""
     m = model(**kw)
-    m["spec"] = {"serving": {"routing": routing, "gateway": gateway or {"name": "inference-gw"}}}
+    m["status"]["route"] = {"gateway": gateway or {"name": "inference-gw"}, "inferencePool": pool}
     return m
 
 
-@pytest.mark.parametrize("pool_routing, pool_served, in_path, want", [
-    (True, True, False, gr.POOL),
-    (True, True, True, gr.SERVICE),  # at zero or on the last pod: only the Service holds a request
-    (True, False, False, gr.SERVICE),  # no InferencePool CRD: no pool to point at
-    (False, True, False, gr.SERVICE),  # routing: service
-    (False, True, True, gr.SERVICE),
+def route_of(m):
+    return gr.published_route(m)
+
+
+@pytest.mark.parametrize("pool_usable, in_path, want", [
+    (True, False, gr.POOL),
+    (True, True, gr.SERVICE),  # at zero or on the last pod: only the Service holds a request
+    (False, False, gr.SERVICE),  # routing: service, or no pool of its own (CRD missing, a conflict)
+    (False, True, gr.SERVICE),
 ])
-def test_route_backend(pool_routing, pool_served, in_path, want):
-    assert gr.route_backend(pool_routing, pool_served, in_path) == want
+def test_route_backend(pool_usable, in_path, want):
+    assert gr.route_backend(pool_usable, in_path) == want
+
+
+def test_published_route_is_read_from_status_only():
+    assert route_of(gw_model(gateway={"name": "gw", "namespace": "edge"})).gateway.namespace == "edge"
+    assert route_of(model()) is None
+    bad = model()
+    bad["status"]["route"] = {"gateway": {"name": "Not A Name"}}
+    assert route_of(bad) is None
+    spec_only = model()
+    spec_only["spec"] = {"serving": {"gateway": {"name": "gw"}}}  # not yet resolved by reconcile
+    assert route_of(spec_only) is None
 
 
 def test_render_names_the_gateway_and_one_backend():
@@ -101,22 +116,20 @@ def test_the_route_uses_the_pool_exactly_when_the_activator_slice_is_absent():
         for eps in (EP, []):
             m = gw_model()
             slice_there = bool(decide_model(m, pods, eps, []).create)
-            backend = gr.current_backend(decide_route(m, pods, eps, True, None).create)
+            backend = gr.current_backend(decide_route(m, route_of(m), pods, eps, None).create)
             assert backend == ("Service" if slice_there else "InferencePool"), (pods, eps)
-    assert gr.current_backend(decide_route(gw_model(min_replicas=1), [], EP, True, None).create) == "InferencePool"
-    assert gr.current_backend(decide_route(gw_model("service"), [pod("a"), pod("b")], EP, True, None).create) == "Service"
+    m = gw_model(min_replicas=1)
+    assert gr.current_backend(decide_route(m, route_of(m), [], EP, None).create) == "InferencePool"
+    m = gw_model(pool=False)
+    assert gr.current_backend(decide_route(m, route_of(m), [pod("a"), pod("b")], EP, None).create) == "Service"
 
 
 class RouteIO(FakeIO):
     """FakeIO with HTTPRoutes kept as the API server keeps them (resourceVersions, conditional replace)."""
 
-    def __init__(self, models, pods, served=True):
+    def __init__(self, models, pods):
         super().__init__(models, pods)
         self.routes: dict[tuple[str, str], dict] = {}
-        self.served = served
-
-    def serves(self, group, version, plural):
-        return self.served or plural != "httproutes"
 
     def get_http_route(self, namespace, name):
         return copy.deepcopy(self.routes.get((namespace, name)))
@@ -155,8 +168,10 @@ def test_loop_switches_the_route_and_converges_across_two_replicas():
     assert gr.current_backend(io.routes[(NS, "m")]) == "InferencePool" and a.route_writes + b.route_writes == 2
 
 
-def test_loop_writes_nothing_without_the_crd_or_over_a_route_it_does_not_own():
-    io = RouteIO([gw_model()], [], served=False)
+def test_loop_writes_nothing_unpublished_or_over_a_route_it_does_not_own():
+    unresolved = model()
+    unresolved["spec"] = {"serving": {"gateway": {"name": "gw"}}}  # reconcile published no route (no CRD, ...)
+    io = RouteIO([unresolved], [])
     ZeroRouter(io, "fewerbits-system/fewerbits-activator").run_once()
     assert io.routes == {}
     io = RouteIO([gw_model()], [])

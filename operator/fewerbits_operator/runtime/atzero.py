@@ -28,8 +28,8 @@ activator_main.py): each computes the same slice from the same
 facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
 left to the next pass), so two replicas converge instead of fighting.
 
-The same loop keeps the model's HTTPRoute when it names a Gateway (``spec.serving.gateway``,
-serving/gatewayroute.py): its backend is the model's Service while the activator is in that
+The same loop keeps the model's HTTPRoute when reconcile published one (``status.route``: the
+effective ``spec.serving.gateway``, serving/gatewayroute.py): its backend is the model's Service while the activator is in that
 Service's path (the rule above, the same facts), else the InferencePool, so a request through the
 gateway at zero reaches the activator too. One writer for the route: this loop.
 
@@ -46,14 +46,7 @@ from datetime import datetime
 from typing import Any, Callable, Protocol
 
 from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
-from fewerbits_operator.base.apis import (
-    HTTP_ROUTE_GROUP,
-    HTTP_ROUTE_PLURAL,
-    HTTP_ROUTE_VERSION,
-    INFERENCE_POOL_GROUP,
-    INFERENCE_POOL_PLURAL,
-    INFERENCE_POOL_VERSION,
-)
+from fewerbits_api.quantizedmodel import PublishedRoute
 from fewerbits_operator.runtime.periodic import run_periodically
 from fewerbits_operator.serving import gatewayroute
 from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, Owner
@@ -194,18 +187,17 @@ def decide_model(model: dict[str, Any], pods: list[dict[str, Any]], endpoints: l
     return slice_changes(desired, current)
 
 
-def decide_route(model: dict[str, Any], pods: list[dict[str, Any]], endpoints: list[ActivatorEndpoint],
-                 pool_served: bool, current: dict[str, Any] | None) -> gatewayroute.RouteChange:
-    """What to write for the model's HTTPRoute (it names a Gateway): the Service as its backend on
+def decide_route(model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
+                 endpoints: list[ActivatorEndpoint], current: dict[str, Any] | None) -> gatewayroute.RouteChange:
+    """What to write for the model's HTTPRoute (``status.route``): the Service as its backend on
     exactly the condition that puts the activator slice on the Service (``decide_model``), so the
     route never points at a Service without a ready endpoint nor at a pool without a ready pod
     because of the switch."""
     md = model["metadata"]
     in_path = bool(endpoints) and activator_in_path(model, pods)
-    routing = ((model.get("spec") or {}).get("serving") or {}).get("routing")
-    backend = gatewayroute.route_backend(routing == "inferencePool", pool_served, in_path)
+    backend = gatewayroute.route_backend(route.inferencePool, in_path)
     desired = gatewayroute.render_http_route(Owner(md["name"], md["namespace"], md["uid"]),
-                                             gatewayroute.gateway_of(model) or {}, backend)
+                                             route.gateway.to_wire(), backend)
     return gatewayroute.route_change(desired, current, md["uid"])
 
 
@@ -218,7 +210,6 @@ class ZeroRouterIO(Protocol):
     def create_endpoint_slice(self, body: dict[str, Any]) -> None: ...
     def replace_endpoint_slice(self, body: dict[str, Any]) -> bool: ...
     def delete_endpoint_slice(self, namespace: str, name: str, resource_version: str) -> None: ...
-    def serves(self, group: str, version: str, plural: str) -> bool: ...
     def get_http_route(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def create_http_route(self, body: dict[str, Any]) -> None: ...
     def replace_http_route(self, body: dict[str, Any]) -> bool: ...
@@ -267,8 +258,8 @@ class ZeroRouter:
                     done[f"{ns}/{name}"] = changes
                     log.info("%s/%s: activator %s the Service's path", ns, name,
                              "out of" if changes.delete and not (changes.create or changes.replace) else "in")
-                if gatewayroute.gateway_of(model):
-                    self._sync_route(model, pods, endpoints)
+                if (route := gatewayroute.published_route(model)) is not None:
+                    self._sync_route(model, route, pods, endpoints)
             except Exception as e:  # one model never stops the rest; the next pass retries
                 log.warning("activator path of %s/%s not updated: %s: %s", ns, name, type(e).__name__, e)
         self.passes += 1
@@ -282,16 +273,14 @@ class ZeroRouter:
         for ns, name, rv in changes.delete:
             self.io.delete_endpoint_slice(ns, name, rv)
 
-    def _sync_route(self, model: dict[str, Any], pods: list[dict[str, Any]],
+    def _sync_route(self, model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
                     endpoints: list[ActivatorEndpoint]) -> None:
-        """The model's HTTPRoute brought to ``decide_route``; nothing while the cluster does not
-        serve HTTPRoutes or a route of that name is not the model's (reconcile reports both)."""
-        if not self.io.serves(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, HTTP_ROUTE_PLURAL):
-            return
+        """The model's HTTPRoute brought to ``decide_route``. Reconcile publishes ``status.route``
+        only while the cluster serves HTTPRoutes and no route of that name is another's (it says
+        which in the Deployed condition otherwise); a route found not the model's is left alone."""
         md = model["metadata"]
         current = self.io.get_http_route(md["namespace"], md["name"])
-        pool_served = self.io.serves(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, INFERENCE_POOL_PLURAL)
-        change = decide_route(model, pods, endpoints, pool_served, current)
+        change = decide_route(model, route, pods, endpoints, current)
         if change.create is not None:
             self.io.create_http_route(change.create)
         elif change.replace is not None:

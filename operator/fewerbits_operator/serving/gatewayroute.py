@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from fewerbits_api.conditions import Reason
+from fewerbits_api.quantizedmodel import PublishedRoute
 
 from fewerbits_operator.base.apis import (
     HTTP_ROUTE_API_VERSION,
@@ -48,9 +49,17 @@ REASON_UNAVAILABLE = Reason.ROUTING_UNAVAILABLE
 REASON_CONFLICT = Reason.HTTP_ROUTE_CONFLICT
 
 
-def gateway_of(model: Mapping[str, Any]) -> dict[str, Any] | None:
-    """``spec.serving.gateway`` of a model body, or None."""
-    return ((model.get("spec") or {}).get("serving") or {}).get("gateway") or None
+def published_route(model: Mapping[str, Any]) -> PublishedRoute | None:
+    """The route reconcile resolved for the model (``status.route``: the effective
+    ``spec.serving.gateway``, policies' defaults included, and whether the InferencePool can be its
+    backend); None when it published none or wrote something unreadable."""
+    raw = (model.get("status") or {}).get("route")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return PublishedRoute.model_validate(raw)
+    except ValueError:
+        return None
 
 
 def parent_ref(gateway: Mapping[str, Any], model_namespace: str) -> dict[str, Any]:
@@ -85,14 +94,12 @@ def backend_ref(backend: Backend, model: str) -> dict[str, Any]:
     return {"group": "", "kind": "Service", "name": model, "port": VLLM_PORT, "weight": 1}
 
 
-def route_backend(routed_through_pool: bool, pool_served: bool, activator_in_path: bool) -> Backend:
-    """The route's one backend: the InferencePool when the model routes through one that exists,
-    except while the activator is in the Service's path (atzero.activator_in_path with the
-    activator's endpoints: may reach zero, at most one ready pod), where only the Service can hold
-    a request while a replica starts."""
-    if routed_through_pool and pool_served and not activator_in_path:
-        return POOL
-    return SERVICE
+def route_backend(pool_usable: bool, activator_in_path: bool) -> Backend:
+    """The route's one backend: the InferencePool when the model routes through one that it owns
+    (``status.route.inferencePool``), except while the activator is in the Service's path
+    (atzero.activator_in_path with the activator's endpoints: may reach zero, at most one ready
+    pod), where only the Service can hold a request while a replica starts."""
+    return POOL if pool_usable and not activator_in_path else SERVICE
 
 
 def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend) -> dict[str, Any]:
