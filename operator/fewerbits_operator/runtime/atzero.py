@@ -29,9 +29,10 @@ facts and writes only when it differs, conditionally on the resourceVersion it r
 left to the next pass), so two replicas converge instead of fighting.
 
 The same loop keeps the model's HTTPRoute when reconcile published one (``status.route``: the
-effective ``spec.serving.gateway``, serving/gatewayroute.py): its backend is the model's Service while the activator is in that
-Service's path (the rule above, the same facts), else the InferencePool, so a request through the
-gateway at zero reaches the activator too. One writer for the route: this loop.
+effective ``spec.serving.gateway``, serving/gatewayroute.py): its backend is the model's Service
+while the activator is in that Service's path (the rule above, the same facts), else the
+InferencePool, so a request through the gateway at zero reaches the activator too. One writer for
+the route: this loop.
 
 Everything but ``ZeroRouter`` is pure.
 """
@@ -45,8 +46,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Protocol
 
-from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
 from fewerbits_api.quantizedmodel import PublishedRoute
+
+from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
 from fewerbits_operator.runtime.periodic import run_periodically
 from fewerbits_operator.serving import gatewayroute
 from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, Owner
