@@ -130,8 +130,10 @@ class RouteIO(FakeIO):
     def __init__(self, models, pods):
         super().__init__(models, pods)
         self.routes: dict[tuple[str, str], dict] = {}
+        self.gets = 0
 
     def get_http_route(self, namespace, name):
+        self.gets += 1
         return copy.deepcopy(self.routes.get((namespace, name)))
 
     def _keep(self, body):
@@ -183,3 +185,27 @@ def test_loop_writes_nothing_unpublished_or_over_a_route_it_does_not_own():
     io = RouteIO([model()], [])  # no gateway named: no route
     ZeroRouter(io, "fewerbits-system/fewerbits-activator").run_once()
     assert io.routes == {}
+
+
+def test_at_rest_the_route_is_read_once_per_recheck_period_and_a_switch_is_at_once():
+    from fewerbits_operator.runtime.atzero import ROUTE_RECHECK_SECONDS
+
+    now = [0.0]
+    io = RouteIO([gw_model()], [])
+    r = ZeroRouter(io, "fewerbits-system/fewerbits-activator", clock=lambda: now[0])
+    r.run_once()
+    assert (io.gets, r.route_writes) == (1, 1)
+    for _ in range(5):  # at rest, within the period: no read, no write
+        now[0] += 2
+        r.run_once()
+    assert (io.gets, r.route_writes) == (1, 1)
+    io.pods = [pod("a"), pod("b")]  # what is wanted changed: read and written at this pass
+    r.run_once()
+    assert (io.gets, r.route_writes) == (2, 2) and gr.current_backend(io.routes[(NS, "m")]) == "InferencePool"
+    io.routes[(NS, "m")]["spec"]["rules"][0]["backendRefs"][0]["name"] = "edited-by-hand"
+    now[0] += ROUTE_RECHECK_SECONDS  # a hand edit is repaired once the period is over
+    r.run_once()
+    assert io.gets == 3 and io.routes[(NS, "m")]["spec"]["rules"][0]["backendRefs"][0]["name"] == "m"
+    io.models = []  # the model gone: forgotten
+    r.run_once()
+    assert r._routes_seen == {}
