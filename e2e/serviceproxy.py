@@ -82,11 +82,12 @@ def resolve(url: str) -> tuple[str, str, int]:
 
 
 def open_service_url(api: client.ApiClient, url: str, method: str = "GET", body: bytes | None = None,
-                     headers: dict[str, str] | None = None, timeout: float = 300.0
+                     headers: dict[str, str] | None = None, timeout: float = 300.0, host: str | None = None
                      ) -> tuple[Endpoint, http.client.HTTPResponse]:
     """Send one request to a Service URL the way a cluster would deliver it; the response is
     returned unread (a streamed body can be read as it arrives). Raises when the Service has no
-    ready endpoint (kube-proxy would reject the connection)."""
+    ready endpoint (kube-proxy would reject the connection). ``host``: the Host the request carries
+    when it is not the URL's (a gateway forwards its client's Host to the Service)."""
     ns, name, port = resolve(url)
     eps = service_endpoints(api, ns, name, port)
     if not eps:
@@ -95,7 +96,7 @@ def open_service_url(api: client.ApiClient, url: str, method: str = "GET", body:
     u = urlsplit(url)
     conn = http.client.HTTPConnection(ep.ip, ep.port, timeout=timeout)
     conn.request(method, (u.path or "/") + (f"?{u.query}" if u.query else ""), body=body,
-                 headers={**(headers or {}), "Host": u.netloc})
+                 headers={**(headers or {}), "Host": host or u.netloc})
     return ep, conn.getresponse()
 
 

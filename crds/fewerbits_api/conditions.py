@@ -79,6 +79,8 @@ class Reason:
     # Deployed, spec.serving.routing: inferencePool (fewerbits_operator.serving.routing)
     ROUTING_UNAVAILABLE = "RoutingUnavailable"
     INFERENCE_POOL_CONFLICT = "InferencePoolConflict"
+    HTTP_ROUTE_CONFLICT = "HTTPRouteConflict"
+    """Deployed, spec.serving.gateway: an HTTPRoute of the model's name it does not own (gatewayroute.py)."""
     METRICS_UNAVAILABLE = "MetricsUnavailable"
 
 

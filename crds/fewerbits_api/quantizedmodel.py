@@ -352,6 +352,32 @@ class ServingTarget(ApiModel):
         return self
 
 
+class GatewayRef(ApiModel):
+    """A Gateway (gateway.networking.k8s.io) the operator attaches the model's HTTPRoute to: the
+    route's one `parentRef`."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+    """The Gateway's name."""
+
+    namespace: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")] | None = None
+    """The Gateway's namespace. Default: the model's. A Gateway in another namespace must allow
+    routes from the model's (its listeners' `allowedRoutes`)."""
+
+    sectionName: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")] | None = None
+    """The Gateway listener to attach to. Default: every listener that admits the route."""
+
+
+class PublishedRoute(ApiModel):
+    """The HTTPRoute the operator keeps for the model (`spec.serving.gateway`, with the policies'
+    defaults), as reconcile resolved it; the loop that writes the route reads only this."""
+
+    gateway: GatewayRef
+    """The Gateway the route attaches to."""
+    inferencePool: bool = False
+    """Whether the model's InferencePool can be the route's backend (routing through one, its CRD
+    served, the pool and its picker the model's own). False: the backend is always the Service."""
+
+
 class ServingSpec(ApiModel):
     """How the quantized model is served: vLLM, one Deployment per GPU pool behind one Service."""
 
@@ -398,6 +424,16 @@ class ServingSpec(ApiModel):
     each request to the pod with the most free KV cache and the shortest queue, so a slow pool
     gets less traffic; needs that CRD in the cluster and a gateway that implements it. The
     Service stays either way."""
+
+    gateway: GatewayRef | None = None
+    """A Gateway to reach the model through: the operator keeps an HTTPRoute
+    (gateway.networking.k8s.io/v1) named like the model, attached to it, with one backend. With
+    `routing: inferencePool` that backend is the model's InferencePool, except while the model may
+    reach zero (autoscaling with `minReplicas: 0`) and has at most one ready pod: then it is the
+    model's Service, which reaches the activator at zero, so a request through the gateway is held
+    while a replica starts instead of failing; it returns to the InferencePool once a second pod is
+    ready. With `routing: service` the backend is always the Service. Needs the HTTPRoute CRD in the
+    cluster; an HTTPRoute of the model's name that the model does not own is left untouched."""
 
     loadFormat: Literal["fetch", "stream"] = "fetch"
     """How vLLM gets the weights. `fetch`: the init container downloads and verifies every file
@@ -871,6 +907,10 @@ class QuantizedModelStatus(ApiModel):
     """The autoscaling the operator applies: the model's spec over the matching policy's defaults,
     with the policy's replica cap. Absent while the spec is not accepted (an invalid or
     violated policy fails closed: nothing is scaled). The autoscaler reads only this."""
+    route: PublishedRoute | None = None
+    """The HTTPRoute the operator keeps (`spec.serving.gateway`): absent when none is named, the
+    cluster does not serve HTTPRoutes, or a route of the model's name is not its own (see the
+    Deployed condition). Its backend switches between the InferencePool and the Service at zero."""
     effective: EffectivePolicies | None = None
     """The policies governing the model and the effective values they set, each with its source."""
     calibrationData: CalibrationDataStatus | None = None

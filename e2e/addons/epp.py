@@ -1,4 +1,5 @@
-"""The Gateway API Inference Extension on the shared e2e cluster: its CRDs, the ClusterRole the
+"""The Gateway API Inference Extension on the shared e2e cluster: its CRDs (and Gateway API's HTTPRoute
+CRD, for the operator's route at spec.serving.gateway; e2e/routeproxy.py resolves it), the ClusterRole the
 chart ships for the operator's endpoint pickers (EPP), and a gateway in front of a picker that
 speaks Envoy's ext_proc protocol to it.
 
@@ -47,19 +48,22 @@ def ensure_built() -> tuple[Path, Path]:
     return _bin_dir("epp") / "epp", _bin_dir("gateway") / "fewerbits-extproc-gateway"
 
 
-def module_dir() -> Path:
-    """The GIE module in the Go module cache (build.sh downloaded it)."""
-    v = versions.VERSIONS["GIE_VERSION"]
-    out = subprocess.run(["go", "mod", "download", "-json", f"sigs.k8s.io/gateway-api-inference-extension@{v}"],
+def module_dir(module: str = "sigs.k8s.io/gateway-api-inference-extension", version_key: str = "GIE_VERSION") -> Path:
+    """A module in the Go module cache (build.sh downloaded GIE's; Gateway API's is fetched here)."""
+    v = versions.VERSIONS[version_key]
+    out = subprocess.run(["go", "mod", "download", "-json", f"{module}@{v}"],
                          capture_output=True, text=True, check=True, env={**__import__("os").environ, "GOFLAGS": "-mod=mod"})
     return Path(json.loads(out.stdout)["Dir"])
 
 
 def crd_files() -> list[Path]:
-    """The InferencePool (v1) CRD and the InferenceObjective CRD the EPP also watches."""
+    """The InferencePool (v1) CRD, the InferenceObjective CRD the EPP also watches, and Gateway API's
+    standard-channel HTTPRoute CRD (the operator's route for spec.serving.gateway)."""
     bases = module_dir() / "config" / "crd" / "bases"
+    standard = module_dir("sigs.k8s.io/gateway-api", "GATEWAY_API_VERSION") / "config" / "crd" / "standard"
     return [bases / "inference.networking.k8s.io_inferencepools.yaml",
-            bases / "inference.networking.x-k8s.io_inferenceobjectives.yaml"]
+            bases / "inference.networking.x-k8s.io_inferenceobjectives.yaml",
+            standard / "gateway.networking.k8s.io_httproutes.yaml"]
 
 
 def install_crds(cluster) -> None:
@@ -67,7 +71,8 @@ def install_crds(cluster) -> None:
         cluster.kubectl("apply", "--server-side", "-f", str(f))
     from kubernetes import client
     ext = client.ApiextensionsV1Api(cluster.api_client())
-    for name in ("inferencepools.inference.networking.k8s.io", "inferenceobjectives.inference.networking.x-k8s.io"):
+    for name in ("inferencepools.inference.networking.k8s.io", "inferenceobjectives.inference.networking.x-k8s.io",
+                 "httproutes.gateway.networking.k8s.io"):
         deadline = time.monotonic() + 60
         while not any(c.type == "Established" and c.status == "True"
                       for c in ext.read_custom_resource_definition(name).status.conditions or []):

@@ -58,6 +58,9 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     ("", "services", ""): {"get", "create", "patch"},
     ("", "events", ""): {"create"},
     ("inference.networking.k8s.io", "inferencepools", ""): {"get", "create", "patch"},
+    # spec.serving.gateway: the model's HTTPRoute, read by name, created, replaced when its backend
+    # switches (runtime/atzero.py); never listed, watched or deleted.
+    ("gateway.networking.k8s.io", "httproutes", ""): {"get", "create", "update"},
     # Each inferencePool model's endpoint picker (picker.py), and the node cache's references ConfigMap
     # (created under the same grant; update and delete by its name only, asked for below); `bind` is
     # asked for separately below.
@@ -120,8 +123,9 @@ def rbac_matrix(cluster, user: str, namespaces: dict[str, str]) -> set[tuple[str
         names = cluster.kubectl("api-resources", "-o", "name", f"--namespaced={str(namespaced).lower()}").stdout.split()
         served = [(n.split(".", 1)[1] if "." in n else "", n.split(".", 1)[0]) for n in names]
         # RBAC grants on a CRD's resource hold whether or not the CRD is installed (the routing
-        # tests install the InferencePool CRD on the shared cluster, maybe after this test).
-        optional = [("inference.networking.k8s.io", "inferencepools")] if namespaced else []
+        # tests install the InferencePool and HTTPRoute CRDs on the shared cluster, maybe after this test).
+        optional = [("inference.networking.k8s.io", "inferencepools"),
+                    ("gateway.networking.k8s.io", "httproutes")] if namespaced else []
         return served + [r for r in optional if r not in served]
 
     def allowed(verb, group, resource, sub, ns) -> bool:

@@ -13,7 +13,7 @@ from tests.integration.operator_harness import REPO, Models, OperatorProcess, fr
 
 ACTIVATOR_NAMESPACE = "fewerbits-harness"
 ACTIVATOR_SERVICE = "fewerbits-activator"
-ACTIVATOR_QUEUE = 3
+ACTIVATOR_QUEUE = 4
 ACTIVATOR_UNPUBLISHED: list[str] = []
 
 

@@ -148,6 +148,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.LEADER_WORKER_SET_MISSING: ("Deployed", "Degraded"),
     Reason.ROUTING_UNAVAILABLE: ("Deployed", "Degraded"),
     Reason.INFERENCE_POOL_CONFLICT: ("Deployed", "Degraded"),
+    Reason.HTTP_ROUTE_CONFLICT: ("Deployed", "Degraded"),
     Reason.METRICS_UNAVAILABLE: ("Deployed", None),  # True: served, with a warning
     Reason.CANARY_DISABLED: ("ServingQualityPassed", None),
     Reason.CANARY_PASSED: ("ServingQualityPassed", None),

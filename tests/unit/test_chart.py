@@ -191,6 +191,7 @@ NAMESPACED_RULES = {
     ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
     ("", "services"): {"get", "create", "patch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get", "create", "update"},  # spec.serving.gateway (atzero.py)
     ("", "events"): {"create"},
     ("", "configmaps[fewerbits-node-cache-references]"): {"get", "update", "delete"},  # resourceNames
     ("", "serviceaccounts"): {"get", "create"},

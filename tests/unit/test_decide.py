@@ -45,6 +45,7 @@ from fewerbits_operator.base.observed import (
 from fewerbits_operator.planner import pool_from_product, shape_from_config
 from fewerbits_operator.serving.render import deployment_name, render_deployment, render_service, Owner
 from fewerbits_operator.serving.routing import RoutingFacts
+from fewerbits_operator.base.observed import GatewayFacts
 from fewerbits_operator.base.settings import OperatorSettings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
@@ -93,6 +94,7 @@ class World:
     pod_terminations: dict[str, tuple[ContainerTermination, ...]] = field(default_factory=dict)
     dataset_errors: dict[str, str] = field(default_factory=dict)
     routing: Any = None
+    gateway: Any = None
 
     def observed(self) -> Observed:
         valid = tuple(QuantizationPolicy.model_validate(p) for p in self.policies)
@@ -105,7 +107,7 @@ class World:
             pools=tuple(self.pools), shape=self.shape, config_error=self.config_error, artifacts=self.artifacts,
             deployments=self.deployments, service=self.service, service_read=True,
             pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors,
-            routing=self.routing)
+            routing=self.routing, gateway=self.gateway)
 
     # --- what the pure functions say this world plans, for the case to fill in facts
     def planned(self):
@@ -519,6 +521,11 @@ CASES = [
          _seq(_set(spec=base_spec(serving={"maxModelLen": 4096, "routing": "inferencePool"})), _ready_world,
               _set(routing=RoutingFacts(True, {"metadata": {"ownerReferences": [{"uid": "someone-else"}]}}))),
          {"Deployed": ("False", "InferencePoolConflict")}, actions=[]),
+    Case("someone else's HTTPRoute is never touched (spec.serving.gateway), the Service serves",
+         _seq(_set(spec=base_spec(serving={"maxModelLen": 4096, "gateway": {"name": "gw"}})), _ready_world,
+              _set(gateway=GatewayFacts(True, {"metadata": {"ownerReferences": [{"uid": "someone-else"}]}}))),
+         {"Deployed": ("False", "HTTPRouteConflict"), "Ready": ("True", "AllVariantsReady")}, actions=[],
+         message={"Deployed": "spec.serving.gateway"}),
     Case("a variant whose pods expose no metrics is served, and said so",
          _seq(_ready_world, lambda w: w.status["serving"][0].update(podsWithoutMetrics=1)),
          {"Deployed": ("True", "MetricsUnavailable"), "Ready": ("True", "AllVariantsReady")},

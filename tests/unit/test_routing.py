@@ -221,3 +221,55 @@ def test_back_to_service_routing_removes_the_pickers_deployment_only():
     dep["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]  # not ours: left alone
     out, _ = run(w, RoutingFacts(False, None, epp.PickerFacts({"Deployment": dep})))
     assert out.actions == ()
+
+
+def gateway_world(routing_value: str = "inferencePool") -> World:
+    w = World(spec=base_spec(serving={"maxModelLen": 4096, "routing": routing_value,
+                                      "gateway": {"name": "inference-gw"}}))
+    _ready_world(w)
+    return w
+
+
+def test_gateway_without_the_httproute_crd_names_the_field_and_the_model_is_served():
+    from fewerbits_operator.base.observed import GatewayFacts
+
+    obs = replace(gateway_world().observed(), routing=RoutingFacts(True, owned_pool()), gateway=GatewayFacts(False))
+    out = decide(obs, SETTINGS)
+    conds = {c.type: c for c in out.status.conditions}
+    assert (conds["Deployed"].status, conds["Deployed"].reason) == ("False", "RoutingUnavailable")
+    assert "spec.serving.gateway" in conds["Deployed"].message and "httproutes" in conds["Deployed"].message
+    assert conds["Ready"].status == "True" and out.actions == ()  # decide never writes the route
+    assert out.status.route is None  # nothing for the route's loop to write
+
+
+def test_gateway_route_of_someone_else_is_a_conflict_and_an_owned_one_is_fine():
+    from fewerbits_operator.base.observed import GatewayFacts
+    from fewerbits_operator.serving import gatewayroute
+
+    theirs = {"metadata": {"name": NAME, "namespace": NS, "ownerReferences": [{"uid": "someone-else"}]}}
+    for routing_value, pool in (("inferencePool", RoutingFacts(True, owned_pool())), ("service", None)):
+        obs = replace(gateway_world(routing_value).observed(), routing=pool, gateway=GatewayFacts(True, theirs))
+        out = decide(obs, SETTINGS)
+        d = {c.type: c for c in out.status.conditions}["Deployed"]
+        assert (d.status, d.reason) == ("False", "HTTPRouteConflict") and "spec.serving.gateway" in d.message
+        assert out.status.route is None
+    ours = gatewayroute.render_http_route(Owner(NAME, NS, UID), {"name": "inference-gw"}, gatewayroute.POOL)
+    obs = replace(gateway_world().observed(), routing=RoutingFacts(True, owned_pool()), gateway=GatewayFacts(True, ours))
+    out = decide(obs, SETTINGS)
+    assert {c.type: c for c in out.status.conditions}["Deployed"].status == "True"
+    assert out.status.route.to_wire() == {"gateway": {"name": "inference-gw"}, "inferencePool": True}
+
+
+def test_the_published_route_uses_the_pool_only_when_it_is_the_models():
+    from fewerbits_operator.base.observed import GatewayFacts
+
+    def published(world, pool):
+        obs = replace(world.observed(), routing=pool, gateway=GatewayFacts(True, None))
+        return decide(obs, SETTINGS).status.route
+
+    assert published(gateway_world("service"), None).inferencePool is False  # routing: service
+    assert published(gateway_world(), RoutingFacts(False)).inferencePool is False  # no InferencePool CRD
+    theirs = owned_pool()
+    theirs["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
+    assert published(gateway_world(), RoutingFacts(True, theirs)).inferencePool is False  # not its pool
+    assert published(gateway_world(), RoutingFacts(True, None)).inferencePool is True  # being created

@@ -27,7 +27,8 @@ local DEGRADED = {
   { type = "QualityGatePassed", reasons = { GateFailed = true } },
   { type = "ServingQualityPassed", reasons = { CanaryFailed = true, CanaryNotReady = true, CanaryError = true } },
   { type = "Deployed", reasons = { ServiceConflict = true, LeaderWorkerSetMissing = true,
-                                   RoutingUnavailable = true, InferencePoolConflict = true } },
+                                   RoutingUnavailable = true, InferencePoolConflict = true,
+                                   HTTPRouteConflict = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready" }

@@ -89,6 +89,14 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
   verbs: ["get", "create", "patch"]
+# spec.serving.gateway (serving/gatewayroute.py): the model's HTTPRoute, read by name (observe, to
+# report a missing CRD or a route it does not own; the activator-path loop, runtime/atzero.py),
+# created, and replaced at the resourceVersion read when its backend switches (Service at zero,
+# InferencePool once two pods are ready). No list, watch or delete: it is read by name, and goes
+# with its model (owner reference).
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get", "create", "update"]
 # The node cache's referenced-keys ConfigMap (operator/fewerbits_operator/nodecache.py), one per
 # namespace with artifactCache: Node models: created under the picker's ConfigMap grant below
 # (create cannot be limited to a name); replaced and deleted by that one name only

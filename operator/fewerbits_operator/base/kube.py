@@ -23,6 +23,9 @@ from fewerbits_api.policy import PLURAL as POLICY_PLURAL
 from fewerbits_api.quantizedmodel import PLURAL as QM_PLURAL
 
 from fewerbits_operator.base.apis import (
+    HTTP_ROUTE_GROUP,
+    HTTP_ROUTE_PLURAL,
+    HTTP_ROUTE_VERSION,
     INFERENCE_POOL_GROUP,
     INFERENCE_POOL_PLURAL,
     INFERENCE_POOL_VERSION,
@@ -599,6 +602,40 @@ class Kube:
         self.custom.patch_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, namespace,
                                                   INFERENCE_POOL_PLURAL, name, patch)
         self._wrote()
+
+    def get_http_route(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The HTTPRoute of that name (spec.serving.gateway, gatewayroute.py), or None."""
+        try:
+            return self.custom.get_namespaced_custom_object(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, namespace,
+                                                           HTTP_ROUTE_PLURAL, name)
+        except ApiException as e:
+            if _missing(e):
+                return None
+            raise
+
+    def create_http_route(self, body: dict[str, Any]) -> None:
+        """AlreadyExists is success: another operator replica created the same route."""
+        try:
+            self.custom.create_namespaced_custom_object(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION,
+                                                       body["metadata"]["namespace"], HTTP_ROUTE_PLURAL, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            return
+        self._wrote()
+
+    def replace_http_route(self, body: dict[str, Any]) -> bool:
+        """Replace at the resourceVersion in ``body``; False when it changed meanwhile (next pass)."""
+        md = body["metadata"]
+        try:
+            self.custom.replace_namespaced_custom_object(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, md["namespace"],
+                                                        HTTP_ROUTE_PLURAL, md["name"], body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        self._wrote()
+        return True
 
     # ------------------------------------------------------------ the node cache's referenced keys (nodecache.py)
 

@@ -140,6 +140,17 @@ class RoutingFacts:
 
 
 @dataclass(frozen=True)
+class GatewayFacts:
+    """What observe read for a model that names a Gateway (gatewayroute.py): only to report what
+    stops its HTTPRoute; the activator-path loop (runtime/atzero.py) writes the route."""
+
+    crd_served: bool
+    """Whether the API server serves httproutes in gateway.networking.k8s.io/v1."""
+    route: Mapping[str, Any] | None = None
+    """The HTTPRoute of the model's name, if any."""
+
+
+@dataclass(frozen=True)
 class PlanVerdict:
     """What the Planned condition says of a plan (decide.current_plan)."""
 
@@ -228,6 +239,8 @@ class Observed:
         return any(a.manifest is None and a.storage_error is None and a.job is None for a in self.artifacts.values())
     routing: RoutingFacts | None = None
     """When the model asks for an InferencePool (read only then), or a picker is left from before."""
+    gateway: GatewayFacts | None = None
+    """When the model names a Gateway (spec.serving.gateway): read only then."""
     canaries: Mapping[str, CanaryFacts] = field(default_factory=dict)
     """By pool: the canaries of the variants whose served configuration has no verdict yet (read
     only for those)."""

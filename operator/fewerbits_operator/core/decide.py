@@ -36,6 +36,7 @@ from fewerbits_api.quantizedmodel import (
     EffectiveAutoscaling,
     EffectivePolicies,
     PlanStatus,
+    PublishedRoute,
     QualityGateSpec,
     QualityStatus,
     QuantizedModelSpec,
@@ -91,7 +92,7 @@ from fewerbits_operator.base.terminations import job_failure_text, pod_failure, 
 from fewerbits_operator.base.queueing import OPERATOR_CAP, Admission, Waiter, kueue_queue, operator_queue
 from fewerbits_operator.artifacts.evaljob import render_eval_job
 from fewerbits_operator.artifacts.quality_gate import failure_text, judge_quality, needs_evaluation, worst_recovery
-from fewerbits_operator.serving import picker
+from fewerbits_operator.serving import gatewayroute, picker
 from fewerbits_operator.serving import routing
 from fewerbits_operator.serving.routing import capacity_placement
 from fewerbits_operator.base.settings import OperatorSettings
@@ -848,6 +849,8 @@ class RoutingStep:
     problem: tuple[str, str] | None = None
     """(reason, message): routing through an InferencePool is refused; the Service serves."""
     endpoint: str | None = None
+    route: PublishedRoute | None = None
+    """The HTTPRoute to keep (spec.serving.gateway), for status.route."""
 
 
 @dataclass(frozen=True)
@@ -1033,7 +1036,13 @@ def routing_step(obs: Observed, spec: QuantizedModelSpec, planned: bool, setting
         actions.extend(pool_actions)
     elif not routed and obs.routing is not None and (gone := picker.leftover(obs.routing.picker, owner)):
         actions.append(DeleteDeployment(*gone))
-    return RoutingStep(tuple(actions), conflict, problem, None if conflict else endpoint(owner))
+    route = None
+    if spec.serving.gateway is not None and not conflict and obs.gateway is not None:
+        route_problem = gatewayroute.route_problem(obs.gateway.crd_served, obs.gateway.route, owner)
+        route = None if route_problem else PublishedRoute(gateway=spec.serving.gateway,
+                                                          inferencePool=routed and problem is None)
+        problem = problem or route_problem
+    return RoutingStep(tuple(actions), conflict, problem, None if conflict else endpoint(owner), route)
 
 
 def rolled_out(workload: Mapping[str, Any], up_to_date: bool) -> bool:
@@ -1201,7 +1210,7 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     route = routing_step(obs, spec, bool(the_plan.variants), settings)
     actions.extend(route.actions)
     if the_plan.variants:
-        status.endpoint = route.endpoint
+        status.endpoint, status.route = route.endpoint, route.route
     step = serving_status(obs, workloads)
     status.serving = list(step.serving)
     status.replicas = step.replicas
@@ -1308,7 +1317,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
                                   artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
                                   formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling,
-                                  calibrationData=old.calibrationData)
+                                  route=old.route, calibrationData=old.calibrationData)
     actions: list[Action] = []
 
     def done() -> Outcome:

@@ -34,7 +34,8 @@ from fewerbits_operator.artifacts.evaljob import eval_job_name
 from fewerbits_operator.artifacts.quality_gate import needs_evaluation
 from fewerbits_operator.core.decide import current_plan, effective_for, missing_secrets, secret_refs
 from fewerbits_operator.base.kube import Kube, namespace_watched
-from fewerbits_operator.base.observed import ArtifactFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed, Planning
+from fewerbits_operator.base.apis import HTTP_ROUTE_GROUP, HTTP_ROUTE_PLURAL, HTTP_ROUTE_VERSION
+from fewerbits_operator.base.observed import ArtifactFacts, GatewayFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed, Planning
 from fewerbits_operator.base.terminations import evictions, terminations  # noqa: F401  (evictions: re-exported for tests)
 from fewerbits_operator.artifacts.pincache import REUSE, PinCache, PinKey, settled_etag
 from fewerbits_operator.planner import pools_from_nodes, shape_from_config
@@ -247,6 +248,9 @@ class Observer:
                        if d["metadata"]["name"] == picker.name_of(name)]:
             # Routed through the Service again: the picker's Deployment left from before goes.
             out["routing"] = routing.RoutingFacts(False, None, picker.PickerFacts(_freeze({"Deployment": stale[0]})))
+        if spec.serving.gateway is not None:
+            served = self.kube.serves(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, HTTP_ROUTE_PLURAL)
+            out["gateway"] = GatewayFacts(served, self.kube.get_http_route(ns, name) if served else None)
         return out
 
     def _short_of_ready(self, ns: str, name: str, deployments: Mapping[str, Any]

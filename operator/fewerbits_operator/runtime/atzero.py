@@ -28,6 +28,12 @@ activator_main.py): each computes the same slice from the same
 facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
 left to the next pass), so two replicas converge instead of fighting.
 
+The same loop keeps the model's HTTPRoute when reconcile published one (``status.route``: the
+effective ``spec.serving.gateway``, serving/gatewayroute.py): its backend is the model's Service
+while the activator is in that Service's path (the rule above, the same facts), else the
+InferencePool, so a request through the gateway at zero reaches the activator too. One writer for
+the route: this loop.
+
 Everything but ``ZeroRouter`` is pure.
 """
 
@@ -36,15 +42,25 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Protocol
 
+from fewerbits_api.quantizedmodel import PublishedRoute
+
 from fewerbits_operator.autoscaler.loop import is_ready, published_autoscaling
 from fewerbits_operator.runtime.periodic import run_periodically
-from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL
+from fewerbits_operator.serving import gatewayroute
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, Owner
 
 log = logging.getLogger("fewerbits.atzero")
+
+ROUTE_RECHECK_SECONDS = 30.0
+"""How long a replica trusts that a model's HTTPRoute is as it last saw it while what it wants is
+unchanged: the route is read by GET (no index holds it), so at rest it is read once per this
+period per model, not every pass; a change of the wanted backend is written at the next pass, and a
+hand edit is repaired within this period."""
 
 LABEL_SERVICE_NAME = "kubernetes.io/service-name"
 LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
@@ -180,6 +196,25 @@ def decide_model(model: dict[str, Any], pods: list[dict[str, Any]], endpoints: l
     return slice_changes(desired, current)
 
 
+def desired_route(model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
+                  endpoints: list[ActivatorEndpoint]) -> dict[str, Any]:
+    """The model's HTTPRoute (``status.route``): the Service as its backend on exactly the
+    condition that puts the activator slice on the Service (``decide_model``), so the route never
+    points at a Service without a ready endpoint nor at a pool without a ready pod because of the
+    switch."""
+    md = model["metadata"]
+    in_path = bool(endpoints) and activator_in_path(model, pods)
+    backend = gatewayroute.route_backend(route.inferencePool, in_path)
+    return gatewayroute.render_http_route(Owner(md["name"], md["namespace"], md["uid"]), route.gateway.to_wire(),
+                                          backend)
+
+
+def decide_route(model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
+                 endpoints: list[ActivatorEndpoint], current: dict[str, Any] | None) -> gatewayroute.RouteChange:
+    """What to write for the model's HTTPRoute: ``desired_route`` against the route read."""
+    return gatewayroute.route_change(desired_route(model, route, pods, endpoints), current, model["metadata"]["uid"])
+
+
 class ZeroRouterIO(Protocol):
     """``fewerbits_operator.base.kube.Kube`` implements these."""
 
@@ -189,6 +224,9 @@ class ZeroRouterIO(Protocol):
     def create_endpoint_slice(self, body: dict[str, Any]) -> None: ...
     def replace_endpoint_slice(self, body: dict[str, Any]) -> bool: ...
     def delete_endpoint_slice(self, namespace: str, name: str, resource_version: str) -> None: ...
+    def get_http_route(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def create_http_route(self, body: dict[str, Any]) -> None: ...
+    def replace_http_route(self, body: dict[str, Any]) -> bool: ...
 
 
 class ZeroRouter:
@@ -200,14 +238,20 @@ class ZeroRouter:
     listed each pass (tests' fakes)."""
 
     def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None,
-                 activator_slices: Callable[[], list[dict[str, Any]] | None] | None = None):
+                 activator_slices: Callable[[], list[dict[str, Any]] | None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.io = io
+        self.clock = clock
+        self._routes_seen: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
+        """(namespace, name) -> (the route wanted, when it was last found or made so)."""
         self.activator_ns, _, self.activator_name = activator_service.partition("/")
         self.namespaces = list(namespaces or [])
         self.activator_slices = activator_slices or (lambda: self.io.list_endpoint_slices(
             self.activator_ns, f"{LABEL_SERVICE_NAME}={self.activator_name}"))
         self.passes = 0
         """Completed passes (tests wait on it instead of sleeping)."""
+        self.route_writes = 0
+        """HTTPRoutes created or replaced."""
 
     def run_once(self) -> dict[str, SliceChanges]:
         slices = self.activator_slices()
@@ -216,6 +260,7 @@ class ZeroRouter:
         endpoints = activator_endpoints(slices)
         done: dict[str, SliceChanges] = {}
         current_by_ns: dict[str, list[dict[str, Any]]] = {}
+        listed: set[tuple[str, str]] = set()
         for model in self.io.list_models(self.namespaces):
             md = model.get("metadata") or {}
             ns, name = md.get("namespace", ""), md.get("name", "")
@@ -232,8 +277,12 @@ class ZeroRouter:
                     done[f"{ns}/{name}"] = changes
                     log.info("%s/%s: activator %s the Service's path", ns, name,
                              "out of" if changes.delete and not (changes.create or changes.replace) else "in")
+                if (route := gatewayroute.published_route(model)) is not None:
+                    self._sync_route(model, route, pods, endpoints)
             except Exception as e:  # one model never stops the rest; the next pass retries
                 log.warning("activator path of %s/%s not updated: %s: %s", ns, name, type(e).__name__, e)
+            listed.add((ns, name))
+        self._routes_seen = {k: v for k, v in self._routes_seen.items() if k in listed}  # models gone
         self.passes += 1
         return done
 
@@ -244,6 +293,29 @@ class ZeroRouter:
             self.io.replace_endpoint_slice(body)
         for ns, name, rv in changes.delete:
             self.io.delete_endpoint_slice(ns, name, rv)
+
+    def _sync_route(self, model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
+                    endpoints: list[ActivatorEndpoint]) -> None:
+        """The model's HTTPRoute brought to ``decide_route``. Reconcile publishes ``status.route``
+        only while the cluster serves HTTPRoutes and no route of that name is another's (it says
+        which in the Deployed condition otherwise); a route found not the model's is left alone."""
+        md = model["metadata"]
+        key, desired, now = (md["namespace"], md["name"]), desired_route(model, route, pods, endpoints), self.clock()
+        seen = self._routes_seen.get(key)
+        if seen is not None and seen[0] == desired and now - seen[1] < ROUTE_RECHECK_SECONDS:
+            return  # as this replica last found or made it, and wanted unchanged: no read
+        change = gatewayroute.route_change(desired, self.io.get_http_route(*key), md["uid"])
+        if change.conflict:
+            return  # not the model's: never written (reconcile reports it and withdraws status.route)
+        if change.create is not None:
+            self.io.create_http_route(change.create)
+        elif change.replace is not None and not self.io.replace_http_route(change.replace):
+            return  # changed meanwhile: read again at the next pass
+        self._routes_seen[key] = (desired, now)
+        if change.create is not None or change.replace is not None:
+            self.route_writes += 1
+            log.info("%s/%s: HTTPRoute backend %s", md["namespace"], md["name"],
+                     gatewayroute.current_backend(change.create or change.replace))
 
     def run_forever(self, stop: threading.Event, period: float = 2.0) -> None:
         log.info("activator path kept for models that may reach zero (every %.0fs, activator Service %s/%s)",
