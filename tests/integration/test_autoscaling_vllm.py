@@ -99,8 +99,7 @@ def test_real_vllm_load_scales_the_variant_up_and_back_down(cluster, gpu_pool, n
     # A vLLM whose engine core dies at start (its KV cache cannot hold one sequence): the log's last
     # 2,048 bytes hold only the API server's "See root cause above"; the launcher's termination
     # message holds the engine core's own error, and that is the model's condition.
-    models.apply(namespace, "refused", model_spec(quantization={"format": "fp8-dynamic"},
-                                                  serving={**serving, "extraArgs": NO_ROOM_FOR_ONE_SEQUENCE}))
+    models.patch_spec(namespace, "refused", {"serving": {"extraArgs": NO_ROOM_FOR_ONE_SEQUENCE}})
     engine = models.wait("the engine core's own error in the condition", lambda: (
         c := models.condition(namespace, "refused", "Ready")) and "VllmFailed" in c["message"] and c,
         timeout=600, namespace=namespace, name="refused")
