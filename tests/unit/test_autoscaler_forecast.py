@@ -19,15 +19,19 @@ from fewerbits_operator.autoscaler.algorithm import History, Observation, decide
 from fewerbits_operator.autoscaler.forecast import (
     DAY,
     WEEK,
+    Burst,
     DemandSeries,
     Forecast,
     Forecaster,
     ForecastTuning,
+    burst_departure,
     demand_of,
     fit_line,
     foresee,
     foresight_step,
+    seasonal_level,
     seasonal_ratio,
+    track_burst,
 )
 from fewerbits_operator.autoscaler.metrics import PodSample
 
@@ -172,6 +176,65 @@ def test_replay_launch_day_follows_the_new_level():
     came = sum(actual[t + 240] for t in times) / len(times)
     assert expected == pytest.approx(came, rel=0.05)
     assert all(out[t].phase == "Daily" and out[t].upper > out[t].expected for t in times)
+
+
+# ------------------------------------------------------------------ bursts
+
+
+def test_seasonal_level_is_the_median_of_earlier_days_at_this_time():
+    tuning = ForecastTuning()
+    series = DemandSeries(60.0, 8 * DAY)
+    now = 3 * DAY + 12 * 3600
+    assert seasonal_level(series, now, tuning) is None  # no earlier day: no seasonal level
+    for day, level in ((0, 4.0), (1, 9.0), (2, 5.0)):  # day 1 had a burst at this hour
+        for k in range(10):
+            series.add(day * DAY + 12 * 3600 - 600 + 60 * k, level)
+    assert seasonal_level(series, now, tuning) == 5.0  # the median: one day's burst does not move it
+    assert seasonal_level(series, now - 3600, tuning) is None  # nothing kept an hour earlier
+
+
+@pytest.mark.parametrize("open_burst, departure, expect_open, expect_ended", [
+    (None, None, None, None),  # no seasonal level yet
+    (None, 1.1, None, None),  # under the onset: no burst
+    (None, 1.2, Burst(100.0, 1.2), None),  # the onset (1.15)
+    (Burst(40.0, 1.2), 1.8, Burst(40.0, 1.8), None),  # rising: its peak follows
+    (Burst(40.0, 1.8), 1.3, Burst(40.0, 1.8), None),  # passing, still over the end (1.05)
+    (Burst(40.0, 1.8), 1.0, None, Burst(40.0, 1.8, 60.0)),  # ended: kept with its length
+])
+def test_track_burst_opens_follows_its_peak_and_ends(open_burst, departure, expect_open, expect_ended):
+    assert track_burst(open_burst, departure, 100.0, ForecastTuning()) == (expect_open, expect_ended)
+
+
+def test_a_started_burst_is_forecast_at_the_learned_height_while_it_is_young():
+    tuning = ForecastTuning()
+    past = [Burst(0.0, p, s) for p, s in ((1.5, 600.0), (2.0, 900.0), (2.5, 1200.0), (1.8, 300.0))]
+    young = Burst(1000.0, 1.3)
+    assert burst_departure(young, 1.3, past, 1030.0, HORIZON, tuning) == 2.0  # the 0.75 quantile of the peaks
+    assert burst_departure(young, 2.6, past, 1030.0, HORIZON, tuning) == 2.6  # higher already: the present
+    assert burst_departure(None, 1.1, past, 1030.0, HORIZON, tuning) == 1.1  # no burst
+    assert burst_departure(young, 1.3, past[:2], 1030.0, HORIZON, tuning) == 1.3  # too few learned
+    assert burst_departure(young, 1.3, past, 1700.0, HORIZON, tuning) == 1.3  # older than the median length
+    passing = Burst(1000.0, 2.4)
+    assert burst_departure(passing, 1.5, past, 1100.0, HORIZON, tuning) == 1.5  # falling from its peak
+
+
+def test_replay_a_started_burst_is_forecast_at_its_learned_height_not_its_slope():
+    """On the recorded history, within two minutes of a burst's start (as the forecaster detects
+    it), the forecast with the learned burst height covers the demand that came one horizon later
+    more often than the slope alone does, and is never lower."""
+    samples = recorded("demand-seasonal-seed1.json")
+    actual = dict(samples)
+    with_bursts, slope_only = Forecaster(), Forecaster(ForecastTuning(burst_min=10**6))
+    pairs = []
+    for t, d in samples:
+        for f in (with_bursts, slope_only):
+            f.observe(t, d)
+        a, b = with_bursts.predict(t, HORIZON), slope_only.predict(t, HORIZON)
+        if with_bursts.burst is not None and t - with_bursts.burst.start <= 120 and t + 240 in actual:
+            pairs.append((a.expected, b.expected, actual[t + 240]))
+    assert len(with_bursts.bursts) >= ForecastTuning().burst_min and len(pairs) >= 10
+    assert all(a >= b - 1e-9 for a, b, _ in pairs)
+    assert sum(came <= a for a, _, came in pairs) > sum(came <= b for _, b, came in pairs)
 
 
 # ------------------------------------------------------------------ the rule

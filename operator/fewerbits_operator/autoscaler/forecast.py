@@ -13,6 +13,12 @@ one start-up late. This module adds one rule after ``algorithm.decide``:
   demand at this time of day), blended with the same-weekday ratio of a week ago once a week is
   kept, plus the part of the recent slope the season does not explain (bursts, launches),
   damped. Before a day of history the seasonal ratio is 1 (trend only).
+- **Bursts** (``track_burst``, ``burst_departure``): once a day is kept, a burst opens when the
+  present level is 1.15x what earlier days saw at this time of day (``seasonal_level``) and ends
+  under 1.05x; each ended one is kept (its peak over the seasonal level, its length; the last 64).
+  While a burst is younger than the median past length and not yet falling from its peak, the
+  forecast is at least the seasonal level times the 0.75 quantile of the past peaks: a burst that
+  has started is forecast at the height past ones reached, not only its slope so far.
 - **The band** is the forecast's own realised error: every forecast is checked against the demand
   measured when its time comes, and the upper band is the expected value plus the 90th percentile
   of the relative errors of the last day. No band (and so no action) before ``min_errors`` have
@@ -83,6 +89,20 @@ class ForecastTuning:
     """Checked forecasts kept for the band (one a minute: a day)."""
     unneeded_window_factor: float = 2.0
     """A predictive scale-up is judged over this many horizons after it (``Forecaster.settle``)."""
+    burst_onset: float = 1.15
+    """A burst starts when the present level is this many times what earlier days saw at this time
+    of day (``seasonal_level``)..."""
+    burst_end: float = 1.05
+    """...and ends when it falls back under this many times."""
+    burst_quantile: float = 0.75
+    """A started burst is forecast to reach this quantile of the peaks (over their seasonal level)
+    of the variant's past bursts..."""
+    burst_min: int = 3
+    """...once this many bursts have been measured..."""
+    burst_keep: int = 64
+    """...of the last this many..."""
+    burst_passing: float = 0.8
+    """...until it falls under this share of its own peak so far (it is passing: no lift)."""
 
 
 class DemandSeries:
@@ -177,6 +197,55 @@ def seasonal_ratio(series: DemandSeries, now: float, horizon: float, tuning: For
     return (r_day + r_week) / 2, "Weekly"
 
 
+def seasonal_level(series: DemandSeries, now: float, tuning: ForecastTuning) -> float | None:
+    """The demand earlier days saw at this time of day: the median over the last ``season_days``
+    of the mean over ``season_seconds`` up to this time; None under a day of history."""
+    w = tuning.season_seconds
+    seen = sorted(m for k in range(1, tuning.season_days + 1)
+                  if (m := series.mean(now - k * DAY - w, now - k * DAY)) is not None)
+    if not seen:
+        return None
+    mid = len(seen) // 2
+    return seen[mid] if len(seen) % 2 else (seen[mid - 1] + seen[mid]) / 2
+
+
+@dataclass(frozen=True)
+class Burst:
+    """A departure of the demand from the season: when it started, its peak so far (the level over
+    the seasonal level), and the seconds it lasted (once it ended)."""
+
+    start: float
+    peak: float
+    seconds: float | None = None
+
+
+def track_burst(open_burst: Burst | None, departure: float | None, now: float,
+                tuning: ForecastTuning) -> tuple[Burst | None, Burst | None]:
+    """One pass of burst detection on ``departure`` (the level over the seasonal level):
+    (the burst open after it, the burst that ended in it)."""
+    if departure is None:
+        return None, None
+    if open_burst is None:
+        return (Burst(now, departure), None) if departure >= tuning.burst_onset else (None, None)
+    if departure < tuning.burst_end:
+        return None, replace(open_burst, seconds=now - open_burst.start)
+    return replace(open_burst, peak=max(open_burst.peak, departure)), None
+
+
+def burst_departure(open_burst: Burst | None, departure: float, past: list[Burst], now: float,
+                    horizon: float, tuning: ForecastTuning) -> float:
+    """The departure from the season expected one ``horizon`` ahead: for a burst that has started
+    and still rises or holds, the ``burst_quantile`` of the past bursts' peaks while it is younger
+    than their typical (median) length; else the present departure (no burst, or it is passing)."""
+    if open_burst is None or len(past) < tuning.burst_min or departure < tuning.burst_passing * open_burst.peak:
+        return departure
+    peaks = sorted(b.peak for b in past)
+    lengths = sorted(b.seconds or 0.0 for b in past)
+    if now + horizon - open_burst.start > quantile(lengths, 0.5):
+        return departure
+    return max(departure, quantile(peaks, tuning.burst_quantile))
+
+
 def quantile(sorted_values: list[float], q: float) -> float:
     k = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
     return sorted_values[k]
@@ -198,6 +267,9 @@ class Forecaster:
         self._last_pending_bucket: int | None = None
         self.scale_ups: list[tuple[float, float, int]] = []
         """Predictive scale-ups to judge: (time, horizon, replicas before)."""
+        self.burst: Burst | None = None
+        self.bursts: deque[Burst] = deque(maxlen=tuning.burst_keep)
+        """The variant's past bursts (``track_burst``): what a started one will look like."""
 
     # -------------------------------------------------------------- feeding
 
@@ -217,7 +289,8 @@ class Forecaster:
 
     def predict(self, now: float, horizon: float) -> Forecast | None:
         """The forecast at ``now + horizon``; None before any demand was observed. Every call (one
-        kept a bucket) is checked later against the demand that came."""
+        kept a bucket) is checked later against the demand that came, and tracks the bursts: call
+        it once a pass."""
         if not self.recent:
             return None
         t = self.tuning
@@ -228,6 +301,7 @@ class Forecaster:
         ratio, phase = seasonal_ratio(self.series, now, horizon, t)
         seasonal_slope = level * (ratio - 1.0) / horizon if horizon > 0 else 0.0
         expected = max(0.0, level * ratio + t.trend_damping * (slope - seasonal_slope) * horizon)
+        expected = max(expected, self._burst_expected(now, horizon, level, ratio))
         bucket = int(now // t.bucket_seconds)
         if bucket != self._last_pending_bucket:
             self.pending.append((now + horizon, expected))
@@ -241,6 +315,20 @@ class Forecaster:
         lower = max(0.0, expected + min(0.0, quantile(self._sorted, 1.0 - t.band_quantile)) * scale)
         return Forecast(phase, self.series.span(now), horizon, level, expected, upper, lower, checked,
                         self.series.first)
+
+    def _burst_expected(self, now: float, horizon: float, level: float, ratio: float) -> float:
+        """The demand one ``horizon`` ahead if a started burst reaches the height past ones did
+        (``burst_departure``; 0 without a seasonal level). Tracks the bursts as it goes: called
+        once a pass, by ``predict``."""
+        base = seasonal_level(self.series, now, self.tuning)
+        departure = None if base is None else (level + 0.5) / (base + 0.5)  # +0.5: as seasonal_ratio
+        self.burst, ended = track_burst(self.burst, departure, now, self.tuning)
+        if ended is not None:
+            self.bursts.append(ended)
+        if base is None or departure is None:
+            return 0.0
+        ahead = burst_departure(self.burst, departure, list(self.bursts), now, horizon, self.tuning)
+        return (base + 0.5) * ahead * ratio - 0.5
 
     # -------------------------------------------------------------- judging
 
