@@ -508,7 +508,7 @@ class Runner:
 
     def vllm_cpu_bin(self) -> Path:
         """A folder holding `vllm`: e2e/vllm_cpu.py under the vLLM environment's interpreter, put first
-        on PATH of `vllm-cpu` containers, so the launcher's `exec vllm serve ...` starts vLLM's CPU
+        on PATH of `vllm-cpu` containers, so the launcher's `vllm serve ...` starts vLLM's CPU
         build with the rendered argv."""
         folder = self.state_dir / "vllm-cpu-bin"
         exe = folder / "vllm"
