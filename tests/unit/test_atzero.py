@@ -99,6 +99,10 @@ class FakeIO:
     def list_models(self, namespaces):
         return copy.deepcopy(self.models)
 
+    def list_models_where(self, namespaces, where):
+        self.filtered_lists = getattr(self, "filtered_lists", 0) + 1
+        return [m for m in self.list_models(namespaces) if where(m)]
+
     def list_pods(self, namespace, selector):
         return copy.deepcopy(self.pods)
 
@@ -147,6 +151,32 @@ def test_two_replicas_converge_and_write_nothing_at_rest():
     a.run_once()
     assert io.slices == {} and io.writes == 2
     assert a.passes == 3 and b.passes == 3
+
+
+def test_a_pass_copies_only_the_models_it_keeps_something_for():
+    # Between full passes only models that may reach zero, or that still have activator slices,
+    # are read out of the index; one that leaves "may reach zero" loses its slice at the next pass.
+    from fewerbits_operator.runtime.atzero import FULL_PASS_EVERY
+
+    io = FakeIO([model(), model(min_replicas=1, name="always-on")], [])
+    seen = []
+    io.list_models_where = lambda ns, where: seen.append(sorted(m["metadata"]["name"] for m in io.models
+                                                                if where(m))) or [m for m in io.models if where(m)]
+    r = ZeroRouter(io, "fewerbits-system/fewerbits-activator")
+    r.run_once()  # the first pass reads every model (after a restart: slices left behind)
+    assert seen == [] and list(io.slices) == [(NS, "m-activator-8082")]
+    r.run_once()
+    assert seen == [["m"]]  # "always-on" has nothing to keep: not copied
+    io.models[0] = model(min_replicas=1)  # m no longer reaches zero, but it has a slice: still looked at
+    r.run_once()
+    assert seen[-1] == ["m"] and io.slices == {}
+    r.run_once()
+    assert seen[-1] == []
+    while r.passes % FULL_PASS_EVERY:
+        r.run_once()
+    calls = len(seen)
+    r.run_once()
+    assert len(seen) == calls  # the full pass
 
 
 def test_last_ready_at_is_when_the_latest_ready_pod_became_ready():

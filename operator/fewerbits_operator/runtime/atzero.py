@@ -219,6 +219,7 @@ class ZeroRouterIO(Protocol):
     """``fewerbits_operator.base.kube.Kube`` implements these."""
 
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]: ...
+    def list_models_where(self, namespaces: list[str], where: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]: ...
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def list_endpoint_slices(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def create_endpoint_slice(self, body: dict[str, Any]) -> None: ...
@@ -227,6 +228,15 @@ class ZeroRouterIO(Protocol):
     def get_http_route(self, namespace: str, name: str) -> dict[str, Any] | None: ...
     def create_http_route(self, body: dict[str, Any]) -> None: ...
     def replace_http_route(self, body: dict[str, Any]) -> bool: ...
+
+
+FULL_PASS_EVERY = 15
+"""Every 15th pass (30 s at the default 2 s) looks at every model (ZeroRouter._models)."""
+
+
+def _key(model: dict[str, Any]) -> tuple[str, str]:
+    md = model.get("metadata") or {}
+    return md.get("namespace", ""), md.get("name", "")
 
 
 class ZeroRouter:
@@ -252,6 +262,8 @@ class ZeroRouter:
         """Completed passes (tests wait on it instead of sleeping)."""
         self.route_writes = 0
         """HTTPRoutes created or replaced."""
+        self._in_path: set[tuple[str, str]] = set()
+        """Models this replica last saw with activator slices: in scope until they have none."""
 
     def run_once(self) -> dict[str, SliceChanges]:
         slices = self.activator_slices()
@@ -261,7 +273,7 @@ class ZeroRouter:
         done: dict[str, SliceChanges] = {}
         current_by_ns: dict[str, list[dict[str, Any]]] = {}
         listed: set[tuple[str, str]] = set()
-        for model in self.io.list_models(self.namespaces):
+        for model in self._models():
             md = model.get("metadata") or {}
             ns, name = md.get("namespace", ""), md.get("name", "")
             try:
@@ -273,6 +285,8 @@ class ZeroRouter:
                         if may_reach_zero(model) else [])
                 changes = decide_model(model, pods, endpoints, current)
                 self._apply(changes)
+                left = len(current) - len(changes.delete) + len(changes.create)
+                (self._in_path.add if left > 0 else self._in_path.discard)((ns, name))
                 if changes.create or changes.replace or changes.delete:
                     done[f"{ns}/{name}"] = changes
                     log.info("%s/%s: activator %s the Service's path", ns, name,
@@ -283,8 +297,20 @@ class ZeroRouter:
                 log.warning("activator path of %s/%s not updated: %s: %s", ns, name, type(e).__name__, e)
             listed.add((ns, name))
         self._routes_seen = {k: v for k, v in self._routes_seen.items() if k in listed}  # models gone
+        self._in_path &= listed
         self.passes += 1
         return done
+
+    def _models(self) -> list[dict[str, Any]]:
+        """The models a pass looks at. Only those with something to keep (they may reach zero, they
+        have a route, or they had activator slices) are copied out of the index: at 300 models a
+        copy of every model each pass holds the interpreter for tens of milliseconds every 2 s, and
+        a reconcile waits that long. Every FULL_PASS_EVERY passes (the first included, so after a
+        restart) all are, to remove slices a model left behind while no replica watched."""
+        if self.passes % FULL_PASS_EVERY == 0:
+            return self.io.list_models(self.namespaces)
+        return self.io.list_models_where(self.namespaces, lambda m: may_reach_zero(m) or (
+            gatewayroute.published_route(m) is not None) or _key(m) in self._in_path)
 
     def _apply(self, changes: SliceChanges) -> None:
         for body in changes.create:
