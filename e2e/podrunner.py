@@ -83,6 +83,9 @@ class Container:
         self.last_state: dict = {}
         self.ready = False
         self.started = False
+        self.probe_failures = 0
+        """Readiness probe failures in a row since the container was last seen ready."""
+        self.next_probe = 0.0
         self.backoff_until = 0.0
         self.sim_port: int | None = None
         self.local_ports: dict[int, int] = {}
@@ -317,15 +320,40 @@ class PodRun(threading.Thread):
             t["message"] = msg
         return {"terminated": t}
 
+    def _readiness(self, c: Container) -> bool:
+        """Readiness as the kubelet keeps it once a container is ready: probed every
+        `periodSeconds` (default 10), each probe within `timeoutSeconds` (default 1), and unready only
+        after `failureThreshold` (default 3) failures in a row. So a server slow to answer one probe
+        on a loaded machine stays ready, as it would on a node. Until it is first ready it is probed
+        every pass of the pod loop (0.5 s), sooner than the period: that only makes tests quicker."""
+        probe = c.spec.get("readinessProbe") or {}
+        now_ = time.monotonic()
+        if c.proc is None or c.proc.poll() is not None or not c.ready:
+            ok = self._ready(c)
+            c.probe_failures, c.next_probe = 0, now_ + float(probe.get("periodSeconds", 10))
+            return ok
+        if now_ < c.next_probe:
+            return True
+        c.next_probe = now_ + float(probe.get("periodSeconds", 10))
+        if self._ready(c):
+            c.probe_failures = 0
+            return True
+        c.probe_failures += 1
+        log.warning("pod %s/%s: %s failed its readiness probe (%d in a row)", self.ns, self.name, c.name,
+                    c.probe_failures)
+        return c.probe_failures < int(probe.get("failureThreshold", 3))
+
     def _ready(self, c: Container) -> bool:
+        """One readiness probe now."""
         if c.proc is None:
             return "running" in c.state
         if c.proc.poll() is not None:
             return False
         probe = c.spec.get("readinessProbe") or {}
+        timeout = float(probe.get("timeoutSeconds", 1))
         try:
             if c.rule and c.rule.kind in ("vllm", "vllm-cpu"):
-                return _http_ok(f"http://{self.ip}:{c.vllm.port}/health")
+                return _http_ok(f"http://{self.ip}:{c.vllm.port}/health", timeout)
             if c.rule and c.rule.kind == "epp":
                 # Every port the picker listens on, itself (a forwarder always accepts): its gRPC
                 # health port opens before its ext-proc port does.
@@ -335,9 +363,9 @@ class PodRun(threading.Thread):
             if "httpGet" in probe:
                 h = probe["httpGet"]
                 port = _port(h.get("port"), c.spec)
-                return _http_ok(f"http://{self.ip}:{port}{h.get('path', '/')}")
+                return _http_ok(f"http://{self.ip}:{port}{h.get('path', '/')}", timeout)
             if "tcpSocket" in probe:
-                with socket.create_connection((self.ip, _port(probe["tcpSocket"]["port"], c.spec)), timeout=1):
+                with socket.create_connection((self.ip, _port(probe["tcpSocket"]["port"], c.spec)), timeout=timeout):
                     return True
         except (OSError, ValueError):
             return False
@@ -446,7 +474,7 @@ class PodRun(threading.Thread):
                         c.state = t
                         c.started = False
                 else:
-                    c.ready = self._ready(c)
+                    c.ready = self._readiness(c)
             if all("terminated" in c.state for c in self.mains):
                 codes = [c.state["terminated"]["exitCode"] for c in self.mains]
                 self.phase = "Succeeded" if all(x == 0 for x in codes) else "Failed"
@@ -474,9 +502,9 @@ def _port(port, spec: dict) -> int:
     raise ValueError(f"unknown port {port}")
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, timeout: float = 1.0) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             return 200 <= r.status < 400
     except OSError:
         return False

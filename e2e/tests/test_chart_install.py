@@ -55,7 +55,7 @@ NAMESPACED = {  # in the watched namespace only (a Role there)
     # Asked only where the LeaderWorkerSet CRD is installed (discovery lists it): see the comparison.
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ""): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets", "scale"): {"get", "patch"},
-    ("", "services", ""): {"get", "create", "patch"},
+    ("", "services", ""): {"get", "list", "watch", "create", "patch"},
     ("", "events", ""): {"create"},
     ("inference.networking.k8s.io", "inferencepools", ""): {"get", "create", "patch"},
     # spec.serving.gateway: the model's HTTPRoute, read by name, created, replaced when its backend

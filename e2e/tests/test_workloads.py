@@ -99,3 +99,54 @@ def test_the_operators_endpoint_picker_runs_the_built_binary_on_free_ports():
     assert argv == ["/bin/epp", "--pool-name", "m", "--grpc-port", "41000", "--metrics-port", "41001",
                     "--grpc-health-port", "41002"]
     assert ports == {9002: 41000, 9090: 41001, 9003: 41002}
+
+
+def test_a_ready_container_goes_unready_only_after_failure_threshold_probes_in_a_row(tmp_path):
+    """The pod runner keeps readiness as the kubelet does: a ready server that fails one probe (slow
+    on a loaded machine) stays ready; `failureThreshold` failures in a row make it unready, one
+    success ready again; between periods it is not probed."""
+    import http.server
+    import subprocess
+    import threading
+
+    from e2e.podrunner import Container, PodRun
+
+    state = {"code": 200, "hits": 0}
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            state["hits"] += 1
+            self.send_response(state["code"])
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        probe = {"httpGet": {"path": "/health", "port": server.server_address[1]}, "periodSeconds": 5,
+                 "failureThreshold": 3}
+        c = Container({"name": "srv", "readinessProbe": probe}, None, False)
+        c.proc = proc
+        run = PodRun.__new__(PodRun)
+        threading.Thread.__init__(run)  # only what _readiness reads; no runner, no API server
+        run.ip, run.ns, run.name = "127.0.0.1", "ns", "p"
+
+        def probe_now() -> bool:
+            c.next_probe = 0.0  # the period has passed
+            c.ready = run._readiness(c)
+            return c.ready
+
+        assert probe_now() and state["hits"] == 1
+        state["code"] = 500
+        assert run._readiness(c) and state["hits"] == 1  # within the period: not probed
+        assert [probe_now() for _ in range(3)] == [True, True, False] and state["hits"] == 4
+        assert not probe_now()  # unready: probed every pass until it answers
+        state["code"] = 200
+        assert probe_now() and c.probe_failures == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        server.shutdown()

@@ -109,6 +109,16 @@ def _verdict(models, namespace: str, name: str, timeout: float) -> dict:
     return models.wait("a canary verdict", check, timeout, namespace, name)
 
 
+def _verdict_written(s3, spec: dict, canary: dict):
+    """When the canary Job wrote its verdict (`<key>/serving/<hash>.json`), to the whole second as
+    the API server stamps objects (MinIO runs on the same clock)."""
+    from fewerbits_api.canary import serving_result_key
+
+    bucket, prefix = artifact_prefix(spec["storage"]["uri"], canary["artifactKey"])
+    head = s3.client().head_object(Bucket=bucket, Key=serving_result_key(prefix, canary["configHash"]))
+    return head["LastModified"].replace(microsecond=0)
+
+
 def _reasons(models, namespace: str, name: str) -> dict:
     """Reason → when it was first posted (Event times have whole seconds: one pass's events tie)."""
     out: dict = {}
@@ -156,10 +166,13 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     deployments = models.deployments(namespace, "c")
     assert len(deployments) == 1, [(d.metadata.name, d.metadata.labels) for d in deployments]
     (real,) = deployments
-    assert real.metadata.creation_timestamp >= at["CanaryPassed"]  # the Deployment only after the verdict
     status = models.get(namespace, "c")["status"]
     (entry,) = status["serving"]
     c1 = entry["canary"]
+    # The Deployment only after the verdict: created at or after the verdict object was written. (Not
+    # against the CanaryPassed event: that pass posts its events after its writes, a second later
+    # at a second's boundary.)
+    assert real.metadata.creation_timestamp >= _verdict_written(cluster.s3, spec, c1), c1
     assert c1["phase"] == "Passed" and c1["kvCacheDtype"] == "fp8", c1
     (metric,) = [m for m in c1["metrics"] if m["name"] == "custom:rougeL"]
     assert metric["served"] > 0 and metric["base"] > 0 and metric["jobQuantized"] is not None and metric["passed"]
@@ -203,7 +216,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     (after,) = models.deployments(namespace, "c")
     assert after.metadata.generation == generation  # the sound Deployment was never touched
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
-    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    ready = models.condition(namespace, "c", "Ready")
+    assert ready["status"] == "True", ready
     assert "CanaryFailed" in _reasons(models, namespace, "c")
 
     # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
@@ -212,7 +226,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     assert not_ready["reason"] == "CanaryNotReady", not_ready
     assert "cannot start 'vllm'" in not_ready["message"], not_ready
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
-    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    ready = models.condition(namespace, "c", "Ready")
+    assert ready["status"] == "True", ready
     models.wait("the crashed canary removed", lambda: not core.list_namespaced_pod(
         namespace, label_selector="fewerbits.io/canary-of=c").items, timeout=120, namespace=namespace, name="c")
 
@@ -221,5 +236,5 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     refused = _verdict(models, namespace, "c", timeout=300)
     assert refused["reason"] == "CanaryNotReady" and "unrecognized arguments: --monokernel" in refused["message"], \
         refused
-    assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
-    assert models.condition(namespace, "c", "Ready")["status"] == "True"
+    ready = models.condition(namespace, "c", "Ready")
+    assert ready["status"] == "True", ready

@@ -189,7 +189,7 @@ NAMESPACED_RULES = {
     ("apps", "deployments/scale"): {"get", "patch"},  # the wake (update) is the activator's
     ("leaderworkerset.x-k8s.io", "leaderworkersets"): {"list", "watch", "create", "update", "delete"},
     ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"): {"get", "patch"},
-    ("", "services"): {"get", "create", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "patch"},
     ("inference.networking.k8s.io", "inferencepools"): {"get", "create", "patch"},
     ("gateway.networking.k8s.io", "httproutes"): {"get", "create", "update"},  # spec.serving.gateway (atzero.py)
     ("", "events"): {"create"},

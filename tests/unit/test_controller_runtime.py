@@ -320,6 +320,29 @@ def test_jobs_and_deployments_we_created_are_read_live_until_kopf_brings_them():
     assert k.apps.list_namespaced_deployment.call_count == 2
 
 
+def test_a_models_service_comes_from_the_index_and_a_missing_or_foreign_one_is_read_live():
+    """Each resync reads the model's Service (observe._exposure): from the index of the Services
+    the operator labels as its own, once it holds our last write; one it does not hold (not created
+    yet, or a Service of that name the operator does not manage) is read by name."""
+    op, feed = wired()
+    k = fake_kube(op)
+    feed("models", None, qm("a", "m", "1"))  # kopf has listed: the indexes are synced
+    svc = child("a", "m", "4", ["m"])
+    feed.indexers["services"].replace(("a", "m", "u-a-m"), index_entry(svc))
+    assert k.get_service("a", "m")["metadata"]["resourceVersion"] == "4"
+    assert not k.core.read_namespaced_service.called
+    k.core.read_namespaced_service.return_value = {"metadata": {"name": "x", "resourceVersion": "9"}}
+    assert k.get_service("a", "x")["metadata"]["resourceVersion"] == "9"  # not held: live
+    k.core.patch_namespaced_service.return_value = child("a", "m", "5", ["m"])
+    k.patch_service("a", "m", {"spec": {}})
+    k.core.read_namespaced_service.return_value = child("a", "m", "5", ["m"])
+    assert k.get_service("a", "m")["metadata"]["resourceVersion"] == "5"  # the index holds 4: live
+    assert k.core.read_namespaced_service.call_count == 2
+    feed.indexers["services"].replace(("a", "m", "u-a-m"), index_entry(child("a", "m", "5", ["m"])))
+    k.get_service("a", "m")
+    assert k.core.read_namespaced_service.call_count == 2  # the index again
+
+
 def test_lists_come_from_the_indexes_for_the_operators_own_scope_once_synced():
     op, _ = wired()
     k = fake_kube(op)

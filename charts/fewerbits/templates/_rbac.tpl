@@ -78,10 +78,12 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
   resources: ["leaderworkersets/scale"]
   verbs: ["get", "patch"]
 # One Service per model: get, create, patch its selector and ports back when they drift
-# (Kube.get_service, Kube.create, Kube.patch_service).
+# (Kube.get_service, Kube.create, Kube.patch_service); list and watch: a cache of the Services the
+# operator labels as its own (kopf: handlers.py INDEXED, label-selected) serves the read each
+# resync makes. A Service not in it is read by name.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # One InferencePool per model that sets spec.serving.routing: inferencePool (routing.py): get it by
 # the model's name (Kube.get_inference_pool), create it, patch its spec back when it drifts
 # (Kube.create_inference_pool, Kube.patch_inference_pool). Whether the CRD is served at all is a

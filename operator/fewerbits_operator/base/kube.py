@@ -109,6 +109,8 @@ class Kube:
         """The models' pods (labelled ``fewerbits.io/model``): the loops' reads (list_pods)."""
         self.slices: IndexView | None = None
         """The models' activator EndpointSlices (atzero.py's, list_endpoint_slices)."""
+        self.services: IndexView | None = None
+        """The models' Services (labelled managed-by fewerbits): get_service."""
         self._lws_served_at_start = True
         """Whether the LeaderWorkerSet API was served when kopf started (``lws_available``)."""
         self._namespace_labels = TTLCache(0)
@@ -121,7 +123,7 @@ class Kube:
         self.namespaces = list(namespaces)
         self.models, self.jobs, self.deployments = views["models"], views["jobs"], views["deployments"]
         self.lws, self.nodes, self.policies = views["leaderworkersets"], views["nodes"], views["policies"]
-        self.pods, self.slices = views.get("pods"), views.get("endpointslices")
+        self.pods, self.slices, self.services = views.get("pods"), views.get("endpointslices"), views.get("services")
         self._namespace_labels = TTLCache(namespace_ttl_seconds)
         self._lws_served_at_start = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 
@@ -294,7 +296,7 @@ class Kube:
 
     def _noted(self, kind: str, namespace: str, name: str | None, resource_version: str | None) -> None:
         """A write of ours: the index of that kind serves the object again once it has it."""
-        view = {"Job": self.jobs, "Deployment": self.deployments, LWS_KIND: self.lws}.get(kind)
+        view = {"Job": self.jobs, "Deployment": self.deployments, LWS_KIND: self.lws, "Service": self.services}.get(kind)
         if view is not None and name:
             view.note(namespace, name, resource_version)
 
@@ -553,16 +555,26 @@ class Kube:
         self._wrote()
 
     def get_service(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A model's Service from the watched cache when it holds it (and at least what this process
+        last wrote); else a GET: a Service not created yet, or one of that name without the
+        managed-by label (a conflict routing.py reports), is never in the cache."""
+        if self.services is not None and self.services.fresh(namespace, name):
+            held = self.services.get(namespace, name)
+            if held is not None:
+                return held
         try:
-            return self.api.sanitize_for_serialization(self.core.read_namespaced_service(name, namespace))
+            svc = self.api.sanitize_for_serialization(self.core.read_namespaced_service(name, namespace))
         except ApiException as e:
             if _missing(e):
                 return None
             raise
+        self._noted("Service", namespace, name, _rv(svc))
+        return svc
 
     def patch_service(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        self.core.patch_namespaced_service(name, namespace, patch)
+        out = self.core.patch_namespaced_service(name, namespace, patch)
         self._wrote()
+        self._noted("Service", namespace, name, _rv(self.api.sanitize_for_serialization(out)))
 
     # ------------------------------------------------------------ InferencePools (routing.py)
 

@@ -39,6 +39,9 @@ KINDS: dict[str, tuple[str, str, str, dict[str, str] | None]] = {
 INDEXED: dict[str, tuple[str, str, str, dict[str, Any], str]] = {
     # The pods of the models' workloads (render.py labels every one with its model).
     "pods": ("", "v1", "pods", {"fewerbits.io/model": kopf.PRESENT}, "fewerbits.io/model"),
+    # The models' Services (render.py labels them as its other objects): observe's read of a model's
+    # Service at every resync comes from here (Kube.get_service).
+    "services": ("", "v1", "services", MANAGED, "app.kubernetes.io/managed-by=fewerbits"),
     # The models' activator EndpointSlices (atzero.py writes them).
     "endpointslices": ("discovery.k8s.io", "v1", "endpointslices",
                        {"endpointslice.kubernetes.io/managed-by": "activator.fewerbits.io"},

@@ -61,7 +61,8 @@ MAX_BACKOFF_SECONDS = 60.0
 """Retries of a failing reconcile back off 1, 2, 4 ... s up to this (or resync_seconds if shorter)."""
 STOP_SECONDS = 10.0
 """On SIGTERM, how long running reconciles may take to finish before the process exits."""
-VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies", "pods", "endpointslices")
+VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies", "pods", "endpointslices",
+         "services")
 
 
 def job_projection(job: dict[str, Any]) -> Any:
