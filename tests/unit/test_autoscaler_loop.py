@@ -674,3 +674,56 @@ def test_startup_is_read_from_the_pods_ready_transitions():
             pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]
     assert startup_seconds(pods) == 180.0  # the median of 120, 180, 240; unready and unreadable pods ignored
     assert startup_seconds([pod("2027-01-15T08:00:00Z", "2027-01-15T08:30:00Z", status="False")]) is None
+
+
+class InPlaceIO(FakeIO):
+    """Reads return the held objects themselves, as ``KubeAutoscalerIO`` reads the kopf indexes
+    (``shared``); writes replace an object, as an index does on the next event. Every object handed
+    out is kept with a copy taken then."""
+
+    def __init__(self):
+        super().__init__()
+        self.handed: list[tuple[dict, dict]] = []
+
+    def _hand(self, objs):
+        self.handed += [(o, copy.deepcopy(o)) for o in objs]
+        return objs
+
+    def list_models(self, namespaces):
+        return self._hand([m for m in self.models.values() if not namespaces or m["metadata"]["namespace"] in namespaces])
+
+    def list_deployments(self, namespace, selector):
+        return self._hand([d for d in self.deployments.values() if self._match(d, selector)])
+
+    def list_pods(self, namespace, selector):
+        return self._hand([p for p in self.pods.values() if self._match(p, selector)])
+
+    def patch_scale(self, namespace, name, replicas):
+        self.scale_writes.append((name, replicas))
+        d = self.deployments[name]
+        self.deployments[name] = {**d, "spec": {**d["spec"], "replicas": replicas}}
+
+    def patch_serving_status(self, namespace, name, updates):
+        m = self.models[name]
+        merged = merge_serving(m["status"]["serving"], updates)
+        self.status_writes.append((name, copy.deepcopy(updates)))
+        if merged is not None:
+            self.models[name] = {**m, "status": {**m["status"], "serving": merged}}
+
+
+def test_a_pass_changes_nothing_it_reads_so_the_cache_is_read_in_place(servers):
+    """The operator's autoscaler reads the kopf indexes' objects without copying them: no pass may
+    change one (scale-ups, status writes, events, missing metrics, the forecast)."""
+    io = InPlaceIO()
+    up = setup(io, servers, 2)
+    for s in up:
+        s.set(kv=0.95)
+    quiet = setup(io, servers, 2, model="m2")
+    quiet[0].set(kv=0.1)
+    quiet[1].page = "# no vLLM metrics here\n"
+    a = scaler(io)
+    for i in range(4):
+        a.run_once(T0 + 15 * i)
+    assert io.scale_writes and io.status_writes and io.events  # the pass wrote, through the IO only
+    assert len(io.handed) > 12
+    assert all(obj == then for obj, then in io.handed)

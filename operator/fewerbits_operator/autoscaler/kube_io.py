@@ -26,14 +26,17 @@ class KubeAutoscalerIO:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.kube, name)  # the client's other attributes (its API objects, counters)
 
+    # The pass reads every model, Deployment and pod and changes none of them (loop.py builds new
+    # dicts for what it writes): the cache's objects are read in place, not copied.
+
     def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
-        return self.kube.list_models(namespaces)
+        return self.kube.list_models(namespaces, shared=True)
 
     def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self.kube.list_deployments(namespace, selector)
+        return self.kube.list_deployments(namespace, selector, shared=True)
 
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        return self.kube.list_pods(namespace, selector)
+        return self.kube.list_pods(namespace, selector, shared=True)
 
     def read_scale(self, namespace: str, name: str) -> int | None:
         return self.kube.read_scale(namespace, name)

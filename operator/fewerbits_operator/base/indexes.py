@@ -118,9 +118,12 @@ class IndexView:
         o = self._latest((namespace or "", name))
         return copy.deepcopy(o) if o is not None else None
 
-    def items(self, namespace: str | None = None,
-              where: Callable[[dict[str, Any]], bool] | None = None) -> list[dict[str, Any]]:
-        """Deep copies of what the index holds: all, or one namespace's (and of those, what ``where`` accepts)."""
+    def items(self, namespace: str | None = None, where: Callable[[dict[str, Any]], bool] | None = None,
+              shared: bool = False) -> list[dict[str, Any]]:
+        """Deep copies of what the index holds: all, or one namespace's (and of those, what ``where``
+        accepts). ``shared``: the held objects themselves, for a caller that only reads them (the
+        autoscaler's pass over every model): kopf replaces a held object on each event and nothing
+        here changes one in place, so a reader sees one consistent version."""
         if self.index is None:
             return []
         keys = [k for k in list(self.index) if namespace is None or k[0] == namespace]
@@ -128,7 +131,7 @@ class IndexView:
         for k in keys:
             o = self._latest(k)
             if o is not None and (where is None or where(o)):
-                out.append(copy.deepcopy(o))
+                out.append(o if shared else copy.deepcopy(o))
         return out
 
     # ------------------------------------------------------------ the read-your-writes guard

@@ -156,11 +156,12 @@ class Kube:
             return self.models.items(where=where)
         return [m for m in self.list_models(namespaces) if where(m)]
 
-    def list_models(self, namespaces: list[str]) -> list[dict[str, Any]]:
+    def list_models(self, namespaces: list[str], shared: bool = False) -> list[dict[str, Any]]:
         """Models in the watched namespaces: all when empty; names or glob patterns (`team-*`,
-        `!team-test`). From the watched cache when it covers exactly these namespaces."""
+        `!team-test`). From the watched cache when it covers exactly these namespaces (``shared``:
+        not copied, for a caller that only reads: ``IndexView.items``)."""
         if self.models is not None and namespaces == self.namespaces and self.models.synced():
-            return self.models.items()
+            return self.models.items(shared=shared)
         if not namespaces or any(set(ns) & set("*?[!") for ns in namespaces):
             items = self.custom.list_cluster_custom_object(GROUP, VERSION, QM_PLURAL).get("items", [])
             return [o for o in items if namespace_watched(o["metadata"]["namespace"], namespaces)]
@@ -338,7 +339,7 @@ class Kube:
     def job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
         return self.list_pods(namespace, f"job-name={job_name}")
 
-    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def list_pods(self, namespace: str, selector: str, shared: bool = False) -> list[dict[str, Any]]:
         """Pods matching an equality selector; from the watched cache of the models' pods when the
         selector names a model (every pod the cache can miss lacks that label), else a LIST. The
         operator never writes a pod, so the cache is never behind a write of its own."""
@@ -346,20 +347,20 @@ class Kube:
                 any(t.split("=", 1)[0].strip() == MODEL_LABEL for t in selector.split(",") if "!=" not in t) and \
                 selector_matches(selector, {}) is not None:
             return self.pods.items(namespace, lambda p: bool(selector_matches(
-                selector, (p.get("metadata") or {}).get("labels") or {})))
+                selector, (p.get("metadata") or {}).get("labels") or {})), shared=shared)
         pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
         return [self.api.sanitize_for_serialization(p) for p in pods.items]
 
     # ------------------------------------------------------------ Deployments and Services
 
-    def list_deployments(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+    def list_deployments(self, namespace: str, selector: str, shared: bool = False) -> list[dict[str, Any]]:
         """Deployments matching an equality selector, from the watched cache of managed ones when
         it holds every write of ours in the namespace; else a LIST. Every Deployment the operator
         creates carries the managed-by label (render.py), so the cache has all it can ask for."""
         if self.deployments is not None and self.deployments.fresh_namespace(namespace):
             if selector_matches(selector, {}) is not None:  # a form it reads
                 return self.deployments.items(namespace, lambda d: bool(selector_matches(
-                    selector, (d.get("metadata") or {}).get("labels") or {})))
+                    selector, (d.get("metadata") or {}).get("labels") or {})), shared=shared)
         deps = [self.api.sanitize_for_serialization(d)
                 for d in self.apps.list_namespaced_deployment(namespace, label_selector=selector).items]
         for d in deps:
