@@ -39,6 +39,8 @@ from fewerbits_operator.base.indexes import IndexView, selector_matches
 from fewerbits_operator.base.scope import namespace_watched, plain_names  # noqa: F401 — re-exported (observe.py, tests)
 from fewerbits_operator.base.ttlcache import TTLCache
 
+INFERENCE_POOL = (INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, INFERENCE_POOL_PLURAL)
+HTTP_ROUTE = (HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, HTTP_ROUTE_PLURAL)
 log = logging.getLogger("fewerbits.kube")
 COMPONENT = "fewerbits-operator"
 CONFLICT_RETRIES = 3
@@ -592,24 +594,30 @@ class Kube:
             return any(r.name == plural for r in (out.resources if out else None) or [])
         return bool(self._served.get((group, version, plural), load))
 
-    def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get_custom(self, crd: tuple[str, str, str], namespace: str, name: str) -> dict[str, Any] | None:
+        """A namespaced custom object (group, version, plural) by name, or None."""
         try:
-            return self.custom.get_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, namespace,
-                                                           INFERENCE_POOL_PLURAL, name)
+            return self.custom.get_namespaced_custom_object(*crd[:2], namespace, crd[2], name)
         except ApiException as e:
             if _missing(e):
                 return None
             raise
 
-    def create_inference_pool(self, body: dict[str, Any]) -> None:
+    def _create_custom(self, crd: tuple[str, str, str], body: dict[str, Any]) -> None:
+        """AlreadyExists is success: another operator replica (or an earlier pass) created it."""
         try:
-            self.custom.create_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION,
-                                                       body["metadata"]["namespace"], INFERENCE_POOL_PLURAL, body)
+            self.custom.create_namespaced_custom_object(*crd[:2], body["metadata"]["namespace"], crd[2], body)
         except ApiException as e:
             if e.status != 409:
                 raise
             return
         self._wrote()
+
+    def get_inference_pool(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get_custom(INFERENCE_POOL, namespace, name)
+
+    def create_inference_pool(self, body: dict[str, Any]) -> None:
+        self._create_custom(INFERENCE_POOL, body)
 
     def patch_inference_pool(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object(INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, namespace,
@@ -618,24 +626,10 @@ class Kube:
 
     def get_http_route(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The HTTPRoute of that name (spec.serving.gateway, gatewayroute.py), or None."""
-        try:
-            return self.custom.get_namespaced_custom_object(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION, namespace,
-                                                           HTTP_ROUTE_PLURAL, name)
-        except ApiException as e:
-            if _missing(e):
-                return None
-            raise
+        return self._get_custom(HTTP_ROUTE, namespace, name)
 
     def create_http_route(self, body: dict[str, Any]) -> None:
-        """AlreadyExists is success: another operator replica created the same route."""
-        try:
-            self.custom.create_namespaced_custom_object(HTTP_ROUTE_GROUP, HTTP_ROUTE_VERSION,
-                                                       body["metadata"]["namespace"], HTTP_ROUTE_PLURAL, body)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-            return
-        self._wrote()
+        self._create_custom(HTTP_ROUTE, body)
 
     def replace_http_route(self, body: dict[str, Any]) -> bool:
         """Replace at the resourceVersion in ``body``; False when it changed meanwhile (next pass)."""
