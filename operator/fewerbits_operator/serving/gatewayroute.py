@@ -39,7 +39,7 @@ from fewerbits_operator.base.apis import (
     INFERENCE_POOL_GROUP,
     INFERENCE_POOL_KIND,
 )
-from fewerbits_operator.serving.render import VLLM_PORT, Owner, model_labels
+from fewerbits_operator.serving.render import VLLM_PORT, Owner, model_labels, owned_by
 
 Backend = Literal["InferencePool", "Service"]
 POOL: Backend = "InferencePool"
@@ -114,10 +114,6 @@ def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend
                        "backendRefs": [backend_ref(backend, owner.name)]}],
         },
     }
-
-
-def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    return any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def current_backend(route: Mapping[str, Any] | None) -> str | None:

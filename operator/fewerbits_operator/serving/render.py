@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.endpoints import ALLOW_PRIVATE_ENV
@@ -103,6 +103,12 @@ def _fresh(obj: dict[str, Any]) -> dict[str, Any]:
 
 def spec_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether ``obj`` names the model ``uid`` among its owners (what the operator keeps; anything
+    else of the same name is a conflict it reports and never writes)."""
+    return any(r.get("uid") == uid for r in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 def model_labels(model: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from fewerbits_operator.base.apis import (
 )
 from fewerbits_operator.base.actions import CreateInferencePool, PatchInferencePool  # noqa: F401  (the pool's writes)
 from fewerbits_operator.base.observed import RoutingFacts  # noqa: F401  (what observe reads for routing)
-from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels
+from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT, Owner, model_labels, owned_by
 
 GROUP = INFERENCE_POOL_GROUP
 VERSION = INFERENCE_POOL_VERSION
@@ -87,7 +87,7 @@ def pool_actions(facts: RoutingFacts | None, owner: Owner
     cur = facts.pool
     if cur is None:
         return [CreateInferencePool(desired)], None
-    if not any(r.get("uid") == owner.uid for r in (cur.get("metadata") or {}).get("ownerReferences") or []):
+    if not owned_by(cur, owner.uid):
         return [], (REASON_CONFLICT,
                     f"{KIND} {owner.namespace}/{owner.name} exists and is not owned by this QuantizedModel; it is "
                     "left untouched: rename the model or remove that InferencePool; the model is served through "
