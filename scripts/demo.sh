@@ -6,11 +6,12 @@
 #   scripts/demo.sh --keep     # leaves it running; stop with: .venv/bin/python -m e2e.cluster down
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/uv.sh
 VENV=${FEWERBITS_VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
-# The build (Go compiles, the vLLM environment's pip) does not need this venv: it runs in the
-# background while pip installs the project, so a cold demo pays the longer of the two.
+# The build (Go compiles, the vLLM environment's install) does not need this venv: it runs in
+# the background while uv installs the project (scripts/lib/uv.sh), so a cold demo pays the longer of the two.
 echo "==> building what the demo uses in the background (cached; the first time takes a while)"
 # Only these: the control plane, the S3 server, Helm and vLLM's CPU build that serves the model (not
 # the simulator, Kueue, LeaderWorkerSet, Prometheus or the picker: the demo's cluster runs without them).
@@ -19,9 +20,7 @@ build_pid=$!
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "==> installing fewerbits with [dev,quantjob] extras"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-# --no-compile: byte-compiling all 5.8 GB at install took half of it (101 s against 51 s measured);
-# Python compiles what is imported, once, on first import.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,quantjob]'
+uv_install "$VENV/bin/python" -e '.[dev,quantjob]'
 echo "==> waiting for the build"
 wait "$build_pid" || { echo "demo: the build failed (see above)" >&2; exit 1; }
 exec "$VENV/bin/python" -m e2e.demo "$@"

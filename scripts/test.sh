@@ -12,6 +12,7 @@
 # finish sooner than one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/uv.sh
 
 VENV=${FEWERBITS_VENV:-.venv}
 PYTHON=${PYTHON:-python3.11}
@@ -19,8 +20,8 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 
 step() { printf '\n==> %s (%ds)\n' "$*" "$SECONDS"; }
 
-# The build (Go compiles, the vLLM environment's pip) does not need this venv: it runs in the
-# background while pip installs the project, so a cold run pays the longer of the two.
+# The build (Go compiles, the vLLM environment's install) does not need this venv: it runs in
+# the background while uv installs the project (scripts/lib/uv.sh), so a cold run pays the longer of the two.
 build_pid=""
 if [ -x e2e/build.sh ] && [ "${FEWERBITS_SKIP_BUILD:-}" != 1 ]; then
   step "building the control plane from Go modules in the background (cached)"
@@ -31,11 +32,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   step "creating virtual environment $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-step "installing fewerbits with [dev,quantjob] extras (pip cache: ${PIP_CACHE_DIR:-~/.cache/pip})"
+step "installing fewerbits with [dev,quantjob] extras (uv cache: ${UV_CACHE_DIR:-~/.cache/uv})"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip==25.3
-# --no-compile: byte-compiling all 5.8 GB at install took half of it (101 s against 51 s measured);
-# Python compiles what is imported, once, on first import.
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile -e '.[dev,quantjob]'
+uv_install "$VENV/bin/python" -e '.[dev,quantjob]'
 if [ -n "$build_pid" ]; then
   step "waiting for the build"
   wait "$build_pid" || { echo "test.sh: the build failed (see above)" >&2; exit 1; }

@@ -27,7 +27,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ ! -x .venv/bin/python ]]; then
-  python3 -m venv .venv && .venv/bin/pip install -q --disable-pip-version-check -e '.[dev,quantjob]'
+  source scripts/lib/uv.sh
+  python3 -m venv .venv && uv_install .venv/bin/python -e '.[dev,quantjob]'
 fi
 VENV=$(tools/vllm_check/setup.sh)
 WORK=$(mktemp -d)

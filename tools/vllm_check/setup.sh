@@ -4,7 +4,7 @@
 # ${FEWERBITS_CACHE:-~/.cache/fewerbits}/vllm-check/venv-<version>, keyed by the vLLM version;
 # a finished environment carries a .complete stamp and is reused as it is. Prints its path.
 #
-# Measured on this 2-core machine: cold 171 s with an empty pip cache (496 s under heavy load),
+# Measured on this 2-core machine with pip (uv now: scripts/lib/uv.sh): cold 171 s with an empty pip cache (496 s under heavy load),
 # 9.4 GB on disk (torch 2.14 with its CUDA libraries); warm: 0 s.
 set -euo pipefail
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
@@ -23,7 +23,7 @@ rm -rf "$VENV"
 started=$(date +%s)
 "$PY" -m venv "$VENV" >&2
 P="$VENV/bin/python -m pip --disable-pip-version-check -q"
-$P install --upgrade pip >&2
+source "$(dirname "$0")/../../scripts/lib/uv.sh"
 WHL="$ROOT/whl"
 mkdir -p "$WHL"
 $P download "vllm==$VLLM_VERSION" --no-deps -d "$WHL" >&2
@@ -33,8 +33,8 @@ wheel=$(ls "$WHL"/vllm-"$VLLM_VERSION"-*.whl | head -1)
 # (as tools/vllm_args/NOTES.md does).
 unzip -p "$wheel" "vllm-$VLLM_VERSION.dist-info/METADATA" | grep '^Requires-Dist' | grep -v 'extra ==' \
   | sed 's/^Requires-Dist: //; s/^certifi>=[0-9.]*/certifi/' > "$ROOT/requirements-$VLLM_VERSION.txt"
-$P install --no-deps "$wheel" >&2
-$P install -r "$ROOT/requirements-$VLLM_VERSION.txt" >&2
+uv_install "$VENV/bin/python" --no-deps "$wheel" >&2
+uv_install "$VENV/bin/python" -r "$ROOT/requirements-$VLLM_VERSION.txt" >&2
 touch "$VENV/.complete"
 echo "vLLM $VLLM_VERSION environment built in $(( $(date +%s) - started )) s: $(du -sh "$VENV" | cut -f1)" >&2
 echo "$VENV"
