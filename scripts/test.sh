@@ -42,7 +42,7 @@ fi
 
 step "running tests"
 set +e
-"$VENV/bin/python" -m pytest -ra --durations=15 -n "${FEWERBITS_TEST_WORKERS:-2}" --dist loadfile "$@"
+"$VENV/bin/python" -m pytest -ra --durations=15 -n "${FEWERBITS_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
