@@ -225,16 +225,18 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[i]
 
 
-def histogram(metrics_text: str, name: str) -> dict[str, Any]:
-    """Cumulative buckets, count and sum of an unlabelled Prometheus histogram."""
+def histogram(metrics_text: str, name: str, labels: str = "") -> dict[str, Any]:
+    """Cumulative buckets, count and sum of a Prometheus histogram, unlabelled or of one label set
+    (``labels`` as exposed, e.g. ``generation="2"``)."""
     buckets: list[tuple[float, float]] = []
     count = total = 0.0
+    sel = re.escape(f"{{{labels}}}") if labels else ""
     for line in metrics_text.splitlines():
-        if m := re.match(rf'{name}_bucket\{{le="([^"]+)"\}} (\S+)', line):
+        if m := re.match(rf'{name}_bucket\{{{re.escape(labels + ",") if labels else ""}le="([^"]+)"\}} (\S+)', line):
             buckets.append((float(m.group(1)), float(m.group(2))))
-        elif m := re.match(rf"{name}_count (\S+)", line):
+        elif m := re.match(rf"{name}_count{sel} (\S+)", line):
             count = float(m.group(1))
-        elif m := re.match(rf"{name}_sum (\S+)", line):
+        elif m := re.match(rf"{name}_sum{sel} (\S+)", line):
             total = float(m.group(1))
     return {"buckets": sorted(buckets), "count": count, "sum": total}
 
@@ -258,6 +260,17 @@ def histogram_quantile(h: dict[str, Any], q: float) -> float | None:
             return prev_le + (le - prev_le) * ((rank - prev_n) / (n - prev_n) if n > prev_n else 0)
         prev_le, prev_n = le, n
     return prev_le
+
+
+def gc_pauses(before: str, after: str) -> dict[str, Any]:
+    """The operator's full (generation-2) collections between two scrapes (gcpause.py): how many,
+    their total and how many stopped it longer than 50 ms, each a reconcile it met is slower by."""
+    name, labels = "fewerbits_gc_pause_seconds", 'generation="2"'
+    if name not in after:
+        return {}  # an operator without gcpause.py (the comparison's other column)
+    h = histogram_diff(histogram(after, name, labels), histogram(before, name, labels))
+    within = dict(h["buckets"]).get(0.05, 0.0)
+    return {"count": h["count"], "sum_seconds": round(h["sum"], 3), "over_50ms": h["count"] - within}
 
 
 def gauge(metrics_text: str, name: str) -> float | None:
@@ -357,6 +370,7 @@ class LoadResult:
     runtime: str = ""
     reconcile_seconds_run: dict[str, float | None] = field(default_factory=dict)
     reconcile_seconds_window: dict[str, float | None] = field(default_factory=dict)
+    gc_pauses_window: dict[str, Any] = field(default_factory=dict)
     loadavg_start: list[float] = field(default_factory=list)
     loadavg_window: list[float] = field(default_factory=list)
     wall_seconds: float = 0.0
@@ -504,7 +518,8 @@ def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seco
         time.sleep(settle_seconds)
 
         # At rest ------------------------------------------------------------------------------
-        h_before = histogram(op.metrics(), "fewerbits_reconcile_duration_seconds")
+        metrics_before = op.metrics()
+        h_before = histogram(metrics_before, "fewerbits_reconcile_duration_seconds")
         offset = c.audit_log.stat().st_size
         with RSSSampler(op.proc.pid) as rss:
             time.sleep(window_seconds)
@@ -532,6 +547,7 @@ def run_load(*, models: int, namespaces: int, window_seconds: float, settle_seco
                 run_q[k] = min(run_q[k], longest)
         result.reconcile_seconds_run = {**run_q, "max": longest}
         result.reconcile_seconds_window = _quantiles(histogram_diff(h_after, h_before))
+        result.gc_pauses_window = gc_pauses(metrics_before, metrics_after)
         n = result.reconcile_seconds_window["count"]
         result.reconciles_per_minute = round(n * per_min, 1)
         per_model = sum(v for k, v in by_resource.items() if k.split()[0] in ("get", "list")
@@ -575,6 +591,7 @@ def table(r: LoadResult) -> str:
         ("reconcile s, at rest p50/p90/p99 (n)",
          " / ".join(f(r.reconcile_seconds_window.get(k)) for k in ("p50", "p90", "p99"))
          + f" ({r.reconcile_seconds_window.get('count', 0):.0f})"),
+        ("full GC pauses at rest: n / total / over 50 ms", _gc_text(r.gc_pauses_window)),
         ("load average at start / end of window", f"{r.loadavg_start} / {r.loadavg_window}"),
         ("wall time", f(r.wall_seconds, " s")),
     ]
@@ -583,6 +600,10 @@ def table(r: LoadResult) -> str:
     lines.append("requests/min by verb and resource: " + ", ".join(
         f"{k} {v:g}" for k, v in r.requests_per_minute_by_resource.items()))
     return "\n".join(lines)
+
+
+def _gc_text(g: dict[str, Any]) -> str:
+    return f"{g['count']:g} / {g['sum_seconds']:g} s / {g['over_50ms']:g}" if g else "- (not measured)"
 
 
 def compare_markdown(results: dict[str, dict[str, Any]]) -> str:
@@ -598,6 +619,7 @@ def compare_markdown(results: dict[str, dict[str, Any]]) -> str:
         ("API requests/min at rest", lambda r: num(r["requests_per_minute"].get("total"))),
         ("reconcile p99 at rest", lambda r: num(r["reconcile_seconds_window"].get("p99") and round(r["reconcile_seconds_window"]["p99"], 3), " s")),
         ("reconcile p99, whole run", lambda r: num(r["reconcile_seconds_run"].get("p99") and round(r["reconcile_seconds_run"]["p99"], 3), " s")),
+        ("full GC pauses at rest: n / total / over 50 ms", lambda r: _gc_text(r.get("gc_pauses_window") or {})),
         ("RSS peak / at rest", lambda r: f"{num(r['rss_mib'].get('peak'))} / {num(r['rss_mib'].get('rest_mean'))} MiB"),
         ("all Ready after the apply", lambda r: num(r["all_ready_seconds"], " s")),
         ("restart: every model reconciled once", lambda r: num(r.get("start_seconds"), " s")),

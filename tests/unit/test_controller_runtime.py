@@ -439,3 +439,29 @@ def test_the_process_is_kopf_and_no_watch_code_of_its_own_remains():
     watchers = [n for n, text in sources.items() if "watch=True" in text or "iter_resp_lines" in text]
     assert watchers == []
     assert "kopf.run(" in sources["__main__.py"]
+
+
+def test_a_secret_found_is_read_once_per_ttl_and_a_missing_one_every_time():
+    """At rest every model's pass reads its storage Secret (observe.py): one GET per Secret and
+    resync period serves the namespace's models; a Secret not found is not kept, so one created
+    after its model is seen by the next pass."""
+    op, _ = wired()
+    k = fake_kube(op)
+    k.use_views([], op.views, namespace_ttl_seconds=30)  # runner.py: the resync period
+    now = [0.0]
+    assert k._secrets.ttl == 30
+    k._secrets._clock = lambda: now[0]
+    k.core.read_namespaced_secret.side_effect = ApiException(status=404)
+    assert k.secret_data("a", "s3") is None and k.secret_data("a", "s3") is None
+    assert k.core.read_namespaced_secret.call_count == 2
+    k.core.read_namespaced_secret.side_effect = None
+    k.core.read_namespaced_secret.return_value = mock.MagicMock(data={"AWS_ACCESS_KEY_ID": "a2V5"})
+    for _ in range(3):
+        assert k.secret_data("a", "s3") == {"AWS_ACCESS_KEY_ID": "key"}
+    assert k.core.read_namespaced_secret.call_count == 3
+    k.secret_data("b", "s3")  # another namespace's Secret of the same name: its own GET
+    assert k.core.read_namespaced_secret.call_count == 4
+    now[0] = 31  # a rotation reaches the models within the TTL
+    k.core.read_namespaced_secret.return_value = mock.MagicMock(data={"AWS_ACCESS_KEY_ID": "bmV3"})
+    assert k.secret_data("a", "s3") == {"AWS_ACCESS_KEY_ID": "new"}
+    assert k.core.read_namespaced_secret.call_count == 5

@@ -1,4 +1,5 @@
-"""Values kept for a while: what no kopf index serves and observe reads often (a namespace's labels)."""
+"""Values kept for a while: what no kopf index serves and observe reads often (a namespace's labels,
+the Secrets a model names)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class TTLCache:
         self._lock = threading.Lock()
         self._values: dict[Any, tuple[float, Any]] = {}
 
-    def get(self, key: Any, load: Callable[[], Any]) -> Any:
+    def get(self, key: Any, load: Callable[[], Any], keep: Callable[[Any], bool] = lambda _: True) -> Any:
+        """The kept value of ``key``, else ``load()``'s, kept when ``keep`` says so."""
         if self.ttl <= 0:
             return load()
         now = self._clock()
@@ -26,6 +28,7 @@ class TTLCache:
             if hit is not None and hit[0] > now:
                 return copy.deepcopy(hit[1])
         value = load()
-        with self._lock:
-            self._values[key] = (now + self.ttl, value)
+        if keep(value):
+            with self._lock:
+                self._values[key] = (now + self.ttl, value)
         return copy.deepcopy(value)

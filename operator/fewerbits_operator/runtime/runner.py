@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from prometheus_client import start_http_server
 
-from fewerbits_operator.base import metrics
+from fewerbits_operator.base import gcpause, metrics
 from fewerbits_operator.autoscaler import Autoscaler, DirectScrapeSource, PrometheusSource
 from fewerbits_operator.autoscaler.kube_io import KubeAutoscalerIO
 from fewerbits_operator.base.indexes import IndexView
@@ -115,6 +115,7 @@ class Operator:
                                                      allow_private=s.allow_private_endpoints), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
+        gcpause.install()
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
