@@ -18,11 +18,12 @@ def _pauses(generation: str) -> tuple[float, float]:
 def test_each_collection_is_timed_by_generation_and_startup_is_frozen_once(monkeypatch):
     frozen: list[int] = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))  # not this test process's objects
+    monkeypatch.setattr(gc, "set_threshold", lambda *t: frozen.append(t))
     assert gcpause._timed not in gc.callbacks
     try:
         gcpause.install()
         gcpause.install()
-        assert gc.callbacks.count(gcpause._timed) == 1 and frozen == [1]
+        assert gc.callbacks.count(gcpause._timed) == 1 and frozen == [gcpause.THRESHOLDS, 1]
         count, total = _pauses("2")
         gc.collect(2)
         gc.collect(2)
