@@ -648,11 +648,12 @@ def main(argv: list[str] | None = None) -> int:
                          "invocation: two columns, e.g. the previous runtime")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--markdown-from", type=Path, metavar="JSON",
-                    help="print the comparison table of a --compare-ref run's JSON and exit")
+                    help="print the table of a run's JSON (one column, or one per run of a --compare-ref run) and exit")
     ap.add_argument("--keep", action="store_true", help="keep the state dir (logs, audit log)")
     args = ap.parse_args(argv)
     if args.markdown_from:
-        print(compare_markdown(json.loads(args.markdown_from.read_text())))
+        runs = json.loads(args.markdown_from.read_text())
+        print(compare_markdown({"kopf": runs} if "models" in runs else runs))  # one run, or a --compare-ref run's
         return 0
     if args.models < 1 or args.namespaces < 1:
         ap.error("--models and --namespaces must be at least 1")
