@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -135,9 +136,11 @@ def test_a_file_that_fails_verification_is_never_marked_served(s3, s3_bucket, tm
 
 
 def _cache_fetch(s3, bucket, key, cache: NodeCache):
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", s3.access_key)
-    return cache.fetch(FetchOptions(storage_uri=f"s3://{bucket}/artifacts", key=key, dest=Path("/nonexistent"),
-                                    endpoint=s3.endpoint, part_size=1 * MiB), client=s3.client())
+    # The key in the environment for this fetch only: left set, it outlived the test and broke a later
+    # one in the same worker (boto3's env provider with a key and no secret: PartialCredentialsError).
+    with mock.patch.dict(os.environ, {"AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", s3.access_key)}):
+        return cache.fetch(FetchOptions(storage_uri=f"s3://{bucket}/artifacts", key=key, dest=Path("/nonexistent"),
+                                        endpoint=s3.endpoint, part_size=1 * MiB), client=s3.client())
 
 
 def test_eviction_by_budget_and_references_never_under_a_running_pod(s3, s3_bucket, tmp_path):
