@@ -20,7 +20,8 @@ from kubernetes.client.exceptions import ApiException
 
 from fewerbits_operator.base.freshness import GONE, rv_at_least
 from fewerbits_operator.runtime.handlers import INDEXED, KINDS, register
-from fewerbits_operator.base.indexes import IndexView, index_entry, node_entry, selector_matches, without_managed_fields
+from fewerbits_operator.base.indexes import (IndexView, compact, index_entry, node_entry, selector_matches,
+                                             without_managed_fields)
 from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.runtime.runner import Operator, configure_kopf
 from fewerbits_operator.base.scope import kopf_scope, namespace_watched, plain_names
@@ -371,6 +372,23 @@ def test_selectors_slimming_and_copies():
     feed("models", None, qm("a", "m", "1", labels={"x": "y"}))
     op.views["models"].items()[0]["metadata"]["labels"].clear()
     assert op.views["models"].get("a", "m")["metadata"]["labels"] == {"x": "y"}
+
+
+def test_compact_shares_keys_and_short_strings_across_objects():
+    """Two watch events are two json.loads: equal keys and values are distinct objects until compacted."""
+    text = json.dumps({"metadata": {"namespace": "team-a", "annotations": {"note": "n" * 100}},
+                       "spec": {"containers": [{"imagePullPolicy": "IfNotPresent", "ports": [8000]}]}})
+    a, b = json.loads(text), json.loads(text)
+    ka, kb = (next(k for k in o["metadata"] if k == "namespace") for o in (a, b))
+    assert ka is not kb and a["metadata"]["namespace"] is not b["metadata"]["namespace"]
+    ca, cb = compact(a), compact(b)
+    assert ca == a and ca is not a and ca["spec"]["containers"] is not a["spec"]["containers"]  # a deep copy
+    key = lambda o: next(k for k in o["metadata"] if k == "namespace")  # noqa: E731
+    assert key(ca) is key(cb) and ca["metadata"]["namespace"] is cb["metadata"]["namespace"]
+    pull = [o["spec"]["containers"][0]["imagePullPolicy"] for o in (ca, cb)]
+    assert pull[0] is pull[1]
+    long_a, long_b = (o["metadata"]["annotations"]["note"] for o in (ca, cb))
+    assert long_a == long_b and long_a is not long_b  # longer than SHARED_STR_MAX: kept as parsed
 
 
 # ------------------------------------------------------------------ liveness and packaging

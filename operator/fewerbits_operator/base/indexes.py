@@ -15,6 +15,7 @@ the guard holds back, kube.py reads the API server).
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -25,9 +26,32 @@ from fewerbits_operator.base.relevance import node_facts, pod_facts
 Key = tuple[str, str]
 
 
+SHARED_STR_MAX = 64
+"""Strings up to this length are interned by ``compact``: keys, labels, names, enum values."""
+
+
+def compact(obj: Any) -> Any:
+    """A deep copy of a JSON value whose keys and short strings are interned (``sys.intern``).
+
+    Every watch event is its own ``json.loads``: each object held its own copy of every key
+    (``metadata``, ``containers``, ``resourceVersion``...) and of every repeated value (a
+    namespace, an image, ``IfNotPresent``). Shared, the indexes hold each once: measured on the
+    300 models of ``bench/load_models.py``, the Deployments, Services, models and EndpointSlices
+    held 17.9 MiB of Python objects as parsed and 8.7 MiB compacted. Interned strings are freed
+    with their last reference; a long string (a message, a certificate) is kept as it is."""
+    if isinstance(obj, dict):
+        return {sys.intern(k) if type(k) is str else k: compact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [compact(v) for v in obj]
+    if type(obj) is str and len(obj) <= SHARED_STR_MAX:
+        return sys.intern(obj)
+    return obj
+
+
 def without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """A deep copy without server-side apply bookkeeping (the largest part of most objects, read by nothing here)."""
-    out = copy.deepcopy(dict(obj))
+    """A compacted deep copy without server-side apply bookkeeping (the largest part of most
+    objects, read by nothing here)."""
+    out = compact(dict(obj))
     md = out.get("metadata")
     if isinstance(md, dict):
         md.pop("managedFields", None)
@@ -42,11 +66,11 @@ def index_entry(body: Mapping[str, Any], slim: Callable[[Mapping[str, Any]], dic
 
 
 def node_entry(body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
-    return index_entry(body, lambda b: node_facts(copy.deepcopy(dict(b))))
+    return index_entry(body, lambda b: compact(node_facts(dict(b))))
 
 
 def pod_entry(body: Mapping[str, Any]) -> dict[Key, dict[str, Any]]:
-    return index_entry(body, lambda b: pod_facts(copy.deepcopy(dict(b))))
+    return index_entry(body, lambda b: compact(pod_facts(dict(b))))
 
 
 def selector_matches(selector: str, labels: dict[str, str]) -> bool | None:
