@@ -1,3 +1,3 @@
-"""fewerbits_operator: the controller (its own watch caches and work queue), the planner, the renderers and the CLI."""
+"""fewerbits_operator: the controller (kopf, and the few modules that fill its gaps), the planner, the renderers and the CLI."""
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 {{/*
 The operator's RBAC rules, written once and used by both scopes. Every rule says why it exists and
-cites the code that needs it (operator/fewerbits_operator/kube.py is the one module that talks to
+cites the code that needs it (operator/fewerbits_operator/base/kube.py is the one module that talks to
 the API server; its reads go through kopf indexes (indexes.py), and kopf (handlers.py) lists and watches). No
 wildcards; Secrets are never listed or watched. tests/unit/test_chart.py checks both, and
 e2e/tests/test_chart_install.py asks the API server for every grant.
@@ -64,7 +64,7 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
   verbs: ["get", "patch"]
-# Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/lws.py): list and watch those
+# Multi-node variants are LeaderWorkerSets (operator/fewerbits_operator/serving/lws.py): list and watch those
 # labelled app.kubernetes.io/managed-by=fewerbits (the watched cache behind Kube.list_lws, started only
 # where the API is served; their events enqueue the owning models), create, update when the rendered
 # spec changes (Kube.replace_deployment), delete one whose variant no longer spans nodes
@@ -99,7 +99,7 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 - apiGroups: ["gateway.networking.k8s.io"]
   resources: ["httproutes"]
   verbs: ["get", "create", "update"]
-# The node cache's referenced-keys ConfigMap (operator/fewerbits_operator/nodecache.py), one per
+# The node cache's referenced-keys ConfigMap (operator/fewerbits_operator/core/nodecache.py), one per
 # namespace with artifactCache: Node models: created under the picker's ConfigMap grant below
 # (create cannot be limited to a name); replaced and deleted by that one name only
 # (Kube.apply_configmap, Kube.delete_configmap). No list or watch of ConfigMaps.
