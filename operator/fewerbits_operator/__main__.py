@@ -8,11 +8,15 @@ import logging
 import signal
 import sys
 
+from fewerbits_operator.base import mallocarenas
+
 
 def main() -> int:
+    arenas = mallocarenas.limit()  # first: before kopf, the client or logging start a thread
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>`: every thread's stack on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)  # kopf's per-event INFO lines: one per event at 300 models
+    logging.getLogger(__name__).info("malloc arenas: %s", mallocarenas.ARENAS if arenas else "the C library's default")
     import kopf
 
     from fewerbits_operator.runtime.handlers import register
