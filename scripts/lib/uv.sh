@@ -1,5 +1,5 @@
 # Sourced (bash): `uv_install PYTHON ARGS...` installs packages into the environment of PYTHON (a
-# venv's bin/python) with uv, pinned here and installed into that venv by pip first.
+# venv's bin/python) with uv, pinned here and installed into that venv by pip when it lacks that version.
 #
 # Why uv and not pip: uv keeps unpacked wheels in its cache (${UV_CACHE_DIR:-~/.cache/uv}, keyed by
 # package version) and hardlinks them into the venv, so a fresh venv with warm caches costs seconds.
@@ -13,7 +13,8 @@ FEWERBITS_UV_VERSION=0.13.8
 
 uv_install() {
   local py="$1"; shift
-  "$py" -m pip install -q --disable-pip-version-check "uv==$FEWERBITS_UV_VERSION"
+  "$py" -m uv --version 2>/dev/null | grep -q "^uv $FEWERBITS_UV_VERSION\b" ||
+    "$py" -m pip install -q --disable-pip-version-check "uv==$FEWERBITS_UV_VERSION"
   local env=()
   [[ -z "${UV_FIND_LINKS:-}" && -n "${PIP_FIND_LINKS:-}" ]] && env+=("UV_FIND_LINKS=$PIP_FIND_LINKS")
   [[ -z "${SSL_CERT_FILE:-}" && -n "${PIP_CERT:-}" ]] && env+=("SSL_CERT_FILE=$PIP_CERT")

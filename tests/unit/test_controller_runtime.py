@@ -465,7 +465,7 @@ def test_a_secret_found_is_read_once_per_ttl_and_a_missing_one_every_time():
     after its model is seen by the next pass."""
     op, _ = wired()
     k = fake_kube(op)
-    k.use_views([], op.views, namespace_ttl_seconds=30)  # runner.py: the resync period
+    k.use_views([], op.views, read_ttl_seconds=30)  # runner.py: the resync period
     now = [0.0]
     assert k._secrets.ttl == 30
     k._secrets._clock = lambda: now[0]

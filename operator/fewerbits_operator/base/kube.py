@@ -119,16 +119,17 @@ class Kube:
         self._secrets = TTLCache(0)
         self._served = TTLCache(10)
 
-    def use_views(self, namespaces: list[str], views: dict[str, IndexView], namespace_ttl_seconds: float = 0) -> None:
+    def use_views(self, namespaces: list[str], views: dict[str, IndexView], read_ttl_seconds: float = 0) -> None:
         """Read through kopf's indexes (runner.py attaches them): models, the managed Jobs,
         Deployments and LeaderWorkerSets of ``namespaces`` (the operator's scope), Nodes and
-        policies. Until kopf listed them (``synced``) the getters read live."""
+        policies. Until kopf listed them (``synced``) the getters read live. What no index holds
+        (a namespace's labels, a found Secret) is kept ``read_ttl_seconds``."""
         self.namespaces = list(namespaces)
         self.models, self.jobs, self.deployments = views["models"], views["jobs"], views["deployments"]
         self.lws, self.nodes, self.policies = views["leaderworkersets"], views["nodes"], views["policies"]
         self.pods, self.slices, self.services = views.get("pods"), views.get("endpointslices"), views.get("services")
-        self._namespace_labels = TTLCache(namespace_ttl_seconds)
-        self._secrets = TTLCache(namespace_ttl_seconds)
+        self._namespace_labels = TTLCache(read_ttl_seconds)
+        self._secrets = TTLCache(read_ttl_seconds)
         self._lws_served_at_start = self.serves(LWS_GROUP, LWS_VERSION, LWS_PLURAL)
 
     def _wrote(self) -> None:

@@ -110,7 +110,7 @@ class Operator:
             if name in indexes:
                 view.attach(indexes[name])
         self.kube = kube or Kube()
-        self.kube.use_views(s.namespaces, self.views, namespace_ttl_seconds=s.resync_seconds)
+        self.kube.use_views(s.namespaces, self.views, read_ttl_seconds=s.resync_seconds)
         self.reconciler = Reconciler(self.kube, ObjectStore(timeout=s.storage_timeout_seconds,
                                                      allow_private=s.allow_private_endpoints), s)
         if s.metrics_port:
