@@ -1,9 +1,9 @@
 """How many malloc arenas the process may use: glibc's ``M_ARENA_MAX``, set before any thread.
 
 CPython's small objects come from its own pools, but every larger block (a dict of more than a
-few keys, a list, a response body) comes from glibc's malloc. glibc gives each thread that
-contends for the main arena another one, up to eight per core, and memory freed in an arena
-stays with it: the operator's threads (kopf's executor, the work queue's workers, the probes)
+few keys, a list, a response body) comes from glibc's malloc. glibc gives each new thread its
+own arena on its first allocation (a free one left by an exited thread, else a new one), up to
+eight per core, and memory freed in an arena stays with it: the operator's threads (kopf's executor, the work queue's workers, the probes)
 each keep their own high-water mark of free blocks. Two arenas keep two.
 
 ``limit(n)`` is the same setting as the environment's ``MALLOC_ARENA_MAX``, made by the process
