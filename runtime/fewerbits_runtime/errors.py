@@ -27,6 +27,9 @@ EXIT_DISK_FULL = 13
 EXIT_STORAGE = 14
 EXIT_MANIFEST_INVALID = 15
 EXIT_GPU_INCOMPATIBLE = 20
+EXIT_ENGINE_DIED = 21
+"""vLLM ended by itself with status 0 after its engine died (vLLM 0.32 does: its API server shuts
+down cleanly on EngineDeadError); the launcher turns that into a failure (launch.py ``supervise``)."""
 EXIT_EXEC_FAILED = 127
 
 

@@ -33,7 +33,8 @@ from typing import BinaryIO
 
 from fewerbits_api.formats import CC, FORMAT_FACTS, QuantFormat, cc_verdict, fmt_cc
 
-from .errors import ExecFailed, GPUIncompatible, StorageError, UsageError, termination_message, write_termination_message
+from .errors import (EXIT_ENGINE_DIED, ExecFailed, GPUIncompatible, StorageError, UsageError, termination_message,
+                     write_termination_message)
 from .vllmlog import root_cause
 from .layout import DEST_MANIFEST_NAME, MARKER_NAME
 
@@ -251,8 +252,22 @@ def supervise(cmd: list[str], out: BinaryIO | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if rc > 0 and not forwarded and (cause := root_cause("\n".join(kept))):
-        write_termination_message(termination_message("launch", "VllmFailed", cause, rc, command=cmd[0]))
+    return _verdict(rc, bool(forwarded), root_cause("\n".join(kept)), cmd[0])
+
+
+def _verdict(rc: int, asked_to_stop: bool, cause: str | None, command: str) -> int:
+    """The container's exit status for vLLM's, writing the termination message when it failed with
+    a cause. vLLM that ends by itself with status 0 after an exception (its engine died while
+    serving: the API server answers 500, /health 503, then shuts down cleanly) failed: the container
+    exits EXIT_ENGINE_DIED, so it is not taken for a clean stop and its cause reaches the condition."""
+    if asked_to_stop or cause is None:
+        return 128 - rc if rc < 0 else rc
+    if rc == 0:
+        write_termination_message(termination_message("launch", "VllmEngineDied", cause, EXIT_ENGINE_DIED,
+                                                      command=command))
+        return EXIT_ENGINE_DIED
+    if rc > 0:
+        write_termination_message(termination_message("launch", "VllmFailed", cause, rc, command=command))
     return 128 - rc if rc < 0 else rc
 
 

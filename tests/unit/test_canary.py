@@ -290,6 +290,26 @@ def test_an_evaluation_without_a_verdict_fails_closed_with_its_cause():
     assert not [a for a in o.actions if isinstance(a, K.DeleteJob)]  # kept until its TTL: the back-off
 
 
+def test_a_canary_whose_engine_died_under_its_evaluation_fails_closed_naming_the_root_cause():
+    # The healthy-but-cannot-answer server (e2e/tests/test_vllm_cpu_serve.py): /health answered, the
+    # first request killed the engine, the launcher exited 21 with the cause, and the pod came back ready.
+    w = canary_world()
+    _serving_old_artifact(w)
+    d = canary_deployment(w)
+    pv, _, chash = target(w)
+    message = json.dumps({"outcome": "error", "configHash": chash,
+                          "reason": "HTTP 500 from the canary: EngineCore encountered an issue. See stack trace"})
+    died = json.dumps({"component": "launch", "reason": "VllmEngineDied", "exitCode": 21,
+                       "message": "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"})
+    term = ContainerTermination("c-canary-0", "vllm", 21, "Error", died, running_ready=True)
+    job = JobFacts(K.canary_job_name(NAME, pv.pool, chash), (), JobState.FAILED)
+    o = run(w, deployment=d, pod_ready=True, pod_ip="10.1.2.3", job=job, job_message=message, terminations=(term,))
+    assert conds(o)[C.SERVING_QUALITY_PASSED] == ("False", Reason.CANARY_ERROR)
+    msg = next(c.message for c in o.status.conditions if c.type == C.SERVING_QUALITY_PASSED)
+    assert "VllmEngineDied: AttributeError" in msg and "cpu_gemm_wna16" in msg and "fail closed" in msg
+    assert not [a for a in o.actions if isinstance(a, (CreateDeployment, ReplaceDeployment))]  # no traffic
+
+
 def test_a_deployment_from_before_the_canary_is_not_judged_until_it_changes():
     w = canary_world()
     w.serve()  # rendered without the served-configuration annotation

