@@ -11,9 +11,13 @@
    QuantizedModel for it;
 4. shows each condition as it changes until `Ready` (the quantization Job is the real
    llm-compressor run, on this CPU; the serving pod runs the real launcher and real vLLM, its CPU
-   build standing in for the H100: image `fewerbits-test/vllm-cpu`, e2e/vllm_cpu.py);
-5. prints `kubectl get qm`, the endpoint, a completion vLLM generated from the artifact the Job
-   just produced, and one line of the pod's /metrics;
+   build standing in for the H100: image `fewerbits-test/vllm-cpu`, e2e/vllm_cpu.py). A failure
+   that holds a minute (a serving pod failing over and over, e2e/failfast.py) stops the demo with
+   the model's message and the pods' logs kept, exit 1;
+5. prints `kubectl get qm`, the endpoint, what the stand-in translated for this CPU (an FP8 KV cache
+   is served as the 16-bit cache on a CPU without AVX-512; FEWERBITS_CPU_CAPABILITY=AVX2 forces
+   that path), a completion vLLM generated from the artifact the Job just produced, and one line of
+   the pod's /metrics;
 6. tears everything down (unless --keep: then `python -m e2e.cluster down` stops it).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import tempfile
 import time
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from e2e import cluster as cluster_mod
+from e2e import failfast
 
 REPO = Path(__file__).resolve().parents[1]
 GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
@@ -170,19 +176,45 @@ class Progress:
 
 
 def wait_ready(c: cluster_mod.Cluster, namespace: str, name: str, timeout: float,
-               out: Callable[[str], None] = say) -> dict[str, Any]:
+               out: Callable[[str], None] = say, hold: float = failfast.HOLD_SECONDS) -> dict[str, Any]:
+    """The model once Ready, its conditions shown as they change. Raises ModelFailed as soon as it
+    has shown a failure that does not pass by itself for ``hold`` seconds (e2e/failfast.py)."""
     from kubernetes import client
 
     custom = client.CustomObjectsApi(c.api_client())
     progress = Progress({}, out)
+    stop = failfast.FailFast(hold)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         progress.show(obj)
-        if any(x["type"] == "Ready" and x["status"] == "True" for x in (obj.get("status") or {}).get("conditions") or []):
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(x["type"] == "Ready" and x["status"] == "True" for x in conditions):
             return obj
+        if why := stop.check(conditions, time.monotonic()):
+            raise failfast.ModelFailed(f"{namespace}/{name}: {why}")
         time.sleep(1)
     raise TimeoutError(f"{namespace}/{name} not Ready after {timeout:.0f}s")
+
+
+def keep_pod_logs(c: cluster_mod.Cluster, namespace: str) -> list[Path]:
+    """Copies of the logs of ``namespace``'s pods in a folder that outlives the cluster's teardown."""
+    import shutil
+
+    kept = Path(tempfile.mkdtemp(prefix="fewerbits-demo-logs-"))
+    out = []
+    for log in sorted((c.state_dir / "pods").glob(f"{namespace}_*/*.log")):
+        dest = kept / f"{log.parent.name.rsplit('_', 1)[0]}_{log.name}"
+        shutil.copyfile(log, dest)
+        out.append(dest)
+    return out
+
+
+def stand_in_lines(log: str) -> list[str]:
+    """What the vLLM stand-in said about this CPU (its level, each translation), from a pod's log."""
+    from e2e import vllm_cpu
+
+    return [ln.strip() for ln in log.splitlines() if ln.startswith(vllm_cpu.MARK) and "vLLM's CPU build for" not in ln]
 
 
 def serving_pod_ip(c: cluster_mod.Cluster, namespace: str, model: str) -> str:
@@ -194,6 +226,14 @@ def serving_pod_ip(c: cluster_mod.Cluster, namespace: str, model: str) -> str:
     pod = next(p for p in pods if p.status.pod_ip and any(
         x.type == "Ready" and x.status == "True" for x in p.status.conditions or []))
     return pod.status.pod_ip
+
+
+def pod_name_at(c: cluster_mod.Cluster, namespace: str, ip: str) -> str:
+    """The name of the pod at ``ip``."""
+    from kubernetes import client
+
+    pods = client.CoreV1Api(c.api_client()).list_namespaced_pod(namespace).items
+    return next(p.metadata.name for p in pods if p.status.pod_ip == ip)
 
 
 def completion(c: cluster_mod.Cluster, namespace: str, model: str) -> tuple[str, dict[str, Any]]:
@@ -224,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     state = cluster_mod.default_state_dir() if a.keep else Path(tempfile.mkdtemp(prefix="fewerbits-demo-"))
+    from e2e import vllm_cpu
+
+    say(f"vLLM's CPU build serves as this CPU: {vllm_cpu.this_cpu(dict(os.environ)).describe()}")
     say(f"starting the control plane (state {state})")
     c = cluster_mod.Cluster(state, with_s3=True, with_sim=False, detach=a.keep)
     c.start()
@@ -240,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials", real_vllm=True)
         c.apply(manifest)
         say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")
-        wait_ready(c, "demo", "tiny-llama", a.timeout)
+        try:
+            wait_ready(c, "demo", "tiny-llama", a.timeout)
+        except failfast.ModelFailed as e:
+            say(f"stopped: {e}")
+            for log in keep_pod_logs(c, "demo"):
+                say(f"  pod log: {log}")
+            return 1
         print()
         print(c.kubectl("get", "qm", "-n", "demo", "-o", "wide").stdout)
         obj = json.loads(c.kubectl("get", "qm", "tiny-llama", "-n", "demo", "-o", "json").stdout)
@@ -252,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({q['increasePercent']:+.3f}%, gate {q['maxIncreasePercent']:g}%)")
         print(f"  endpoint (in-cluster): {obj['status']['endpoint']}")
         ip = serving_pod_ip(c, "demo", "tiny-llama")
+        for line in stand_in_lines(c.pod_logs("demo", pod_name_at(c, "demo", ip), "vllm")):
+            print(f"  {line}")
         url, answer = completion_at(ip, "tiny-llama")
         print(f"  POST {url} (vLLM, serving the artifact the Job just produced) ->")
         print(f"  {answer['model']}: {answer['choices'][0]['text']!r} ({answer['usage']['completion_tokens']} tokens)")

@@ -22,7 +22,8 @@ from pathlib import Path
 TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
 ENV_OVERRIDES = "env-overrides.json"
 """In the runner's state dir: {image substring: {NAME: value}}, extra env for matching containers."""
-PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "TZ")
+PASS_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV", "PYTHONPATH", "TZ", "FEWERBITS_CPU_CAPABILITY")
+"""FEWERBITS_CPU_CAPABILITY: the CPU level vLLM's CPU build acts on (e2e/vllm_cpu.py); a pod's own env wins."""
 PASS_ENV_PREFIXES = ("HF_", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_")
 
 

@@ -16,7 +16,9 @@ Fixtures:
   prometheus (session) — that Prometheus's HTTP API (e2e/addons/prometheus.py).
 
 Missing binaries are BUILT (e2e/build.sh), never skipped. Mark tests `cluster` or `s3`.
-Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging.
+Environment: FEWERBITS_CACHE (binary cache), FEWERBITS_E2E_KEEP=1 keeps the state dir for debugging,
+FEWERBITS_CPU_CAPABILITY=AVX2 serves with vLLM's CPU build as on a CPU without AVX-512 (e2e/vllm_cpu.py;
+the session's header names the level every vLLM pod acts on).
 """
 
 from __future__ import annotations
@@ -31,6 +33,25 @@ import pytest
 
 from e2e import cluster as cluster_mod
 from e2e import procs
+
+
+def pytest_configure(config) -> None:
+    """An impossible FEWERBITS_CPU_CAPABILITY stops the session here, before any test, naming it."""
+    _vllm_cpu_level()
+
+
+def pytest_report_header(config) -> str:
+    return f"vLLM CPU level: {_vllm_cpu_level()}"
+
+
+def _vllm_cpu_level() -> str:
+    """The CPU level vLLM's CPU build acts on in this session (e2e/vllm_cpu.py)."""
+    from e2e import vllm_cpu
+
+    try:
+        return vllm_cpu.this_cpu(dict(os.environ)).describe()
+    except vllm_cpu.CapabilityError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def _state_root(name: str) -> Path:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from kubernetes import client
 
+from e2e import failfast
 from e2e.addons.epp import PICKER_ROLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -176,10 +177,18 @@ class Models:
 
     def wait_condition(self, namespace: str, name: str, type_: str, status: str = "True",
                        reason: str | None = None, timeout: float = 240) -> dict[str, Any]:
+        """The condition once it has ``status`` (and ``reason``). A wait for Ready=True stops as soon
+        as the model has shown a failure that does not pass by itself for a minute (e2e/failfast.py)."""
+        stop = failfast.FailFast() if (type_, status) == ("Ready", "True") else None
+
         def check():
-            c = self.condition(namespace, name, type_)
+            conditions = (self.get(namespace, name).get("status") or {}).get("conditions") or []
+            c = next((x for x in conditions if x["type"] == type_), None)
             if c and c["status"] == status and (reason is None or c["reason"] == reason):
                 return c
+            if stop is not None and (why := stop.check(conditions, time.monotonic())):
+                raise failfast.ModelFailed(f"waiting for Ready=True on {namespace}/{name}: {why}\n"
+                                           f"operator log:\n{self.operator.log_tail()}")
             return None
         return self.wait(f"{type_}={status}{f' ({reason})' if reason else ''} on {namespace}/{name}", check,
                          timeout, namespace, name)

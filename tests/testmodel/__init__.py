@@ -104,24 +104,40 @@ def build_test_model(dest: str | Path | None = None) -> Path:
     With ``dest``, a copy is made there (callers that modify the directory should pass one);
     without, the shared cached directory is returned and must be treated as read-only.
     """
-    cached = cache_root() / recipe_hash()
-    if not (cached / "config.json").exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}.tmp.", dir=cached.parent))
-        try:
-            _build_into(staging)
-            try:
-                os.rename(staging, cached)  # atomic; loses the race harmlessly if another build won
-            except OSError:
-                if not (cached / "config.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    cached = _cached(cache_root() / recipe_hash(), _build_into)
     if dest is None:
         return cached
     dest = Path(dest)
     shutil.copytree(cached, dest, dirs_exist_ok=True)
     return dest
+
+
+def build_quantized_test_model(fmt: str) -> Path:
+    """The test model quantized to ``fmt`` (a QuantFormat value) by the Job's own recipe and code,
+    as the vLLM check's zoo does (tools/vllm_check/zoo_quantize.py); cached beside the model, read-only."""
+    from fewerbits_api.formats import QuantFormat
+    from tools.vllm_check.zoo_quantize import quantize
+
+    src = build_test_model()
+    return _cached(cache_root() / f"{src.name}-{fmt}", lambda out: quantize(src, QuantFormat(fmt), ["lm_head"], out))
+
+
+def _cached(cached: Path, build) -> Path:
+    """``cached``, built by ``build(staging)`` into a fresh folder and renamed into place when missing
+    (atomic: a half-built folder never counts; another process winning the race is harmless)."""
+    if not (cached / "config.json").exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}.tmp.", dir=cached.parent))
+        try:
+            build(staging)
+            try:
+                os.rename(staging, cached)
+            except OSError:
+                if not (cached / "config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return cached
 
 
 def build_tokenizer():
