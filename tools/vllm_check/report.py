@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 
-SERVED_KEYS = ("result", "detail", "root_cause", "start_seconds", "vllm_cpu")
+SERVED_KEYS = ("result", "detail", "root_cause", "start_seconds", "vllm_cpu", "cpu_level")
 
 
 def join(rows: list[dict], loads: list[dict], served: list[dict] | None = None) -> list[dict]:
@@ -75,7 +75,8 @@ def counts(results: list[dict]) -> str:
             f"{sum(r['result'] == 'fails' for r in results)} fail")
     served = [r["served"]["result"] for r in results if "served" in r]
     if served:
-        line += (f"; served by vLLM's CPU build: {served.count('served')} served, "
+        levels = sorted({str(r["served"].get("cpu_level") or "CPU level not recorded") for r in results if "served" in r})
+        line += (f"; served by vLLM's CPU build ({', '.join(levels)}): {served.count('served')} served, "
                  f"{served.count('refused')} refused at start, {served.count('fails')} fail")
         if served.count("not run"):
             line += f", {served.count('not run')} not run"

@@ -16,6 +16,10 @@ whose CPU_STAND_IN lists everything translated for the CPU (the module entry poi
 * ``fails``: /health never answered within START_TIMEOUT_S, or a request failed or gave a
   non-finite logprob.
 
+Each result records the CPU level vLLM acted on (``cpu_level``: AVX2, AVX512 or AMX, e2e/vllm_cpu.py):
+which formats serve on a CPU depends on it (w4a16 and an FP8 KV cache need AVX512).
+FEWERBITS_CPU_CAPABILITY=AVX2 runs the check as on a CPU without AVX-512.
+
 One server at a time; each is stopped (its whole process group) before the next starts. Results
 are cached under ``${FEWERBITS_CACHE:-~/.cache/fewerbits}/vllm-check/served/`` keyed by the
 artifact's folder name (which carries its content hash), the vLLM CPU version and SERVE_CHECK_VERSION,
@@ -36,7 +40,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from e2e import procs, versions
+from e2e import procs, versions, vllm_cpu
 from fewerbits_operator.base.terminations import failure_line
 from fewerbits_runtime.vllmlog import root_cause
 
@@ -169,8 +173,10 @@ def serve_one(model_dir: str, work: Path, pod_dir: Path) -> dict:
         procs.stop_group(proc.pid, grace=20.0, proc=proc)
 
 
-def cached_result(model_dir: str, fresh: bool) -> tuple[Path, dict | None]:
-    key = f"{Path(model_dir).name}-vllm-cpu-{versions.version('vllm')}-v{SERVE_CHECK_VERSION}.json"
+def cached_result(model_dir: str, fresh: bool, cpu_level: str | None) -> tuple[Path, dict | None]:
+    """The cached result of serving ``model_dir`` with this vLLM CPU build at this CPU level (what
+    serves depends on it: e2e/vllm_cpu.py)."""
+    key = f"{Path(model_dir).name}-vllm-cpu-{versions.version('vllm')}-{cpu_level}-v{SERVE_CHECK_VERSION}.json"
     path = cache_dir() / key
     if fresh or not path.exists():
         return path, None
@@ -200,16 +206,19 @@ def main(argv: list[str] | None = None) -> int:
                     "left are 'not run' (cached ones are still reported; a later run continues)")
     args = ap.parse_args(argv)
     versions.ensure_built("vllm")
+    cpu = vllm_cpu.this_cpu(dict(os.environ))  # FEWERBITS_CPU_CAPABILITY=AVX2 serves as a CPU without AVX-512
+    print(f"vLLM CPU level: {cpu.describe()}", flush=True)
     results = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="vllm-serve-check-") as tmp:
         for i, model_dir in enumerate(artifacts(json.loads(Path(args.rows).read_text()))):
-            cache, r = cached_result(model_dir, args.fresh)
+            cache, r = cached_result(model_dir, args.fresh, cpu.level)
             if r is None and args.budget is not None and time.monotonic() - started >= args.budget:
                 r = {"result": "not run", "detail": f"the serve check's budget of {args.budget:.0f} s ran out"}
             elif r is None:
                 r = serve_one(model_dir, Path(tmp) / str(i), Path(tmp) / "pod")
                 r["vllm_cpu"] = versions.version("vllm")
+                r["cpu_level"] = cpu.level
                 cache.parent.mkdir(parents=True, exist_ok=True)
                 cache.write_text(json.dumps(r, indent=2) + "\n")
                 cache.with_suffix(".log").write_text(procs.tail(Path(tmp) / str(i) / "vllm.log", LOG_KEPT_LINES) + "\n")
