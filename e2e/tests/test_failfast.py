@@ -45,3 +45,36 @@ def test_each_lasting_failure_stops_it_naming_its_condition():
         f = FailFast(hold=5)
         f.check([c], now=0.0)
         assert f.check([c], now=5.0).startswith(f"{c['type']}=False {c['reason']} for 5 s: {c['message']}")
+
+
+def test_the_demo_stops_on_a_lasting_failure_and_keeps_the_pods_logs(tmp_path, monkeypatch):
+    """e2e/demo.py's wait: a model whose serving pod keeps failing raises ModelFailed with the model's
+    message (the demo then prints it with the kept logs' paths and exits 1), not a timeout."""
+    import pytest
+    from kubernetes import client
+
+    from e2e import demo
+    from e2e.failfast import ModelFailed
+
+    obj = {"status": {"conditions": [PODS_FAILING]}}
+
+    class Objects:
+        def get_namespaced_custom_object(self, *args):
+            return obj
+
+    class Cluster:
+        state_dir = tmp_path
+
+        def api_client(self):
+            return None
+
+    monkeypatch.setattr(client, "CustomObjectsApi", lambda api: Objects())
+    lines: list[str] = []
+    with pytest.raises(ModelFailed, match="Ready=False PodsFailing for 0 s: nothing is served; h100: .*FP8 KV cache"):
+        demo.wait_ready(Cluster(), "demo", "tiny-llama", timeout=60, out=lines.append, hold=0)
+    assert any("PodsFailing" in ln for ln in lines)  # shown as it changed, before the stop
+    pod = tmp_path / "pods" / "demo_tiny-llama-h100-abc_uid1"
+    pod.mkdir(parents=True)
+    (pod / "vllm.log").write_text("NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.\n")
+    (kept,) = demo.keep_pod_logs(Cluster(), "demo")
+    assert kept.name == "demo_tiny-llama-h100-abc_vllm.log" and "AVX-512" in kept.read_text()
