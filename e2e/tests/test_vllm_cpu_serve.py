@@ -93,6 +93,14 @@ def _post(ip: str, path: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
+def _pod_ready(api, namespace: str, name: str) -> bool:
+    """The pod's one container is ready; raises once it has stopped (it will not become ready)."""
+    cs = (api.read_namespaced_pod(name, namespace).status.container_statuses or [None])[0]
+    if cs is not None and cs.state.terminated:
+        raise AssertionError(f"{name} stopped before it was ready: {cs.state.terminated.message}")
+    return cs is not None and cs.ready
+
+
 def _terminated(api, namespace: str, name: str, timeout: float):
     def check():
         (cs,) = api.read_namespaced_pod(name, namespace).status.container_statuses or [None]
@@ -257,12 +265,8 @@ def test_two_pods_one_pipeline_stage_each_answer_what_one_pod_answered(cluster, 
                         interval=1)
         assert argv[-len(tail):] == tail and "$(" not in " ".join(argv), argv
 
-    def leader_ready():
-        cs = (api.read_namespaced_pod("stage-0", namespace).status.container_statuses or [None])[0]
-        if cs is not None and cs.state.terminated:
-            raise AssertionError(f"the leader stopped: {cs.state.terminated.message}")
-        return cs is not None and cs.ready
-    wait_for("the pipeline-parallel leader ready", leader_ready, timeout=600, interval=2)
+    wait_for("the pipeline-parallel leader ready", lambda: _pod_ready(api, namespace, "stage-0"), timeout=600,
+             interval=2)
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     answer = _post(leader_ip, "/v1/completions", body)["choices"][0]["text"]
     assert answer == one_pod, (answer, one_pod)
@@ -313,12 +317,8 @@ def test_w4a16_without_avx512_is_refused_and_its_real_failure_leaves_ready_with_
     assert "CPUIncompatibleError" in refused.message and "cpu_gemm_wna16" in refused.message, refused.message
     assert STAND_IN_MARK not in cluster.pod_logs(namespace, "refused", "vllm")  # vLLM never started
 
-    def ready():
-        cs = (api.read_namespaced_pod("dies", namespace).status.container_statuses or [None])[0]
-        if cs is not None and cs.state.terminated:
-            raise AssertionError(f"stopped before serving: {cs.state.terminated.message}")
-        return cs is not None and cs.ready
-    wait_for("the w4a16 server ready (/health answers)", ready, timeout=420, interval=1)
+    wait_for("the w4a16 server ready (/health answers)", lambda: _pod_ready(api, namespace, "dies"), timeout=420,
+             interval=1)
     ip = api.read_namespaced_pod("dies", namespace).status.pod_ip
     with pytest.raises(urllib.error.HTTPError) as failed:
         _complete(ip)

@@ -8,6 +8,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from fewerbits_api import conditions as C
 from fewerbits_api.canary import CanaryContract, ServingMetric, ServingQualityResult
 from fewerbits_api.conditions import Reason
@@ -273,41 +275,33 @@ def test_a_canary_never_ready_is_given_up_after_its_deadline():
     assert conds(o2)[C.SERVING_QUALITY_PASSED] == ("False", Reason.CANARY_PENDING)
 
 
-def test_an_evaluation_without_a_verdict_fails_closed_with_its_cause():
+ENGINE_DIED = ContainerTermination("c-canary-0", "vllm", 21, "Error", json.dumps({
+    "component": "launch", "reason": "VllmEngineDied", "exitCode": 21,
+    "message": "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"}), running_ready=True)
+"""The healthy-but-cannot-answer server (e2e/tests/test_vllm_cpu_serve.py): /health answered, the
+first request killed its engine, the launcher exited 21 with the cause, and the pod came back ready."""
+
+
+@pytest.mark.parametrize("reason, terminations, words", [
+    ("canary unreachable: http://10.1.2.3:8000/v1/models: connection refused", (), ["connection refused"]),
+    ("HTTP 500 from the canary: EngineCore encountered an issue", (ENGINE_DIED,),
+     ["HTTP 500", "server failed while evaluated", "exit 21, VllmEngineDied: AttributeError", "cpu_gemm_wna16"]),
+])
+def test_an_evaluation_without_a_verdict_fails_closed_with_its_cause(reason, terminations, words):
     w = canary_world()
     _serving_old_artifact(w)
     d = canary_deployment(w)
     pv, _, chash = target(w)
-    message = json.dumps({"outcome": "error", "configHash": chash,
-                          "reason": "canary unreachable: http://10.1.2.3:8000/v1/models: connection refused"})
+    message = json.dumps({"outcome": "error", "configHash": chash, "reason": reason})
     job = JobFacts(K.canary_job_name(NAME, pv.pool, chash), (), JobState.FAILED)
-    o = run(w, deployment=d, pod_ready=True, pod_ip="10.1.2.3", job=job, job_message=message)
+    o = run(w, deployment=d, pod_ready=True, pod_ip="10.1.2.3", job=job, job_message=message,
+            terminations=terminations)
     assert conds(o)[C.SERVING_QUALITY_PASSED] == ("False", Reason.CANARY_ERROR)
     msg = next(c.message for c in o.status.conditions if c.type == C.SERVING_QUALITY_PASSED)
-    assert "connection refused" in msg and "fail closed" in msg
+    assert all(x in msg for x in words) and "fail closed" in msg, msg
     assert not [a for a in o.actions if isinstance(a, (CreateDeployment, ReplaceDeployment, CreateJob))]
     assert [a.name for a in o.actions if isinstance(a, DeleteDeployment)] == [d["metadata"]["name"]]
     assert not [a for a in o.actions if isinstance(a, K.DeleteJob)]  # kept until its TTL: the back-off
-
-
-def test_a_canary_whose_engine_died_under_its_evaluation_fails_closed_naming_the_root_cause():
-    # The healthy-but-cannot-answer server (e2e/tests/test_vllm_cpu_serve.py): /health answered, the
-    # first request killed the engine, the launcher exited 21 with the cause, and the pod came back ready.
-    w = canary_world()
-    _serving_old_artifact(w)
-    d = canary_deployment(w)
-    pv, _, chash = target(w)
-    message = json.dumps({"outcome": "error", "configHash": chash,
-                          "reason": "HTTP 500 from the canary: EngineCore encountered an issue. See stack trace"})
-    died = json.dumps({"component": "launch", "reason": "VllmEngineDied", "exitCode": 21,
-                       "message": "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'"})
-    term = ContainerTermination("c-canary-0", "vllm", 21, "Error", died, running_ready=True)
-    job = JobFacts(K.canary_job_name(NAME, pv.pool, chash), (), JobState.FAILED)
-    o = run(w, deployment=d, pod_ready=True, pod_ip="10.1.2.3", job=job, job_message=message, terminations=(term,))
-    assert conds(o)[C.SERVING_QUALITY_PASSED] == ("False", Reason.CANARY_ERROR)
-    msg = next(c.message for c in o.status.conditions if c.type == C.SERVING_QUALITY_PASSED)
-    assert "VllmEngineDied: AttributeError" in msg and "cpu_gemm_wna16" in msg and "fail closed" in msg
-    assert not [a for a in o.actions if isinstance(a, (CreateDeployment, ReplaceDeployment))]  # no traffic
 
 
 def test_a_deployment_from_before_the_canary_is_not_judged_until_it_changes():
