@@ -1,5 +1,7 @@
 """The Argo CD health check (charts/fewerbits/files/argocd-health.lua), run for real in Lua 5.1 (what
-Argo CD's gopher-lua implements) through lupa, against QuantizedModel objects.
+Argo CD's gopher-lua implements) and 5.4 through lupa, against QuantizedModel objects, with only the
+globals Argo CD gives a script from argocd-cm without useOpenLibs (tests/unit/argo_lua.py: no
+string, math, os or io library, no string methods).
 
 Every file in tests/fixtures/status/ is one case: ``{"expected": {"status": ..., "messageContains":
 ...}, "object": {...}}``; objects captured from end-to-end runs go in the same folder. The ready-made
@@ -13,14 +15,21 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from lupa import lua51, lua54
 
+if __name__ == "__main__":  # run as a script to regenerate the patch: make `tests.unit` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from fewerbits_api.conditions import Reason
 from fewerbits_api.quantizedmodel import QuantizedModel
+from fewerbits_operator.core.decide import decide
+from tests.unit.argo_lua import ARGO_GLOBALS, STRING_FUNCTIONS, argo_runtime, chunk_names, run_health
+from tests.unit.test_decide import SETTINGS, World
 
 ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "charts" / "fewerbits" / "files" / "argocd-health.lua"
@@ -58,22 +67,8 @@ def render_patch() -> str:
     return PATCH_HEADER + yaml.dump(cm, Dumper=Literal, sort_keys=False, allow_unicode=True, width=1000)
 
 
-def _to_lua(lua: Any, value: Any) -> Any:
-    """JSON → Lua the way Argo CD converts an object: objects and arrays become tables (arrays
-    1-based), null becomes nil (absent)."""
-    if isinstance(value, dict):
-        return lua.table_from({k: _to_lua(lua, v) for k, v in value.items() if v is not None})
-    if isinstance(value, list):
-        return lua.table_from([_to_lua(lua, v) for v in value])
-    return value
-
-
-def health(obj: dict[str, Any], runtime: type = lua51.LuaRuntime) -> tuple[str, str]:
-    lua = runtime()
-    lua.globals().obj = _to_lua(lua, obj)
-    hs = lua.execute(LUA.read_text())
-    assert hs is not None, "the script must return hs"
-    return hs["status"], hs["message"]
+def health(obj: dict[str, Any], lua: ModuleType = lua51) -> tuple[str, str]:
+    return run_health(LUA.read_text(), obj, lua)
 
 
 def _fixtures() -> list[Path]:
@@ -81,12 +76,14 @@ def _fixtures() -> list[Path]:
 
 
 @pytest.mark.parametrize("path", _fixtures(), ids=lambda p: p.stem)
-@pytest.mark.parametrize("runtime", [lua51.LuaRuntime, lua54.LuaRuntime], ids=["lua5.1", "lua5.4"])
-def test_fixture_health(path: Path, runtime: type):
+@pytest.mark.parametrize("lua", [lua51, lua54], ids=["argocd-lua5.1", "argocd-lua5.4"])
+def test_fixture_health(path: Path, lua: ModuleType):
+    """Every fixture, under Argo CD's globals: a script that calls a library Argo CD does not open
+    fails there, and Argo CD shows the model as Unknown."""
     case = json.loads(path.read_text())
     expected = case["expected"]
     assert expected["status"] in STATUSES, f"{path.name}: expected.status must be one of {sorted(STATUSES)}"
-    status, message = health(case["object"], runtime)
+    status, message = health(case["object"], lua)
     assert status == expected["status"], f"{path.name}: {status}: {message}"
     assert isinstance(message, str) and message
     if expected.get("messageContains"):
@@ -235,6 +232,70 @@ def test_a_failed_canary_is_degraded_while_the_old_variant_serves():
                             "pool-a: custom:exact_match served 0.1 vs base 0.9: 11.1% (min 95%), KV cache fp8"))
     status, message = health(_model(conditions))
     assert status == "Degraded" and "KV cache fp8" in message
+
+
+ENDPOINT = "http://m.ns.svc:8000"
+
+
+@pytest.mark.parametrize("reason, message, want", [
+    (Reason.ALL_VARIANTS_READY, f"1 variant(s) serving at {ENDPOINT}", f"1 variant(s) serving at {ENDPOINT}"),
+    (Reason.PODS_FAILING, "serving on h100; a100: exit 12", f"serving on h100; a100: exit 12 ({ENDPOINT})"),
+])
+def test_healthy_message_names_the_endpoint_once(reason: str, message: str, want: str):
+    """Ready=True (PodsFailing: served everywhere, a pod failing) gets the endpoint appended unless
+    its reason is AllVariantsReady, whose message names it already."""
+    conditions = [_cond(t, "True", "Ok") for t in ORDER[:-1]] + [_cond("Ready", "True", reason, message)]
+    assert health(_model(conditions, endpoint=ENDPOINT)) == ("Healthy", want)
+
+
+def test_the_status_the_operator_decides_for_a_ready_model_names_the_endpoint_once():
+    """What the script relies on instead of searching the message (Argo CD gives it no string
+    library): decide()'s AllVariantsReady message names status.endpoint."""
+    w = World()
+    w.publish()
+    w.serve()
+    status = decide(w.observed(), SETTINGS).status.to_wire()
+    obj = {"apiVersion": "fewerbits.io/v1alpha1", "kind": "QuantizedModel",
+           "metadata": {"name": "m", "namespace": "ns", "generation": w.generation}, "spec": w.spec, "status": status}
+    health_status, message = health(obj)
+    assert health_status == "Healthy" and status["endpoint"]
+    assert message.count(status["endpoint"]) == 1, message
+
+
+def test_uses_only_what_argo_cd_provides():
+    """Every global read, in every branch (not only those the fixtures reach), is one Argo CD sets
+    or the script itself writes (hs), and no string method is called: the script needs no
+    useOpenLibs."""
+    names = chunk_names(LUA.read_text())
+    assert names.reads <= ARGO_GLOBALS | names.writes, sorted(names.reads - ARGO_GLOBALS - names.writes)
+    assert not names.methods & STRING_FUNCTIONS, sorted(names.methods & STRING_FUNCTIONS)
+
+
+def test_chunk_names_see_library_calls_in_branches_never_run():
+    names = chunk_names('if obj == nil then return string.find(x, "y"), ("x"):sub(1), math.max(1) end\n'
+                        'hs = {}; hs.m = obj.m:upper(); return hs')
+    assert names.reads == {"obj", "string", "x", "math", "hs"} and names.writes == {"hs"}
+    assert names.methods == {"sub", "upper"}
+
+
+@pytest.mark.parametrize("lua", [lua51, lua54], ids=["argocd-lua5.1", "argocd-lua5.4"])
+@pytest.mark.parametrize("code", ['string.find("ab", "b", 1, true)', '("ab"):find("b", 1, true)', "math.floor(1)",
+                                  "os.time()", "io.write('x')", "debug.traceback()", "table.time()",
+                                  "python.eval('1')"])
+def test_argo_runtime_lacks_what_argo_cd_does_not_open(code: str, lua: ModuleType):
+    with pytest.raises(lua.LuaError):
+        argo_runtime(lua).execute(code)
+
+
+@pytest.mark.parametrize("lua", [lua51, lua54], ids=["argocd-lua5.1", "argocd-lua5.4"])
+def test_argo_runtime_keeps_what_argo_cd_opens(lua: ModuleType):
+    runtime = argo_runtime(lua)
+    assert runtime.execute('local t = {"a"}; table.insert(t, "b"); return table.concat(t, ",") .. #"xyz"') == "a,b3"
+    assert runtime.execute("return tostring(tonumber('2')) .. type(require('os').time())") == "2number"
+    assert runtime.execute("return os") is None
+    if lua is lua51:  # PUC Lua 5.1 has every other name gopher-lua's base, package and table libraries have
+        gopher_only, set_per_run = {"_GOPHER_LUA_VERSION", "_printregs"}, {"obj"}
+        assert set(runtime.globals()) == ARGO_GLOBALS - gopher_only - set_per_run
 
 
 def test_argocd_cm_patch_is_generated_from_the_lua_file():

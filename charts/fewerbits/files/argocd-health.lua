@@ -3,7 +3,10 @@
 --
 -- Reads only status conditions (metav1.Condition shape, each with observedGeneration) and the
 -- per-variant replica counts; condition types and reasons are fewerbits_api.conditions (Reason).
--- Written for Lua 5.1 (Argo CD runs gopher-lua). Order of the checks:
+-- Written for Lua 5.1 (Argo CD runs gopher-lua) with only the base, table and package libraries:
+-- without resource.customizations.useOpenLibs Argo CD opens no string, math or os library and
+-- strings have no methods (docs/gitops.md), so nothing here searches or cuts a string.
+-- Order of the checks:
 --   1. no status yet, or a status about an older generation      -> Progressing
 --   2. a condition that needs a person (bad spec, no GPU fits,
 --      Job failed, storage down, quality gate failed,
@@ -130,12 +133,14 @@ if canary ~= nil and canary.status == "False" and current(canary)
   return hs
 end
 
--- Serving, for the spec as it is now.
+-- Serving, for the spec as it is now, with the endpoint in the message. The operator's
+-- AllVariantsReady message names status.endpoint already ("N variant(s) serving at URL",
+-- fewerbits_operator.core.decide.ready_condition); other Ready=True messages get it appended.
 local ready = find(status.conditions, "Ready")
 if ready ~= nil and ready.status == "True" and current(ready) then
   hs.status = "Healthy"
   hs.message = ready.message or "Ready"
-  if status.endpoint ~= nil and (hs.message == nil or string.find(hs.message, status.endpoint, 1, true) == nil) then
+  if status.endpoint ~= nil and ready.reason ~= "AllVariantsReady" then
     hs.message = hs.message .. " (" .. status.endpoint .. ")"
   end
   return hs
