@@ -14,7 +14,7 @@ What an architecture requires, and why (vLLM 0.33 and llm-compressor 0.14):
 | mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek_v3 | MoE router (`mlp.gate`, `block_sparse_moe.gate`) | vLLM builds the router as a `GateLinear` whose fast kernels need 16-bit weights; a quantized router changes which experts run |
 | qwen2_moe, qwen3_moe | shared-expert gate | vLLM builds it as a `ReplicatedLinear` with `quant_config=None`: a quantized checkpoint tensor would not load |
 | deepseek_v3 | multi-token-prediction layers (`model.layers.<num_hidden_layers..>`) | speculative-decoding heads; transformers does not build them, vLLM loads them only as a draft model |
-| qwen2_vl, qwen2_5_vl | vision encoder and merger (`visual`) | llm-compressor's multimodal recipes keep them 16-bit; calibration text never reaches them |
+| qwen2_vl, qwen2_5_vl | vision encoder and merger (`visual`) | llm-compressor's multimodal recipes keep them 16-bit; calibration text never reaches them (no quantized format is planned for these yet: ``QUANTIZE_BLOCKERS``) |
 | llava, llava_next, gemma3, mistral3 | vision tower and multimodal projector | as above |
 
 Model types the table does not know keep only the user's list, with a warning naming the type
@@ -79,9 +79,11 @@ ARCHITECTURES: dict[str, tuple[KeepRule, ...]] = {
 
 
 _VL_RELOAD = (
-    "the quantization Job cannot evaluate a quantized {name} artifact: transformers 5.17 does not map the "
-    "compressed checkpoint's tensor names back to its own modules when it reloads it (the artifact itself "
-    "loads in vLLM's loader, found by scripts/vllm-check.sh); serve it with format none")
+    "fewerbits does not quantize {name}: its quantization Job measures the quality gate by reloading the "
+    "quantized checkpoint with transformers 5.17, which does not map that checkpoint's tensor names "
+    "(model.layers.*, visual.*) back to its own modules (model.language_model.*), so the Job would fail at its "
+    "evaluation after the quantization's GPU time; set spec.quantization.format to none to serve it at 16 bits "
+    "(format auto does so on every pool)")
 QUANTIZE_BLOCKERS: dict[tuple[str, str | None], str] = {
     ("qwen2_5_vl", None): _VL_RELOAD.format(name="Qwen2.5-VL"),
     ("qwen2_vl", None): _VL_RELOAD.format(name="Qwen2-VL"),
@@ -92,7 +94,12 @@ QUANTIZE_BLOCKERS: dict[tuple[str, str | None], str] = {
 }
 """(model_type, format or None for every quantized format) -> why fewerbits will not make that
 artifact (the planner refuses it, and `auto` steps past it). Found by making the Job's artifacts
-and loading them with vLLM's own loader; each entry goes when the cause is fixed."""
+with its own functions and loading them with vLLM's own loader (scripts/vllm-check.sh, which calls
+those functions directly, past the planner); each entry goes when the cause is fixed.
+
+Qwen2-VL and Qwen2.5-VL: the zoo's artifacts made that way (vision encoder kept 16-bit) load in
+vLLM's loader, but a Job the operator starts would fail at its own evaluation, so no quantized
+format is planned for them and `auto` serves them at 16 bits."""
 
 
 def quantize_blocker(model_type: str, fmt: str | None = None) -> str | None:

@@ -15,13 +15,14 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 
 from .base import ApiModel
+from .datasets import AUTO_CALIBRATION, AUTO_FALLBACK_HASH, named_dataset_hash
 from .errors import field_path, format_validation_error
 from .formats import QuantFormat
 from .names import FILES_DIR, MANIFEST_NAME
 from .quality import MetricResult
 
 __all__ = ["FILES_DIR", "MANIFEST_NAME", "ArtifactKeyInputs", "Manifest", "ManifestError", "ManifestFile",
-           "QualityReport", "artifact_prefix", "split_s3_uri"]
+           "QualityReport", "artifact_prefix", "auto_fallback_inputs", "calibrated_on_fallback", "split_s3_uri"]
 
 MANIFEST_SCHEMA_VERSION = 1
 
@@ -89,6 +90,23 @@ class ArtifactKeyInputs(ApiModel):
 
 
 KEY_FIELDS_OMITTED_WHEN_UNSET = ("tools", "rebuild")
+
+
+def auto_fallback_inputs(inputs: ArtifactKeyInputs) -> ArtifactKeyInputs | None:
+    """The key inputs of the artifact an ``auto`` calibration makes on the built-in fallback: the
+    planned inputs (which name the Hub set) with the fallback's hash. The Job that cannot read the
+    Hub set publishes under this key instead of the planned one, and the operator reads it only for
+    a model whose own Job did so (docs/artifacts.md): a later model with the same inputs asks for the
+    Hub set again. None for inputs that do not name ``auto``'s Hub set."""
+    if inputs.calibrationDataset != AUTO_CALIBRATION or inputs.calibrationDatasetHash != named_dataset_hash(
+            AUTO_CALIBRATION):
+        return None
+    return inputs.model_copy(update={"calibrationDatasetHash": AUTO_FALLBACK_HASH})
+
+
+def calibrated_on_fallback(inputs: ArtifactKeyInputs) -> bool:
+    """Whether these key inputs name ``auto``'s built-in fallback (``auto_fallback_inputs``)."""
+    return inputs.calibrationDataset == AUTO_CALIBRATION and inputs.calibrationDatasetHash == AUTO_FALLBACK_HASH
 
 
 class ManifestModel(ApiModel):

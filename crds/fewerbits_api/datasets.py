@@ -30,15 +30,28 @@ with the model's chat template): multi-turn English chat, MIT licensed; its firs
 AUTO_FALLBACK = "general-en"
 """What ``auto`` calibrates on when the Hub cannot be reached (an air-gapped cluster): far fewer
 tokens than the default asks, which the Job reports (``CalibrationUsed.shortfall``)."""
+AUTO_FALLBACK_HASH = BUILTIN_DATASET_SHA256[AUTO_FALLBACK]
+"""What an ``auto`` artifact calibrated on the fallback names in its key (``calibrationDatasetHash``):
+the fallback file's sha256, where the Hub set's artifact names ``named_dataset_hash("auto")``. Two
+keys, so an artifact made offline is never taken for the Hub set's
+(``fewerbits_api.artifact.auto_fallback_inputs``)."""
 
 CALIBRATION_DATASETS: tuple[str, ...] = (AUTO_CALIBRATION, *BUILTIN_DATASETS)
 """The names a calibration dataset may use without a scheme."""
+
+CALIBRATION_SPLITS: tuple[str, ...] = ("train",)
+"""The split the Job calibrates on when a Hub dataset's URI names none (`#config/split`); a set
+without it is read from its first split."""
+EVALUATION_SPLITS: tuple[str, ...] = ("test", "validation", "train")
+"""The splits the Job and the canary evaluate on when a Hub dataset's URI names none, the first
+the set has; a set with none of them is read from its first split."""
 
 
 def named_dataset_hash(name: str) -> str | None:
     """What a named calibration dataset puts into the artifact key: a shipped file's sha256; for
     ``auto`` the sha256 of the pinned Hub URI and the fallback file's hash (changing either is a
-    new key). None for an unknown name."""
+    new key; it is the key of the artifact calibrated on the Hub set, the fallback's names
+    ``AUTO_FALLBACK_HASH``). None for an unknown name."""
     if name == AUTO_CALIBRATION:
         return hashlib.sha256(f"{AUTO_HUB_DATASET}\n{BUILTIN_DATASET_SHA256[AUTO_FALLBACK]}".encode()).hexdigest()
     return BUILTIN_DATASET_SHA256.get(name)

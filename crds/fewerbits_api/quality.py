@@ -25,7 +25,14 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from .base import ApiModel
-from .datasets import AUTO_CALIBRATION, AUTO_FALLBACK, AUTO_HUB_DATASET, BUILTIN_DATASET_SHA256
+from .datasets import (
+    AUTO_CALIBRATION,
+    AUTO_FALLBACK,
+    AUTO_HUB_DATASET,
+    BUILTIN_DATASET_SHA256,
+    CALIBRATION_SPLITS,
+    EVALUATION_SPLITS,
+)
 from .validation import PATH_TRICKS_CEL, S3_BUCKET, SAFE_PATH, check_no_path_tricks
 
 __all__ = ["BENCHMARK_SEED", "BENCHMARKS_UNIQUE_CEL", "CUSTOM_EVAL_METRICS", "BenchmarkSpec", "CustomEvalSpec",
@@ -115,32 +122,71 @@ def duplicate_benchmarks(benchmarks: list[BenchmarkSpec], where: str = "benchmar
     return None
 
 
-def _dataset_identity(uri: str, default_split: str) -> tuple[str, ...]:
-    """What names a dataset's rows without reading them: the built-in name, the S3 object, or a Hub
-    repository, revision, configuration and split (the split each reader takes when none is named:
-    ``train`` for calibration, ``test`` for evaluation; the readers' fallbacks to another split
-    when that one is missing are not seen here)."""
+HubSet = tuple[str, str, str]
+"""A Hub dataset's repository, revision and configuration: what names its rows but the split."""
+
+
+def _hub_dataset(uri: str) -> tuple[HubSet, str | None] | None:
+    """(the set, the split it names or None) of a Hub dataset URI
+    (``hf://datasets/org/name[@revision][#config[/split]]``), else None."""
     if not uri.startswith("hf://datasets/"):
-        return (uri,)
+        return None
     rest, _, fragment = uri[len("hf://datasets/"):].partition("#")
     repo, _, revision = rest.partition("@")
     config, _, split = fragment.partition("/")
-    return ("hf", repo, revision, config, split or default_split)
+    return (repo, revision, config), split or None
+
+
+def _splits_may_meet(calibration_split: str | None, eval_split: str | None) -> bool:
+    """Whether two readers of one Hub set may read the same split: the same one named, or either
+    named none. A reader without a named split falls back (``CALIBRATION_SPLITS``,
+    ``EVALUATION_SPLITS``, then the set's first split), and which splits a set has is not known
+    without reading it: on a set with only a `train` split, evaluation reads the calibration rows."""
+    return calibration_split is None or eval_split is None or calibration_split == eval_split
 
 
 def eval_overlaps_calibration(calibration_dataset: str, eval_dataset: str) -> str | None:
-    """Why the evaluation set is the calibration set (perplexity on the data the quantizer was fitted
-    to flatters the quantized model), or None. By identity: the same built-in set or S3 object, or
-    the same split of the same Hub dataset; content shared under different names is not seen."""
+    """Why the evaluation set may be the calibration set (perplexity on the data the quantizer was
+    fitted to flatters the quantized model), or None. By identity: the same built-in set or S3
+    object, or the same Hub dataset (repository, revision, configuration) where the two may read one
+    split (``_splits_may_meet``); content shared under different names is not seen."""
     # `auto` calibrates on the pinned Hub set, or on the built-in fallback where the Hub is out of reach.
     calibrated = ([AUTO_HUB_DATASET, AUTO_FALLBACK] if calibration_dataset == AUTO_CALIBRATION
                   else [calibration_dataset])
-    if _dataset_identity(eval_dataset, "test") not in [_dataset_identity(c, "train") for c in calibrated]:
-        return None
-    return (f"qualityGate.evalDataset {eval_dataset!r} is the calibration data (calibration.dataset "
-            f"{calibration_dataset!r}): perplexity measured on the data the quantizer was fitted to flatters the "
-            "quantized model; use held-out text (the built-in general-en-heldout, another S3 object, or another "
-            "split of the Hub set)")
+    evaluated = _hub_dataset(eval_dataset)
+    for uri in calibrated:
+        hub = _hub_dataset(uri)
+        if hub is None or evaluated is None:
+            if uri == eval_dataset:
+                return (f"qualityGate.evalDataset {eval_dataset!r} is the calibration data (calibration.dataset "
+                        f"{calibration_dataset!r}): perplexity measured on the data the quantizer was fitted to "
+                        "flatters the quantized model; use held-out text (the built-in general-en-heldout, another "
+                        "S3 object, or another split of the Hub set)")
+        elif hub[0] == evaluated[0] and _splits_may_meet(hub[1], evaluated[1]):
+            return _shared_split(calibration_dataset, eval_dataset, hub, evaluated[1])
+    return None
+
+
+def _shared_split(calibration_dataset: str, eval_dataset: str, calibrated: tuple[HubSet, str | None],
+                  eval_split: str | None) -> str:
+    """The refusal for one Hub set read by both: the same named split, or the fields naming none."""
+    (repo, revision, config), cal_split = calibrated
+    unnamed = [f for f, split in (("qualityGate.evalDataset", eval_split), ("calibration.dataset", cal_split))
+               if split is None]
+    if unnamed:
+        why = (f"{' and '.join(unnamed)} {'name' if len(unnamed) > 1 else 'names'} no split, and a reader without "
+               f"one falls back (evaluation: {', '.join(EVALUATION_SPLITS)}, then the first split; calibration: "
+               f"{', '.join(CALIBRATION_SPLITS)}, then the first split): on a set without those splits the "
+               "evaluation reads the calibration rows")
+    else:
+        why = f"both read its split {cal_split!r}"
+    base = f"hf://datasets/{repo}{'@' + revision if revision else ''}#{config or 'default'}"
+    fix = (f"name another split of it in qualityGate.evalDataset (`auto` calibrates on {cal_split!r})"
+           if calibration_dataset == AUTO_CALIBRATION else
+           f"name two different splits (e.g. {base}/train to calibrate and {base}/test to evaluate)")
+    return (f"qualityGate.evalDataset {eval_dataset!r} and calibration.dataset {calibration_dataset!r} read the same "
+            f"Hub dataset, and {why}; perplexity measured on the data the quantizer was fitted to flatters the "
+            f"quantized model: {fix}, or use held-out text such as the built-in general-en-heldout")
 
 
 class CustomEvalSpec(ApiModel):

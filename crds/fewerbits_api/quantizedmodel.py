@@ -99,8 +99,10 @@ class CalibrationSpec(ApiModel):
     dataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "auto"
     """`auto` (default): llm-compressor's own calibration set, HuggingFaceH4/ultrachat_200k
     (`train_sft`, at a pinned commit), rendered with the model's chat template, when the Job
-    reaches the Hub; the built-in `general-en` (44 paragraphs) when it cannot, which status then
-    reports (`artifacts[].calibration`, reason CalibrationReduced). Or a built-in name
+    reaches the Hub (through the proxy its environment names, as the Hub client does); the
+    built-in `general-en` (44 paragraphs) when it cannot, published under an artifact key of its
+    own (never taken for the Hub set's by a later model), which status then reports
+    (`artifacts[].calibration`, reason CalibrationReduced). Or a built-in name
     (`general-en`), an S3 JSON Lines object (`s3://bucket/path.jsonl`, one `{"text": ...}` per line) or a
     Hub dataset (`hf://datasets/org/name[@revision]`, a `text` or a chat `messages` column). Its identity and content hash are part of the artifact key."""
 
@@ -127,8 +129,10 @@ class QualityGateSpec(ApiModel):
     evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI, json_schema_extra=PATH_TRICKS_CEL)] = "general-en-heldout"
     """Held-out text for perplexity, in the same forms as `calibration.dataset`, where a Hub set
     may name its configuration and split: `hf://datasets/Salesforce/wikitext#wikitext-2-raw-v1/test`
-    (default split: `test`, else `validation`, else the first). Must not overlap the calibration
-    data; the built-in `general-en-heldout` (≥32k tokens of public-domain English) does not."""
+    (default split: `test`, else `validation`, else `train`, else the first). Must not overlap the
+    calibration data: the same Hub set as `calibration.dataset` is refused unless both name a
+    split, and different ones. The built-in `general-en-heldout` (≥32k tokens of public-domain
+    English) does not overlap."""
 
     evalSamples: Annotated[int, Field(ge=1, le=4096)] = 64
     """Number of evaluation windows (of up to 512 tokens: 64 windows score about 32k tokens of
@@ -198,15 +202,15 @@ class QuantizationSpec(ApiModel):
     """How to quantize: the format (or `auto`), the KV cache, what to leave alone, calibration
     and the quality gate."""
 
-    # The API server refuses what it can see by name (eval_overlaps_calibration's exact-equality
-    # part: the same built-in set, S3 object, or named split of a Hub set); the model refuses the
-    # Hub default-split case too. `auto` falls back to the built-in general-en where the Hub is out of
-    # reach, so it overlaps that set. Data-free formats read no calibration data: nothing to overlap.
+    # The API server refuses what it can see by exact equality (eval_overlaps_calibration's plainest
+    # part: the same built-in set, S3 object or Hub URI, split or none); the model also refuses one
+    # Hub set read with the same split or without a split on either side (the readers' fallbacks).
+    # `auto` falls back to the built-in general-en where the Hub is out of reach, so it overlaps
+    # that set. Data-free formats read no calibration data: nothing to overlap.
     model_config = ApiModel.model_config | {"json_schema_extra": {
         "x-kubernetes-validations": [{
             "rule": (f"!has(self.qualityGate) || (has(self.format) && self.format in [{_DATA_FREE}]) || "
-                     f"(({_EVAL} != {_CALIB} || ({_EVAL}.startsWith('hf://') && !{_EVAL}.matches('#[^/]+/.+$'))) && "
-                     f"!({_CALIB} == 'auto' && {_EVAL} == 'general-en'))"),
+                     f"({_EVAL} != {_CALIB} && !({_CALIB} == 'auto' && {_EVAL} == 'general-en'))"),
             "message": "qualityGate.evalDataset is the calibration data (calibration.dataset): perplexity measured on "
                        "the data the quantizer was fitted to flatters the quantized model; use held-out text",
             "fieldPath": ".qualityGate.evalDataset",

@@ -62,6 +62,7 @@ from fewerbits_api.canary import (
     SkippedMetric,
     serving_result_key,
 )
+from fewerbits_api.datasets import EVALUATION_SPLITS
 from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT, TERMINATION_LOG_ENV
 from fewerbits_api.quality import MetricResult, eval_identity, quality_result_key
@@ -428,7 +429,7 @@ def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: 
     if not logprobs:
         out.skipped.append(SkippedMetric(name="perplexity", reason=f"needs prompt logprobs: {how}"))
     else:
-        texts = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=("test", "validation", "train"))
+        texts = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
         if report.evalDatasetSha256 and report.evalDatasetSha256 != texts.sha256:
             out.skipped.append(SkippedMetric(name="perplexity", reason=f"{gate.evalDataset} changed since the Job "
                                              "measured it (another text hash): not the same windows"))

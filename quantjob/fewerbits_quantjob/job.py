@@ -28,7 +28,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from fewerbits_api.artifact import FILES_DIR, CalibrationUsed, Manifest, QualityReport, artifact_prefix
+from fewerbits_api.artifact import (
+    FILES_DIR,
+    CalibrationUsed,
+    Manifest,
+    QualityReport,
+    artifact_prefix,
+    auto_fallback_inputs,
+    calibrated_on_fallback,
+)
+from fewerbits_api.datasets import AUTO_FALLBACK, EVALUATION_SPLITS
 from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.jobcontract import (
@@ -235,17 +244,52 @@ def _success(result: str, manifest: Manifest, storage_uri: str) -> dict:
     return summary
 
 
+def on_fallback(contract: QuantJobContract) -> QuantJobContract:
+    """The contract of the artifact an ``auto`` calibration makes on the built-in fallback: the same
+    Job, publishing under the fallback's key (fewerbits_api.artifact.auto_fallback_inputs), never
+    under the planned key, which names the Hub set. Unchanged for any other contract."""
+    inputs = auto_fallback_inputs(contract.keyInputs)
+    if inputs is None:
+        return contract
+    return contract.model_copy(update={"keyInputs": inputs, "key": inputs.key()})
+
+
+def hub_down(contract: QuantJobContract, env: Mapping[str, str]) -> str | None:
+    """Why a quantization whose key names ``auto``'s Hub set cannot read it (the Hub is out of reach,
+    hubprobe.py), or None: it can, or the key names other data."""
+    from . import textdata
+
+    if contract.mode != "quantize" or auto_fallback_inputs(contract.keyInputs) is None:
+        return None
+    return textdata.hub_unreachable(env)
+
+
+def _fallback_note(progress: Progress, contract: QuantJobContract, why: str) -> None:
+    progress.note(f"calibration: {why}: calibrating on the built-in {AUTO_FALLBACK} instead of the Hub set, "
+                  f"published under the fallback's own key {contract.key}")
+
+
+def _cache_hit(manifest: Manifest, contract: QuantJobContract, progress: Progress) -> dict:
+    """The Job's result when a valid manifest is already at the contract's key."""
+    progress.note(f"cache hit: a valid manifest for key {contract.key} exists; nothing to do")
+    return _success("cache-hit", manifest, contract.storage.uri)
+
+
 def _run(contract: QuantJobContract, env: Mapping[str, str], progress: Progress, installed: Mapping[str, str],
          specs: list[recipes.ModifierSpec]) -> dict:
     with progress.stage("cache-check") as st:
         client = storage.storage_client(contract.storage, env)
         manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
+        offline = hub_down(contract, env) if manifest is None else None
+        if offline:  # `auto` without the Hub: the fallback's artifact, under its own key
+            contract = on_fallback(contract)
+            _fallback_note(progress, contract, offline)
+            manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
         st.summary["found"] = why.replace(" ", "-").split(";")[0]
         if manifest is not None and contract.mode == "evaluate":
             progress.note(f"evaluation only: artifact {contract.key} exists; measuring it under the current gate")
         elif manifest is not None:
-            progress.note(f"cache hit: a valid manifest for key {contract.key} exists; nothing to do")
-            return _success("cache-hit", manifest, contract.storage.uri)
+            return _cache_hit(manifest, contract, progress)
         elif contract.mode == "evaluate":
             raise JobError(errors.ARTIFACT_MISSING, f"evaluation only: no artifact at key {contract.key} ({why})",
                            permanent=True)
@@ -257,13 +301,16 @@ def _run(contract: QuantJobContract, env: Mapping[str, str], progress: Progress,
     own_workdir = not env.get(WORK_DIR_ENV)
     workdir = Path(env.get(WORK_DIR_ENV) or tempfile.mkdtemp(prefix="fewerbits-quantjob-"))
     try:
-        return _produce_and_publish(contract, env, progress, installed, specs, client, workdir)
+        return _produce_and_publish(contract, env, progress, installed, specs, client, workdir, offline)
     finally:
         if own_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _produce_and_publish(contract, env, progress: Progress, installed, specs, client, workdir: Path) -> dict:
+def _produce_and_publish(contract, env, progress: Progress, installed, specs, client, workdir: Path,
+                         offline: str | None = None) -> dict:
+    """Fetch, calibrate, quantize, evaluate, upload, manifest. ``offline``: why the Hub is out of
+    reach when the cache check found it so (the contract is then already the fallback's)."""
     from .fetch import fetch_source
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -282,8 +329,14 @@ def _produce_and_publish(contract, env, progress: Progress, installed, specs, cl
         out = fetched.path  # the base weights are the artifact
         progress.note("format none: publishing the base weights unchanged (no quantization, no evaluation)")
     else:
+        loaded, calibrated = _calibration_data(contract, env, progress, offline)
+        if calibrated.key != contract.key:  # the Hub answered the probe, then failed the read
+            contract = calibrated
+            manifest, _ = storage.read_manifest(client, contract.storage.uri, contract.key)
+            if manifest is not None:
+                return _cache_hit(manifest, contract, progress)
         out = workdir / "quantized"
-        out, quality, calibration = _quantize_and_evaluate(contract, env, progress, specs, fetched.path, out)
+        out, quality, calibration = _quantize_and_evaluate(contract, env, progress, specs, fetched.path, out, loaded)
 
     with progress.stage("upload") as st:
         uploaded = storage.upload_directory(client, out, contract.storage.uri, contract.key, st, env)
@@ -314,21 +367,34 @@ def _runtime_facts() -> dict[str, str]:
     return facts
 
 
-def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, specs, source: Path, out: Path):
-    from . import quantize, textdata
+def _calibration_data(contract: QuantJobContract, env, progress: Progress, offline: str | None = None):
+    """(the calibration samples or None, the contract they make): ``auto``'s fallback read where
+    the key still names the Hub set (the Hub answered the probe, then failed the read) switches the
+    contract to the fallback's key (``on_fallback``); the key's hash is then checked against what
+    was read. ``offline``: why the Hub is out of reach, known already (the fallback is read)."""
+    from . import textdata
 
     cal = contract.calibration
+    if cal is None:
+        return None, contract
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731 — datasets live in the store
-    loaded = used = None
-    if cal is not None:
-        with progress.stage("calibration-data") as st:
-            loaded = textdata.load_calibration(cal.dataset, env, s3_factory, limit=cal.samples)
-            verify_dataset_hash(contract.keyInputs.calibrationDatasetHash, loaded, cal.dataset)
-            st.summary.update(samples=len(loaded.texts), requested=cal.samples, sha256=loaded.sha256[:16],
-                              source=redact(loaded.read_from))
-            if why := loaded.details.get("fallback"):
-                progress.note(f"calibration: {why}; using the built-in {loaded.read_from}")
+    with progress.stage("calibration-data") as st:
+        loaded = textdata.load_calibration(cal.dataset, env, s3_factory, limit=cal.samples, hub_down=offline)
+        if (why := loaded.details.get("fallback")) and not calibrated_on_fallback(contract.keyInputs):
+            contract = on_fallback(contract)
+            _fallback_note(progress, contract, why)
+        verify_dataset_hash(contract.keyInputs.calibrationDatasetHash, loaded, cal.dataset)
+        st.summary.update(samples=len(loaded.texts), requested=cal.samples, sha256=loaded.sha256[:16],
+                          source=redact(loaded.read_from))
+    return loaded, contract
 
+
+def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, specs, source: Path, out: Path,
+                           loaded):
+    from . import quantize
+
+    cal = contract.calibration
+    used = None
     eval_set, prepared = _prepare_evaluation(contract, env, progress, workdir=out.parent)
 
     with progress.stage("quantize") as st:
@@ -362,7 +428,7 @@ def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, wor
     gate = contract.qualityGate
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731
     with progress.stage("eval-data") as st:
-        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=("test", "validation", "train"))
+        eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
         verify_eval_etag(contract.evalDatasetEtag, eval_set, gate.evalDataset)
         prepared = lmeval.prepare(gate, workdir, s3_factory)
         st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks))

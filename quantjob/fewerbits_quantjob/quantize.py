@@ -64,7 +64,10 @@ def model_class(source: Path, trust_remote_code: bool):
     """The transformers auto class that loads ``source`` whole: ``AutoModelForCausalLM``, or for a
     vision-language model it does not map (transformers 5.17: qwen2_vl, qwen2_5_vl, llava)
     ``AutoModelForImageTextToText``, whose classes are the layout vLLM loads (the vision encoder
-    stays in the checkpoint, 16-bit by the architecture's ignore rules)."""
+    stays in the checkpoint, 16-bit by the architecture's ignore rules). The operator plans no
+    quantized format for qwen2_vl and qwen2_5_vl (``fewerbits_api.architectures.QUANTIZE_BLOCKERS``:
+    this class cannot reload their quantized checkpoint for the evaluation); scripts/vllm-check.sh
+    quantizes its zoo's Qwen2.5-VL through these functions directly."""
     import json
 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

@@ -9,8 +9,10 @@ Forms (``CalibrationSpec.dataset`` / ``QualityGateSpec.evalDataset``):
 - ``hf://datasets/org/name[@revision]``: its ``train`` split (or the first split), ``text``
   column, or a chat ``messages`` column (rendered later with the model's chat template), through
   ``datasets`` (``HF_TOKEN`` for gated sets);
-- ``auto`` (calibration only, the default): ``AUTO_HUB_DATASET`` when the Hub answers, else the
-  built-in ``AUTO_FALLBACK``, with the reason kept in ``details["fallback"]``.
+- ``auto`` (calibration only, the default): ``AUTO_HUB_DATASET`` when the Hub answers (reached
+  as its client reaches it, proxies included: hubprobe.py), else the built-in ``AUTO_FALLBACK``,
+  with the reason kept in ``details["fallback"]``; the Job then publishes under the fallback's own
+  key (job.py, fewerbits_api.artifact.auto_fallback_inputs).
 
 No torch here. The names and file hashes of the built-in sets are ``fewerbits_api.datasets``
 (the operator puts the hash into the artifact key without importing this package).
@@ -26,12 +28,20 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from fewerbits_api.artifact import split_s3_uri
-from fewerbits_api.datasets import AUTO_CALIBRATION, AUTO_FALLBACK, AUTO_HUB_DATASET, BUILTIN_DATASETS, named_dataset_hash
+from fewerbits_api.datasets import (
+    AUTO_CALIBRATION,
+    AUTO_FALLBACK,
+    AUTO_HUB_DATASET,
+    BUILTIN_DATASETS,
+    CALIBRATION_SPLITS,
+    named_dataset_hash,
+)
 from fewerbits_api.jobcontract import ENV_HF_TOKEN
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from . import errors
 from .errors import JobError
+from .hubprobe import hub_unreachable
 
 _HF_DATASET = re.compile(r"^hf://datasets/(?P<repo>[^@#]+?)(?:@(?P<rev>[^#]+))?(?:#(?P<config>[^/]+)(?:/(?P<split>.+))?)?$")
 
@@ -96,48 +106,29 @@ def hf_config_and_split(uri: str) -> tuple[str | None, str | None]:
     return (m.group("config"), m.group("split")) if m else (None, None)
 
 
-HUB_PROBE_SECONDS = 5.0
-"""How long ``auto`` waits for the Hub's address and a TCP connection before it falls back (the
-Hub client's own retries take ~25 s to give up where there is no route)."""
-
-
-def hub_unreachable(env: Mapping[str, str]) -> str | None:
-    """Why the Hub cannot be reached from here (offline mode, no name, no connection), or None."""
-    import socket
-    from urllib.parse import urlsplit
-
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if (env.get(name) or "").strip().lower() in ("1", "true", "yes", "on"):
-            return f"{name} is set"
-    endpoint = env.get("HF_ENDPOINT") or "https://huggingface.co"
-    parts = urlsplit(endpoint)
-    try:
-        with socket.create_connection((parts.hostname or "", parts.port or 443), timeout=HUB_PROBE_SECONDS):
-            return None
-    except OSError as e:
-        return f"{endpoint} unreachable: {e}"
-
-
 def load_calibration(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None,
-                     hub=None) -> TextSet:
+                     hub=None, hub_down: str | None = None) -> TextSet:
     """The calibration samples ``uri`` names; for ``auto``, the pinned Hub set or, when it cannot be
-    read, the built-in fallback (``hub``: the Hub loader, replaced in tests, which have no network)."""
+    read (or ``hub_down`` says why not, the Job already knowing it), the built-in fallback, the
+    reason in ``details["fallback"]`` (``hub``: the Hub loader, replaced in tests, which have no
+    network). Only the Hub set's read carries ``details["keyHash"]``, the hash its key names: the
+    fallback's file hash is its own key's (fewerbits_api.artifact.auto_fallback_inputs)."""
     if uri != AUTO_CALIBRATION:
         return load_texts(uri, env, s3_client_factory, limit)
     try:
-        if hub is None and (why := hub_unreachable(env)):
+        if why := hub_down or (hub is None and hub_unreachable(env)):
             raise JobError(errors.DATASET_FETCH_FAILED, why)
         loaded = (hub or load_texts)(AUTO_HUB_DATASET, env, None, limit)
+        loaded.details["keyHash"] = named_dataset_hash(AUTO_CALIBRATION) or ""
     except JobError as e:
         loaded = load_texts(AUTO_FALLBACK, env, None, limit)
         loaded.details["fallback"] = f"{AUTO_HUB_DATASET} could not be read ({e.reason}: {e.message[:300]})"
-    loaded.details["keyHash"] = named_dataset_hash(AUTO_CALIBRATION) or ""
     loaded.source = AUTO_CALIBRATION
     return loaded
 
 
 def load_texts(uri: str, env: Mapping[str, str], s3_client_factory=None, limit: int | None = None,
-               splits: tuple[str, ...] = ("train",)) -> TextSet:
+               splits: tuple[str, ...] = CALIBRATION_SPLITS) -> TextSet:
     """Load the samples named by ``uri`` (at most ``limit``; the hash covers what is returned)."""
     conversations = None
     if uri.startswith("s3://"):
@@ -195,7 +186,7 @@ def plain_chat(messages: list[dict[str, str]]) -> str:
 
 
 def _load_hf(uri: str, env: Mapping[str, str], limit: int | None,
-             splits: tuple[str, ...] = ("train",)) -> tuple[list[str], dict[str, str], list | None]:
+             splits: tuple[str, ...] = CALIBRATION_SPLITS) -> tuple[list[str], dict[str, str], list | None]:
     import datasets
 
     repo, revision = parse_hf_dataset_uri(uri)

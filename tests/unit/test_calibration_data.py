@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fewerbits_api.datasets import AUTO_CALIBRATION, AUTO_HUB_DATASET, named_dataset_hash
+from fewerbits_api.datasets import AUTO_CALIBRATION, AUTO_FALLBACK_HASH, AUTO_HUB_DATASET, named_dataset_hash
 from fewerbits_quantjob import errors, textdata
 from fewerbits_quantjob.errors import JobError
 
@@ -58,15 +58,31 @@ def test_auto_falls_back_to_the_built_in_set_when_the_hub_cannot_be_reached(env,
     assert loaded.details["fallback"].startswith(f"{AUTO_HUB_DATASET} could not be read (DatasetFetchFailed: {why}")
 
 
-def test_the_job_accepts_either_source_under_the_auto_key(hub_with_chats):
+def test_the_hub_key_accepts_only_the_hub_set_and_the_fallback_key_only_the_fallback(hub_with_chats):
+    """Issue 47: one key for both sources let an artifact calibrated offline serve every later model
+    with the same inputs. Each source now verifies against its own key only."""
     from fewerbits_quantjob.job import verify_dataset_hash
 
-    verify_dataset_hash(named_dataset_hash(AUTO_CALIBRATION), textdata.load_calibration("auto", {}, limit=2), "auto")
+    hub_key, fallback_key = named_dataset_hash(AUTO_CALIBRATION), AUTO_FALLBACK_HASH
+    from_hub = textdata.load_calibration("auto", {}, limit=2)
     fallback = textdata.load_calibration("auto", {}, limit=2, hub=_unreachable)
-    verify_dataset_hash(named_dataset_hash(AUTO_CALIBRATION), fallback, "auto")
-    with pytest.raises(JobError) as e:  # a key computed for other data still refuses it
-        verify_dataset_hash("0" * 64, fallback, "auto")
-    assert e.value.reason == errors.DATASET_CHANGED
+    assert "keyHash" not in fallback.details and fallback.details["fileSha256"] == fallback_key
+    verify_dataset_hash(hub_key, from_hub, "auto")
+    verify_dataset_hash(fallback_key, fallback, "auto")
+    for key, loaded in ((hub_key, fallback), (fallback_key, from_hub), ("0" * 64, fallback)):
+        with pytest.raises(JobError) as e:
+            verify_dataset_hash(key, loaded, "auto")
+        assert e.value.reason == errors.DATASET_CHANGED
+
+
+def test_a_job_told_the_hub_is_down_reads_the_fallback_without_probing(monkeypatch):
+    monkeypatch.setattr(textdata, "hub_unreachable", _must_not_probe)
+    loaded = textdata.load_calibration("auto", {}, limit=2, hub_down="HF_HUB_OFFLINE is set")
+    assert loaded.read_from == "general-en" and "HF_HUB_OFFLINE is set" in loaded.details["fallback"]
+
+
+def _must_not_probe(env):
+    raise AssertionError("the Hub was probed again")
 
 
 def _unreachable(*_args):
@@ -125,3 +141,86 @@ def test_what_was_used_and_the_shortfall_reach_the_manifest():
                               calibration_samples(textdata.load_calibration("general-en", {}, limit=16),
                                                   _tokenizer(None), 64))
     assert enough.shortfall is None and enough.samples == 16 and enough.source == "general-en"
+
+
+# ------------------------------------------------------------- the key names what was calibrated on
+def _auto_contract(**ki_overrides):
+    from fewerbits_api.artifact import ArtifactKeyInputs
+    from fewerbits_api.jobcontract import QuantJobContract
+
+    ki = ArtifactKeyInputs(**{"sourceUri": "hf://org/model", "sourceRevision": "abc", "format": "w4a16-gptq",
+                              "ignore": ["lm_head"], "calibrationDataset": "auto",
+                              "calibrationDatasetHash": named_dataset_hash(AUTO_CALIBRATION), "calibrationSamples": 512,
+                              "calibrationMaxSeqLength": 2048, **ki_overrides})
+    return QuantJobContract(key=ki.key(), keyInputs=ki, storage={"uri": "s3://bucket/p"})
+
+
+def test_the_auto_key_without_and_with_the_fallback():
+    """The planned key names the Hub set; the fallback's artifact has a key of its own, equal in all
+    but the calibration hash (the fallback file's sha256), so neither is taken for the other."""
+    from fewerbits_api.artifact import auto_fallback_inputs, calibrated_on_fallback
+
+    planned = _auto_contract().keyInputs
+    fallback = auto_fallback_inputs(planned)
+    assert fallback is not None and fallback.key() != planned.key()
+    assert fallback.model_copy(update={"calibrationDatasetHash": planned.calibrationDatasetHash}) == planned
+    assert fallback.calibrationDatasetHash == AUTO_FALLBACK_HASH and calibrated_on_fallback(fallback)
+    assert not calibrated_on_fallback(planned) and auto_fallback_inputs(fallback) is None
+    for other in ({"calibrationDataset": "general-en", "calibrationDatasetHash": AUTO_FALLBACK_HASH},
+                  {"calibrationDataset": "s3://data/cal.jsonl", "calibrationDatasetHash": "etag"}):
+        assert auto_fallback_inputs(planned.model_copy(update=other)) is None
+    # The explicit built-in set is a third key: the same file, named otherwise.
+    assert planned.model_copy(update={"calibrationDataset": "general-en",
+                                      "calibrationDatasetHash": AUTO_FALLBACK_HASH}).key() != fallback.key()
+
+
+def test_a_job_without_the_hub_publishes_under_the_fallback_key(monkeypatch, tmp_path):
+    """The Job probes the Hub only when no artifact is at the planned key; without it, the fallback's
+    key is the one it looks up and publishes (here: already there, a cache hit under that key)."""
+    import json
+
+    from fewerbits_api.artifact import Manifest, auto_fallback_inputs
+    from fewerbits_quantjob import job, storage
+
+    contract = _auto_contract()
+    fallback = auto_fallback_inputs(contract.keyInputs)
+    published = Manifest(key=fallback.key(), keyInputs=fallback, format=fallback.format, files=[], totalBytes=0,
+                         createdAt="2026-11-23T12:00:00Z")
+    looked_up = []
+
+    def read_manifest(client, uri, key):
+        looked_up.append(key)
+        return (published, "found") if key == fallback.key() else (None, "no manifest")
+
+    monkeypatch.setattr(storage, "storage_client", lambda *a: object())
+    monkeypatch.setattr(storage, "read_manifest", read_manifest)
+    term = tmp_path / "termination"
+    code = job.run(contract, {"HF_HUB_OFFLINE": "1", "FEWERBITS_TERMINATION_LOG": str(term)})
+    summary = json.loads(term.read_text())
+    assert code == 0 and summary["result"] == "cache-hit" and summary["key"] == fallback.key()
+    assert looked_up == [contract.key, fallback.key()]
+    assert job.hub_down(contract, {"HF_HUB_OFFLINE": "1"}) == "HF_HUB_OFFLINE is set"
+    assert job.hub_down(contract.model_copy(update={"mode": "evaluate"}), {"HF_HUB_OFFLINE": "1"}) is None
+
+
+def test_a_hub_that_answers_the_probe_and_fails_the_read_switches_the_key_before_calibrating(monkeypatch):
+    import datasets
+
+    from fewerbits_api.artifact import auto_fallback_inputs
+    from fewerbits_quantjob import job
+    from fewerbits_quantjob.report import Progress
+
+    monkeypatch.setattr(textdata, "hub_unreachable", lambda env: None)
+    monkeypatch.setattr(datasets, "load_dataset", _refuse)
+    contract = _auto_contract()
+    loaded, calibrated = job._calibration_data(contract, {}, Progress())
+    assert loaded.read_from == "general-en" and "ConnectionError" in loaded.details["fallback"]
+    assert calibrated.keyInputs == auto_fallback_inputs(contract.keyInputs) and calibrated.key != contract.key
+    # A contract already on the fallback key reads the fallback and stays as it is.
+    monkeypatch.setattr(textdata, "hub_unreachable", _must_not_probe)
+    again, same = job._calibration_data(calibrated, {}, Progress(), offline="HF_HUB_OFFLINE is set")
+    assert same is calibrated and again.texts == loaded.texts
+
+
+def _refuse(*_args, **_kwargs):
+    raise ConnectionError("the Hub answered the probe, not the read")

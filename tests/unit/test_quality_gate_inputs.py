@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from fewerbits_api.crdgen import quantizedmodel_crd
+from fewerbits_api.datasets import AUTO_HUB_DATASET
 from fewerbits_api.quality import eval_overlaps_calibration
 from fewerbits_api.quantizedmodel import QualityGateSpec, QuantizationSpec, QuantizedModelSpec
 
@@ -38,15 +39,65 @@ def test_the_same_task_with_two_metrics_is_two_checks():
     ("general-en", "general-en-heldout", False),
     ("s3://bkt/data.jsonl", "s3://bkt/data.jsonl", True),
     ("s3://bkt/data.jsonl", "s3://bkt/other.jsonl", False),
-    # Hub sets: calibration reads `train`, evaluation `test` when no split is named.
-    ("hf://datasets/org/set", "hf://datasets/org/set", False),
+    # One Hub set: only two different named splits are apart. A reader without a named split falls
+    # back (evaluation: test, validation, train, then the first; calibration: train, then the first),
+    # so on a set with only a `train` split both read it.
+    ("hf://datasets/org/set", "hf://datasets/org/set", True),
+    ("hf://datasets/org/set#c/train", "hf://datasets/org/set#c", True),  # the train-only set
+    ("hf://datasets/org/set#c", "hf://datasets/org/set#c/test", True),  # a set without train: its first split
+    ("hf://datasets/org/set#c/train", "hf://datasets/org/set#c/test", False),
+    ("hf://datasets/org/set#c/train", "hf://datasets/org/set#c/train", True),
     ("hf://datasets/org/set", "hf://datasets/org/set#default/train", False),  # another configuration name
     ("hf://datasets/org/set#default", "hf://datasets/org/set#default/train", True),
     ("hf://datasets/org/set#c/test", "hf://datasets/org/set#c", True),
     ("hf://datasets/org/set@v1#c/train", "hf://datasets/org/set@v2#c/train", False),  # another revision
+    ("hf://datasets/org/set", "hf://datasets/other/set", False),
+    # `auto` reads the pinned Hub set's train_sft split (or the built-in general-en).
+    ("auto", AUTO_HUB_DATASET, True),
+    ("auto", AUTO_HUB_DATASET.rsplit("/", 1)[0], True),  # its set, no split named
+    ("auto", AUTO_HUB_DATASET.replace("/train_sft", "/test_sft"), False),
+    ("auto", "general-en", True),
 ])
 def test_overlap_is_judged_by_identity(calibration, evaluation, overlaps):
     assert (eval_overlaps_calibration(calibration, evaluation) is not None) == overlaps
+
+
+def test_a_hub_set_read_without_a_split_is_refused_naming_the_field_and_the_fix():
+    """Issue 47: the same Hub set with no split named on the evaluation side (or a set with only a
+    train split) was accepted, and the evaluation then read the calibration rows."""
+    why = eval_overlaps_calibration("hf://datasets/org/set@abc#c/train", "hf://datasets/org/set@abc#c")
+    assert why.startswith("qualityGate.evalDataset 'hf://datasets/org/set@abc#c' and calibration.dataset "
+                          "'hf://datasets/org/set@abc#c/train' read the same Hub dataset, and qualityGate.evalDataset "
+                          "names no split")
+    assert "evaluation: test, validation, train, then the first split" in why
+    assert "hf://datasets/org/set@abc#c/train to calibrate and hf://datasets/org/set@abc#c/test to evaluate" in why
+    both = eval_overlaps_calibration("hf://datasets/org/set", "hf://datasets/org/set")
+    assert "qualityGate.evalDataset and calibration.dataset name no split" in both
+    same = eval_overlaps_calibration("hf://datasets/org/set#c/test", "hf://datasets/org/set#c/test")
+    assert "both read its split 'test'" in same
+    pinned = eval_overlaps_calibration("auto", AUTO_HUB_DATASET.rsplit("/", 1)[0])
+    assert "name another split of it in qualityGate.evalDataset (`auto` calibrates on 'train_sft')" in pinned
+    with pytest.raises(ValidationError) as e:  # the spec refuses it, naming the field
+        QuantizationSpec.model_validate({"calibration": {"dataset": "hf://datasets/org/set@abc#c/train"},
+                                         "qualityGate": {"evalDataset": "hf://datasets/org/set@abc#c"}})
+    assert "qualityGate.evalDataset 'hf://datasets/org/set@abc#c'" in str(e.value)
+    QuantizationSpec.model_validate({"calibration": {"dataset": "hf://datasets/org/set@abc#c/train"},
+                                     "qualityGate": {"evalDataset": "hf://datasets/org/set@abc#c/test"}})
+
+
+def test_the_readers_fall_back_to_the_splits_the_check_names(monkeypatch):
+    """The check's split fallbacks are the readers' own (fewerbits_api.datasets): a train-only set
+    read for evaluation without a split is its train split."""
+    import datasets
+
+    from fewerbits_api.datasets import CALIBRATION_SPLITS, EVALUATION_SPLITS
+    from fewerbits_quantjob import textdata
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: {"train": [{"text": "a calibration row"}]})
+    evaluated = textdata.load_texts("hf://datasets/org/set@abc", {}, splits=EVALUATION_SPLITS)
+    calibrated = textdata.load_texts("hf://datasets/org/set@abc", {}, splits=CALIBRATION_SPLITS)
+    assert evaluated.details["split"] == calibrated.details["split"] == "train"
+    assert evaluated.texts == calibrated.texts
 
 
 def test_an_eval_set_equal_to_the_calibration_set_is_refused_naming_the_field():

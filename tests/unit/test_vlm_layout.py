@@ -1,6 +1,8 @@
-"""Vision-language checkpoints the Job writes load in vLLM (issue 31 item 3): the published tensor
-layout (`quantize.publish_layout`) and the transformers class that loads the whole model
-(`quantize.model_class`). vLLM's loader itself judges the artifacts in scripts/vllm-check.sh."""
+"""Vision-language checkpoints the Job writes load in vLLM (issue 31 item 3): Gemma-3's published
+tensor layout (`quantize.publish_layout`) and the transformers class that loads the whole model
+(`quantize.model_class`). vLLM's loader itself judges the artifacts in scripts/vllm-check.sh.
+Qwen2-VL and Qwen2.5-VL are not quantized at all: the planner refuses every quantized format for
+them, with the reason (last test)."""
 
 from __future__ import annotations
 
@@ -62,5 +64,6 @@ def test_qwen_vl_is_refused_until_the_jobs_evaluation_can_reload_it():
 
     for model_type in ("qwen2_5_vl", "qwen2_vl"):
         why = quantize_blocker(model_type)
-        assert why and "transformers 5.17" in why and "format none" in why
+        # The cause, and the fix naming the field.
+        assert why and "transformers 5.17" in why and "set spec.quantization.format to none" in why
     assert quantize_blocker("gemma3") is None

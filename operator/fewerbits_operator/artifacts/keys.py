@@ -8,10 +8,11 @@ are recorded in the manifest (docs/artifacts.md, "Upgrades").
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
-from fewerbits_api.artifact import ArtifactKeyInputs, Manifest
+from fewerbits_api.artifact import ArtifactKeyInputs, Manifest, auto_fallback_inputs
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
 from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri, named_dataset_hash
@@ -90,7 +91,8 @@ def key_inputs(spec: QuantizedModelSpec, fmt: QuantFormat, ignore: list[str] | N
     if dataset is not None and is_builtin_dataset_uri(dataset):
         # The sha256 of the file the quantjob image ships (the Job checks it: a key always names
         # the bytes it was computed from); for `auto`, of the pinned Hub set and the fallback
-        # file. An unknown name is refused before planning (effective.py).
+        # file: the Hub set's key (a Job without the Hub publishes under fallback_key). An
+        # unknown name is refused before planning (effective.py).
         dataset_hash = named_dataset_hash(dataset)
     elif dataset is not None:
         dataset_hash = key_hash(dataset, data_pin)
@@ -127,16 +129,35 @@ def planned_artifacts(spec: QuantizedModelSpec, plan: PlanStatus, data_pin: Data
 
 def legacy_candidates(old: QuantizedModelStatus, planned: PlannedArtifact) -> list[str]:
     """Keys this model used before for the planned artifact's format, other than the planned key:
-    where an artifact published under a legacy key (tool versions hashed in) may be. Status is the
-    memory: a model never reconciled by a release that recorded its key has none."""
+    where an artifact published under a legacy key (tool versions hashed in), or the one this
+    model's `auto` Job made on the built-in fallback, may be. Status is the memory: a model never
+    reconciled by a release that recorded its key has none."""
     return [a.key for a in old.artifacts if a.format is planned.format and a.key != planned.key]
 
 
+def fallback_key(planned: PlannedArtifact) -> str | None:
+    """The key an `auto` calibration's Job publishes under when it cannot read the Hub set
+    (``fewerbits_api.artifact.auto_fallback_inputs``); None for other calibration data."""
+    inputs = auto_fallback_inputs(planned.inputs)
+    return inputs.key() if inputs is not None else None
+
+
 def serves_planned(manifest: Manifest, planned: PlannedArtifact) -> bool:
-    """A manifest under another key holds the bytes the planned key asks for: its inputs, without
-    the tool versions a legacy key hashed, are the planned inputs (a `requantize` token in the plan
-    never matches, so asking for re-quantization always makes a new artifact)."""
-    return manifest.keyInputs.tools is not None and manifest.keyInputs.without_legacy_tools().key() == planned.key
+    """A manifest under another key holds what the planned key asks for: its inputs, without the
+    tool versions a legacy key hashed, are the planned inputs (a `requantize` token in the plan
+    never matches, so asking for re-quantization always makes a new artifact); or it is the
+    artifact the planned `auto` calibration made on the built-in fallback (read only where this
+    model's own Job made it or its status names it: observe, ``fallback_key``)."""
+    legacy = manifest.keyInputs.tools is not None and manifest.keyInputs.without_legacy_tools().key() == planned.key
+    return legacy or manifest.key == fallback_key(planned)
+
+
+def published_at(planned: PlannedArtifact, manifest: Manifest | None) -> PlannedArtifact:
+    """The planned artifact under the key its manifest is published at: one under a legacy key or
+    the fallback's (``serves_planned``) keeps its own key and inputs; nothing is re-quantized."""
+    if manifest is not None and manifest.key != planned.key:
+        return dataclasses.replace(planned, inputs=manifest.keyInputs)
+    return planned
 
 
 def outdated_tools(manifest: Manifest, current: dict[str, str]) -> dict[str, tuple[str, str]]:

@@ -47,7 +47,13 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from fewerbits_operator.artifacts.keys import PlannedArtifact, artifact_format, outdated_tools, planned_artifacts
+from fewerbits_operator.artifacts.keys import (
+    PlannedArtifact,
+    artifact_format,
+    outdated_tools,
+    planned_artifacts,
+    published_at,
+)
 from fewerbits_operator.base.claims import ClaimState, claim_state, new_claim
 from fewerbits_operator.base.datapins import CALIBRATION_FIELD, EVAL_FIELD, calibration_status, s3_calibration_uri
 from fewerbits_operator.artifacts.effective import Effective, combine_policies, effective_spec, effective_values, matching_policies
@@ -491,11 +497,10 @@ class ClaimStep:
 
 def as_published(planned: PlannedArtifact, facts: ArtifactFacts) -> PlannedArtifact:
     """The artifact under the key it is published at. Published under a legacy key (tool versions
-    hashed in) with the planned bytes, it keeps serving under its own key; nothing is re-quantized
+    hashed in) with the planned bytes, or under the fallback key of an `auto` calibration this
+    model's Job made without the Hub, it keeps serving under its own key; nothing is re-quantized
     (observe checked serves_planned)."""
-    if facts.manifest is not None and facts.manifest.key != planned.key:
-        return dataclasses.replace(planned, inputs=facts.manifest.keyInputs)
-    return planned
+    return published_at(planned, facts.manifest)
 
 
 def previous_artifact(obs: Observed, key: str) -> ArtifactStatus | None:

@@ -24,7 +24,13 @@ from fewerbits_api.quality import eval_identity
 from fewerbits_api.quantizedmodel import QuantizedModelStatus
 
 from fewerbits_operator.base.actions import WorkloadKind
-from fewerbits_operator.artifacts.keys import legacy_candidates, planned_artifacts, serves_planned
+from fewerbits_operator.artifacts.keys import (
+    fallback_key,
+    legacy_candidates,
+    planned_artifacts,
+    published_at,
+    serves_planned,
+)
 from fewerbits_operator.base.claims import Claim
 from fewerbits_operator.serving.canary_observe import read_canaries
 from fewerbits_operator.base.datapins import DataPin, s3_calibration_uri, s3_eval_uri
@@ -199,7 +205,8 @@ class Observer:
         return {"eval_pin": pin}
 
     def _artifact_facts(self, ns: str, spec, planned, old: QuantizedModelStatus, eff, creds) -> ArtifactFacts:
-        """One planned artifact: its manifest (or a legacy key's), else its Job, else its claim."""
+        """One planned artifact: its manifest (or a legacy key's, or the fallback key's its own Job
+        made), else its Job, else its claim."""
         try:
             manifest = self.store.get_manifest(spec.storage, planned.key, creds)
         except StorageError as e:
@@ -207,9 +214,12 @@ class Observer:
         if manifest is None:
             manifest = self._legacy_manifest(spec.storage, planned, old, creds)
         job = self.kube.get_job(ns, planned.job_name)
+        if manifest is None and job is not None:
+            manifest = self._fallback_manifest(ns, spec.storage, planned, job, creds)
         if manifest is not None:
             return ArtifactFacts(manifest=manifest, job=self._job(ns, job, pods=False) if job else None,
-                                 **self._reevaluation(ns, spec, planned, manifest, eff, creds))
+                                 **self._reevaluation(ns, spec, published_at(planned, manifest), manifest, eff,
+                                                      creds))
         if job is None:
             return self._claim_facts(spec.storage, planned, creds)
         return ArtifactFacts(job=self._job(ns, job))
@@ -300,6 +310,21 @@ class Observer:
             if manifest is not None and serves_planned(manifest, planned):
                 return manifest
         return None
+
+    def _fallback_manifest(self, ns: str, storage, planned, job: dict[str, Any], creds):
+        """The artifact the planned key's Job published under the fallback key (an `auto`
+        calibration that could not read the Hub set, fewerbits_api.artifact.auto_fallback_inputs),
+        read once that Job succeeded with nothing at the planned key; None otherwise. Only this
+        model's Job counts: a later model with the same inputs runs its own, which asks the Hub
+        again (docs/artifacts.md). The status then names the fallback key (legacy_candidates)."""
+        key = fallback_key(planned)
+        if key is None or self._job(ns, job, pods=False).state is not JobState.SUCCEEDED:
+            return None
+        try:
+            manifest = self.store.get_manifest(storage, key, creds)
+        except StorageError:
+            return None
+        return manifest if manifest is not None and serves_planned(manifest, planned) else None
 
     def _reevaluation(self, ns: str, spec, planned, manifest, eff, creds) -> dict[str, Any]:
         """The facts an evaluation-only Job decision needs, read only when the manifest's figures

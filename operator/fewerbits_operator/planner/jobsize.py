@@ -8,7 +8,8 @@ The model behind the figures (docs/jobs.md states it with the measurements):
   the GPU). Measured on this project's machine (``bench/job_footprint.py``) the peak resident
   memory of the Job's load-quantize-save stages is ``RSS_BASE_GIB + RSS_PER_SOURCE_BYTE × source
   bytes`` (with the CPU evaluation too, for a Job without GPUs: ``CPU_RSS_*``); on top of that the sequential pipeline keeps every calibration sample's hidden states
-  between layers (``samples × seq × hidden × 2 bytes``, twice: a layer's inputs and outputs), and
+  between layers (``samples × seq × hidden × 2 bytes``, twice: a layer's inputs and outputs), an
+  MoE model's AWQ its cached inputs (``awq_host_bytes``; a Job without GPUs all of AWQ's cache), and
   ``HEADROOM`` for what a real checkpoint adds (a tokenizer, a larger vocabulary's logits).
 * **Disk.** The source download (one copy: ``snapshot_download(local_dir=...)``), the quantized
   output, and ``HEADROOM`` plus ``DISK_FIXED_GIB`` (calibration data, tokenizer, temp files).
@@ -17,9 +18,12 @@ The model behind the figures (docs/jobs.md states it with the measurements):
   llm-compressor's sequential pipeline onloads one decoder layer at a time, so the need is per
   layer: the layer's 16-bit weights and their quantized working copy, one sample's activations;
   GPTQ (and w8a8-int8, which runs it) adds a Hessian per Linear and the solve's copies for the
-  largest one; AWQ adds its cache of the layer's outputs for *every* calibration sample (three
-  hidden-wide tensors per token: the 16-bit outputs, the quantized outputs, their difference), so it
-  grows with samples × length × hidden. The measured peaks of the small test models also held
+  largest one; AWQ adds its cache for *every* calibration sample (three hidden-wide tensors per
+  token: the parent module's 16-bit outputs, those of the current grid point, and the cached inputs
+  it replays), so it grows with samples × length × hidden. For a mixture of experts llm-compressor
+  keeps the cached inputs in host memory (``awq_offloads_inputs``): the GPU holds the two output
+  tensors per token, and the host memory every parent's inputs of a layer, every expert's included
+  (``awq_host_bytes``). The measured peaks of the small test models also held
   the whole model on the GPU where it fitted (compressed-tensors' dispatch keeps what fits); that
   part is opportunistic, not a need, and the plan leaves it out. A pool must hold the need plus
   the CUDA context within ``GPU_USABLE_FRACTION`` of a GPU. Evaluation loads one model at a time in
@@ -102,11 +106,19 @@ REFERENCE_BF16_TFLOPS = 989.0
 LAYER_WEIGHT_COPIES = 1.5
 """One decoder layer's 16-bit weights onloaded, plus the quantized copy and scales of its largest
 module: fp8-dynamic peaked at 0.61 GiB for a 0.41 GiB layer (hidden 4096)."""
-AWQ_CACHED_OUTPUTS = 3.0
-"""AWQ keeps hidden-wide bf16 tensors for every calibration token on the GPU while it searches
+AWQ_GPU_OUTPUTS = 2.0
+"""AWQ keeps hidden-wide bf16 tensors for every calibration token while it searches a mapping's
 scales: 24.2 GiB at 8B width and 48.8 at 70B width for 512 × 2048 tokens are 2.9-3.0 × samples ×
-length × hidden × 2 bytes (fitted; read as the smoothed module's 16-bit outputs, its outputs with
-quantized weights, and their difference)."""
+length × hidden × 2 bytes (fitted, dense Llamas). Two of the three are outputs, on the GPU
+whatever the model (llm-compressor 0.14 ``AWQModifier._apply_smoothing``: ``fp16_outputs``, the
+parent module's 16-bit outputs of every batch, and ``int_w_outputs``, those of the current grid
+point, both returned on the execution device by ``_run_samples``)..."""
+AWQ_CACHED_INPUTS = 1.0
+"""...and the rest of the fit is the cached inputs the grid search replays (``_parent_args_cache``,
+an ``IntermediatesCache`` kept on ``offload_device``). The split of the dense fit is read from the
+code, not measured apart (on the CPU the zoo's tiny Llama caches 4.3 × tokens × hidden at the start
+of a layer's smoothing: more than this fit leaves; to be measured on a GPU, docs/jobs.md). An MoE
+model's cached inputs are sized from its shape instead (``awq_host_bytes``)."""
 GPTQ_SOLVE_HESSIAN_COPIES = 2.0
 """Beside every Linear's Hessian of the layer (in-features² × 4 bytes each), GPTQ's peak holds two
 more of the largest Linear's (read as the damped Hessian and its inverse Cholesky factor)..."""
@@ -210,13 +222,50 @@ def calibration_gpu_bytes(shape: ModelShape, fmt: QuantFormat, samples: int, seq
         need += (lf.hessian_bytes + GPTQ_SOLVE_HESSIAN_COPIES * lf.largest_hessian_bytes
                  + GPTQ_SOLVE_WEIGHT_COPIES * 4 * lf.largest_linear_params)
     if fmt is QuantFormat.W4A16_AWQ:
-        need += awq_cache_bytes(shape, samples, seq_len)
+        need += awq_gpu_bytes(shape, samples, seq_len)
     return need
 
 
+def awq_offloads_inputs(shape: ModelShape) -> bool:
+    """Whether AWQ keeps its cached inputs in host memory: llm-compressor 0.14's ``AWQModifier``
+    (``on_initialize``) sets ``offload_device`` to the CPU when the recipe names none and
+    ``is_moe_model`` finds a module whose class name holds ``MoE`` or ``Expert``, or a config
+    attribute holding ``moe`` or ``expert`` (``num_local_experts``, ``num_experts``,
+    ``n_routed_experts``...): a model with experts, which the Job's recipe (fewerbits_quantjob.recipes:
+    ``AWQModifier`` without arguments) leaves to that default."""
+    return shape.is_moe
+
+
+def awq_gpu_bytes(shape: ModelShape, samples: int, seq_len: int) -> float:
+    """What AWQ holds on the GPU for every calibration token: its outputs, and its cached inputs
+    unless it offloads them (``awq_offloads_inputs``)."""
+    per_token = AWQ_GPU_OUTPUTS + (0.0 if awq_offloads_inputs(shape) else AWQ_CACHED_INPUTS)
+    return per_token * samples * seq_len * shape.hidden_size * 2
+
+
 def awq_cache_bytes(shape: ModelShape, samples: int, seq_len: int) -> float:
-    """AWQ's cached layer outputs: ``AWQ_CACHED_OUTPUTS`` hidden-wide bf16 tensors per token."""
-    return AWQ_CACHED_OUTPUTS * samples * seq_len * shape.hidden_size * 2
+    """AWQ's whole cache, wherever it is held (all in host memory for a Job without GPUs)."""
+    return awq_gpu_bytes(shape, samples, seq_len) + awq_host_bytes(shape, samples, seq_len)
+
+
+def awq_host_bytes(shape: ModelShape, samples: int, seq_len: int) -> float:
+    """What AWQ holds in host memory for a model whose AWQ offloads its cached inputs (pinned pages:
+    ``_apply_smoothing`` pins each batch before the grid search): the inputs of every parent module
+    of one decoder layer, for every calibration token, since llm-compressor caches them all in the
+    layer's calibration pass and frees each only once its mapping is smoothed. Those parents are the
+    attention (its input, hidden wide; and ``o_proj``'s where ``v_proj`` maps onto it: multi-head
+    attention), the MoE block (hidden wide), and every expert's ``down_proj`` (its intermediate
+    width), each over every token: llm-compressor's oneshot runs every expert on every token while
+    calibrating (``moe_calibrate_all_experts``, default True, which the Job leaves), and so do the
+    shared experts. Measured on the CPU with the zoo's Mixtral and Qwen3-MoE (the caches' bytes at
+    the start of smoothing: 10.02 and 6.02 × tokens × hidden × 2 bytes, this sum 10.0 and 6.0;
+    tests/unit/test_jobsize_moe_awq.py)."""
+    if not awq_offloads_inputs(shape):
+        return 0.0
+    mha = shape.num_kv_heads == shape.num_attention_heads and not shape.mla
+    widths = (2 * shape.hidden_size + (shape.num_attention_heads * shape.head_dim if mha else 0)
+              + shape.num_experts * shape.moe_intermediate_size + shape.shared_expert_intermediate_size)
+    return float(samples * seq_len * widths * 2)
 
 
 def gpu_holds(memory_gib: float, need: float) -> bool:
@@ -263,13 +312,14 @@ def no_pool_reason(shape: ModelShape, fmt: QuantFormat, pools: Sequence[GPUPool]
     largest = max(pools, key=lambda p: p.memory_gib)
     why += f"; the largest GPU has {largest.memory_gib:.1f} GiB ({largest.product})"
     if fmt is QuantFormat.W4A16_AWQ and inputs.calibration_samples:
-        cache = awq_cache_bytes(shape, inputs.calibration_samples, inputs.calibration_seq_len)
+        cache = awq_gpu_bytes(shape, inputs.calibration_samples, inputs.calibration_seq_len)
         per_sample = cache / inputs.calibration_samples
         room = largest.memory_gib * GIB * GPU_USABLE_FRACTION - CUDA_CONTEXT_GIB * GIB - (gpu_need - cache)
         fits = max(0, int(room // per_sample))
         why += (f"; AWQ caches every calibration sample's layer outputs on the GPU ({cache / GIB:.1f} GiB for "
                 f"{inputs.calibration_samples} samples × {inputs.calibration_seq_len} tokens × hidden "
-                f"{shape.hidden_size}), so that GPU holds at most {fits} samples of {inputs.calibration_seq_len} "
+                f"{shape.hidden_size}{', its inputs kept in host memory' if awq_offloads_inputs(shape) else ''}), "
+                f"so that GPU holds at most {fits} samples of {inputs.calibration_seq_len} "
                 "tokens: lower spec.quantization.calibration.samples or maxSeqLength, choose w4a16-gptq, "
                 "or add a pool with more GPU memory")
     return why
@@ -361,12 +411,16 @@ def size_job(shape: ModelShape, fmt: QuantFormat, pools: Sequence[GPUPool], inpu
     if choice is None:
         return None, why
     if choice.gpus:
-        # The evaluation's offloaded layers sit in host memory the quantize stage already used.
-        peak = max(RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates,
+        # The evaluation's offloaded layers sit in host memory the quantize stage already used;
+        # an MoE model's AWQ keeps its cached inputs there while it calibrates.
+        host_cache = awq_host_bytes(shape, samples, inputs.calibration_seq_len) if fmt is QuantFormat.W4A16_AWQ else 0
+        peak = max(RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates + host_cache,
                    RSS_BASE_GIB * GIB + choice.offload)
     else:
+        # Without a GPU every tensor of the calibration is in host memory, AWQ's whole cache included.
+        host_cache = awq_cache_bytes(shape, samples, inputs.calibration_seq_len) if fmt is QuantFormat.W4A16_AWQ else 0
         peak = max(CPU_RSS_BASE_GIB * GIB + CPU_RSS_PER_SOURCE_BYTE * src,
-                   RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates)
+                   RSS_BASE_GIB * GIB + RSS_PER_SOURCE_BYTE * src + intermediates + host_cache)
     memory = peak * (1 + HEADROOM)
     return QuantizationJobSize(
         format=fmt, gpus=choice.gpus, gpuMemoryGiB=round(gpu_need / GIB, 1) if choice.gpus else 0.0,

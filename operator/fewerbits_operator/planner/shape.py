@@ -145,6 +145,8 @@ class ModelShape:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    """The shared experts' intermediate width, all of them together (Qwen-MoE, DeepSeek; 0: none)."""
     kv_head_dim: int = 0
     """Elements per KV head per token per K or V (head_dim; the latent width for MLA)."""
     kv_tensors: int = 2
@@ -677,6 +679,7 @@ def shape_from_config(config: Mapping[str, Any], where: str = "config.json") -> 
         linear_params=sum(g.params for g in groups), linear_active_params=sum(g.active_params for g in groups),
         other_params=other, vision_params=vision, num_experts=e.experts,
         experts_per_token=e.top_k if e.experts else 0, moe_intermediate_size=e.moe_inter if e.experts else 0,
+        shared_expert_intermediate_size=e.shared_inter if e.experts else 0,
         kv_head_dim=attn.kv_head_dim, kv_tensors=attn.kv_tensors, mla=attn.mla,
         rope_scaling=dict(rope) if rope else None, notes=ident.notes, sliding_window=sliding_window,
         sliding_layers=sliding_layers, linear_groups=tuple(groups) + vision_group,

@@ -117,10 +117,13 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
     keys = {p.format: p.key for p in planned or ()} \
         if spec.serving.canary.enabled else {}
     for pv in the_plan.variants if spec.serving.canary.enabled else ():
-        key = keys.get(artifact_format(pv))
-        facts = artifacts.get(key) if key else None
-        if key is None or facts is None or facts.manifest is None:
+        planned_key = keys.get(artifact_format(pv))
+        facts = artifacts.get(planned_key) if planned_key else None
+        if planned_key is None or facts is None or facts.manifest is None:
             continue
+        # The key it is published at, which decide serves and hashes into the served configuration:
+        # a legacy key's or an `auto` calibration's fallback key (artifacts.keys.published_at).
+        key = facts.manifest.key
         dname = deployment_name(name, pv.pool)
         chash = config_hash(spec, pv, key, name, observer.settings)
         if not canary_wanted(spec, pv, deployments.get(dname), chash):
