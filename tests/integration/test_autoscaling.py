@@ -6,7 +6,7 @@ KV usage 0.95 scales up within a sync period; load dropped scales down only afte
 scaleDownDelaySeconds; queue growth with KV at 0.3 scales up; a signal oscillating around the
 target does not flap. Throughout, only the Deployment's replicas change: never the model's spec.
 
-Why the simulator and not real vLLM: these phases assert exact metric values held for exact windows
+Simulator: these phases assert exact metric values held for exact windows
 (0.95 KV for one sync period, 0.7 for a whole delay window, a square wave around the target), up to
 4 pods; real load cannot be held at a chosen value, and 4 real servers are 14 GB here. Real vLLM's
 own metrics driving a scale-up and a scale-down: tests/integration/test_autoscaling_vllm.py.

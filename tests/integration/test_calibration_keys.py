@@ -1,6 +1,10 @@
 """The artifact key names the calibration data's bytes (issue 16, item 3), on the real control plane
 with MinIO: the operator HEADs the S3 calibration object and hashes its ETag into the key. The same
-bytes uploaded again keep the key (no new Job); changed bytes are a new key and one new Job."""
+bytes uploaded again keep the key (no new Job); changed bytes are a new key and one new Job.
+
+Simulator: the verdict is the key and the Jobs (the ETag the operator reads, the Jobs it creates);
+once quantized, each model is served with the operator's default vLLM image, played by
+llm-d-inference-sim, and nothing it answers is looked at."""
 
 from __future__ import annotations
 

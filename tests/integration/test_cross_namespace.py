@@ -1,7 +1,11 @@
 """One quantization Job per artifact key and storage location across namespaces (issue 16, item 6),
 on the real control plane with MinIO: two namespaces publish the same key to the same storage; the
 first to claim `<key>/.claim` (create-only) runs the one Job, the other waits and finds the
-manifest as a cache hit. Both end Ready; exactly one Job ever existed."""
+manifest as a cache hit. Both end Ready; exactly one Job ever existed.
+
+Simulator: the verdict is the claim, the one Job and the cache hit; both models then serve with
+the operator's default vLLM image, played by llm-d-inference-sim, and are judged Ready by their
+conditions only: what vLLM would answer does not enter it, and two real servers are 6.8 GB here."""
 
 from __future__ import annotations
 

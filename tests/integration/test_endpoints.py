@@ -1,4 +1,7 @@
-"""A cloud metadata endpoint in a spec is refused before the operator or any Job connects to it."""
+"""A cloud metadata endpoint in a spec is refused before the operator or any Job connects to it.
+
+Simulator: none starts. The model is refused at Accepted, before any Job or Deployment, so the
+default vLLM image of its spec (llm-d-inference-sim in this harness) never runs."""
 
 from __future__ import annotations
 

@@ -6,7 +6,12 @@ the standby takes the Lease and acts within 30 s (the chart's Lease settings: 15
 one leads, and the held request is answered once the model is up: the activator is its own process
 (the chart's activator Deployment), out of the operator's failure domain. The two operators are the
 real process (``python -m fewerbits_operator``) started by the harness, as the session's operator
-is, and the activator is ``python -m fewerbits_operator.runtime.activator_main``."""
+is, and the activator is ``python -m fewerbits_operator.runtime.activator_main``.
+
+Simulator: the serving pods run the operator's default vLLM image, played by llm-d-inference-sim,
+because the verdict is the Lease hand-over, one Job per key, the scaled Deployment and the held
+request reaching the woken pod (its status 200 and a choice), never what the model says; a real
+vLLM start takes about a minute here, and the test starts pods across the 30 s take-over window."""
 
 from __future__ import annotations
 

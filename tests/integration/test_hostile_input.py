@@ -7,6 +7,10 @@ beside them.
 Admission cases are one request each. Condition cases are applied together (one namespace for
 the models, one per policy case, since one policy governs a namespace) and waited for together.
 Every policy selects only this run's namespaces and is deleted afterwards.
+
+Simulator: none starts. Every accepted model's Job is parked on a node label no node has, so no
+model here is quantized or served; the default vLLM image of the well-formed model
+(llm-d-inference-sim in this harness) never runs.
 """
 
 from __future__ import annotations

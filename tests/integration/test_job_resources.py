@@ -8,6 +8,10 @@ StorageClass provisioner, so the scheduler leaves it Pending and neither kwok no
 touches it. The kubelet's verdicts (OOMKilled, Evicted for ephemeral-storage) are then written into
 the pod's status through the API server, as a kubelet writes them: the Job controller, the operator
 and the API server are the real ones, only the kubelet's decision is the test's.
+
+Simulator: none starts. No model here gets an artifact (its Job's pod never runs, is failed by the
+test's kubelet verdict, or is refused before a Job), so no serving pod of the default vLLM image
+(llm-d-inference-sim in this harness) is created.
 """
 
 from __future__ import annotations

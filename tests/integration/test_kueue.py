@@ -1,6 +1,10 @@
 """Concurrency of quantization Jobs on the real control plane: Kueue admitting the Jobs of a
 policy's LocalQueue against a ClusterQueue's GPU quota, and the operator's own cap on running
-Jobs. The Jobs are the real quantjob, run by the pod runner on kwok GPU nodes."""
+Jobs. The Jobs are the real quantjob, run by the pod runner on kwok GPU nodes.
+
+Simulator: the verdict is when Kueue and the operator's cap let each Job run; once quantized, the
+models are served with the operator's default vLLM image, played by llm-d-inference-sim, and
+judged Ready by their conditions only: three real servers would be about 10 GB here for no verdict."""
 
 from __future__ import annotations
 

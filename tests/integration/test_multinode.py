@@ -7,6 +7,12 @@ The source is a stand-in for Llama-3.1-405B: the repository's 405B config.json (
 plans exactly what it would for the real model: 756 GiB at 16 bits, 2 nodes of 8 H100s) next to the
 tiny test model's weights (format none publishes the weights unchanged, without loading them, and
 llm-d-inference-sim plays vLLM in every pod), because 756 GiB of weights and 16 GPUs cannot run here.
+
+Simulator: every pod of the groups runs the operator's default vLLM image, played by
+llm-d-inference-sim, because the 405B config.json next to the tiny weights is no model a real vLLM
+could load, the scale-up and worker-loss steps start a pod per node, and the scale-up needs KV
+pressure held on the leaders (`POST /admin/config`). The leader and worker command lines themselves
+run on real vLLM, one pipeline stage per pod, in e2e/tests/test_vllm_cpu_serve.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,12 @@
 """The node-local artifact cache and the streamed load, against a real S3 server (MinIO built from
 its Go module, fixture `s3`): the fetcher run as the init container runs it (a process, its exit
 code, its termination message), and one serving pod pair on the real control plane that shares
-one verified copy on a node."""
+one verified copy on a node.
+
+Simulator: the serving container of the pod pair is the operator's default vLLM image, played by
+llm-d-inference-sim: the verdict is the fetch init container (real) and the one verified copy it
+shares on the node, not what vLLM answers (vLLM loads a local folder either way, as it does in
+the real-vLLM tests, test_canary.py)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,11 @@
 (run by the harness as the Job's pod) and llm-d-inference-sim as vLLM.
 
 Each test gets its own namespace; GPU pools are added per test and removed after it.
+
+Simulator: the serving pods run the operator's default vLLM image, played by llm-d-inference-sim,
+which takes the operator's vLLM arguments (served model name, port, max sequences) and exposes
+vLLM's metric names: the verdicts are the conditions, Deployments, events and the argv the
+operator renders. vLLM itself runs that argv in test_canary.py and test_autoscaling_vllm.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ policy edit that changes it is an event on the model; a conflict is reported on 
 
 No model here quantizes anything: each is judged at Accepted, and the one accepted model's Job is
 parked by its policy's nodeSelector on a label no node has.
+
+Simulator: none starts. No model here reaches serving (each is judged at Accepted; the accepted
+ones' Jobs wait on a node label no node has); `vllm/vllm-openai` appears only as an image name a
+policy's allowedImages judges.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ metrics Service) and PodMonitor (the serving pods, simulators run by the pod run
 One model serves two replicas (min = max = 2, so the session operator keeps exactly two pods). The
 two autoscalers under test read the same pods and see the model with wider bounds (1-6); their
 writes are recorded, never sent, so the two runs see the same cluster.
+
+Simulator: the two serving pods are llm-d-inference-sim (the operator's default vLLM image),
+because the autoscaler's two metric sources are compared phase by phase on loads held at chosen
+values (`POST /admin/config`), which real requests cannot hold; it exposes vLLM's metric names,
+and real vLLM's own metrics drive the autoscaler in test_autoscaling_vllm.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ set runs an evaluation-only Job on the existing artifact: the artifact's bytes a
 and the result lands at `<key>/quality/<identity>.json`.
 
 The Job is the real `python -m fewerbits_quantjob` (run by the pod runner), lm-eval included.
+
+Simulator: the quality figures are the Job's (transformers and lm-eval on the base and quantized
+model); the model is then served with the operator's default vLLM image, played by
+llm-d-inference-sim, whose answers nothing here judges. Quality measured through vLLM's serving
+API is the canary's, on real vLLM (test_canary.py).
 """
 
 from __future__ import annotations

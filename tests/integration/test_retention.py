@@ -3,7 +3,11 @@ under `rules.artifactRetention: Delete` an artifact no model references is marke
 once unreferenced for the period (manifest first: the order itself is proven in
 tests/unit/test_retention.py on the executor), with an `ArtifactDeleted` event and the
 `fewerbits_artifacts_deleted_total` metric; the artifact the model references survives every
-sweep."""
+sweep.
+
+Simulator: the verdict is which artifacts the sweep marks and deletes; the referenced model is
+served with the operator's default vLLM image, played by llm-d-inference-sim, and what it answers
+does not enter the verdict."""
 
 from __future__ import annotations
 

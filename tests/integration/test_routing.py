@@ -15,10 +15,12 @@ speed, the slow pool gets a smaller share than the Service's even split; a pod t
 metrics is still routed to, never dropped: the autoscaler finds it, the model says
 `MetricsUnavailable`, and the operator turns the picker to an even spread (step 6).
 
-The simulators report what the test tells them (`POST /admin/config` fake metrics, per pod): the
-simulator's real-metrics mode cannot be given different speeds per pool here, so the queue model
-that turns "requests received" into "KV usage and waiting requests" is in this test
-(`QueueModel`), and the EPP reads it from the pods' /metrics like it reads vLLM's.
+Simulator: one llm-d-inference-sim pod per pool (the operator's default vLLM image), because the
+picker's choice depends on each pod's KV usage and waiting requests, which the test must set per pod
+(`POST /admin/config` fake metrics) to judge the share each pool gets; the simulator's
+real-metrics mode cannot be given different speeds per pool here, so the queue model that turns
+"requests received" into "KV usage and waiting requests" is in this test (`QueueModel`), and the
+EPP reads it from the pods' /metrics like it reads vLLM's.
 """
 
 from __future__ import annotations

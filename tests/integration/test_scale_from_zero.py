@@ -16,7 +16,13 @@ There is no DNS and no kube-proxy in the harness: `e2e/serviceproxy.py` plays bo
 Service and its EndpointSlices from the API server and picks an endpoint as kube-proxy would),
 `e2e/routeproxy.py` stands in for a gateway controller's route resolution (no Envoy here): per
 request it follows the HTTPRoute's backend to the ext_proc gateway (InferencePool) or to
-serviceproxy (Service). Nothing else stands in.
+serviceproxy (Service). The serving pods are the simulator (below); nothing else stands in.
+
+Simulator: the woken replicas run the operator's default vLLM image, played by
+llm-d-inference-sim, because the verdict is the activator's hold, wake, forward and overflow, the
+route's switch and Argo CD's health, judged on status codes, the server-sent events' framing and
+metrics, not on the text; a real vLLM start takes about a minute here, and the switch back to the
+InferencePool waits for a second replica Ready.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 The same bytes asked for in two storage locations are two Jobs, each publishing its own manifest:
 neither model waits on, or fails by, the other's Job. The operator re-quantizes for the second
 location rather than copying between locations (artifacts.job_name says why a name, not a copy).
+
+Simulator: the verdict is the Jobs and manifests per storage location; both models are then served
+with the operator's default vLLM image, played by llm-d-inference-sim, and judged Ready by their
+conditions only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 starts with one tool-version pin, is restarted as an upgrade (another quantization image with
 another llm-compressor), and nothing re-runs: the artifact keeps serving and its Quantized condition
 says which tools made it. Then the model asks for re-quantization (`spec.quantization.requantize`):
-exactly one new Job runs, and the model is Ready on the new artifact."""
+exactly one new Job runs, and the model is Ready on the new artifact.
+
+Simulator: the verdict is which Jobs run across an upgrade and what the Quantized condition says;
+the model serves with the operator's default vLLM image, played by llm-d-inference-sim, and its
+roll-out to the new artifact is judged by the Deployment and conditions, not by vLLM's answers."""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ Wave 1 kept no typed failure memory, published no effective autoscaling and no
 every model. A model in that state, serving, whose quantization Job its TTL already removed, must
 keep serving under the new operator: no Job re-run, no Deployment rolled, the new status fields
 filled in.
+
+Simulator: the verdict is that the new operator keeps the wave-1 model serving (no Job re-run, no
+Deployment rolled, new status fields); that serving pod runs the operator's default vLLM image,
+played by llm-d-inference-sim, and nothing it answers is judged.
 """
 
 from __future__ import annotations
