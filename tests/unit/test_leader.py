@@ -1,8 +1,10 @@
 """Leader election on a Lease (leader.py): two candidates, one leader; the standby takes over only
 after the lease went unrenewed for its duration on the standby's own clock, at once after a clean
-release; a leader that finds another holder stops. ``LeaseStore`` stands in for the API server's
-Lease endpoint (read, create, replace conditional on resourceVersion: 409 on a stale write); the
-integration test tests/integration/test_failover.py runs the same code against a real one."""
+release; a leader that finds another holder stops; its renew deadline counts from before its
+renewal's read. ``LeaseStore`` stands in for the API server's Lease endpoint (read, create, replace
+conditional on resourceVersion: 409 on a stale write); the integration test
+tests/integration/test_failover.py runs the same code against a real one. The renew deadline's
+loop (failing and hanging renewals against a fake clock): tests/unit/test_leader_deadline.py."""
 
 from __future__ import annotations
 
@@ -116,3 +118,28 @@ def test_the_loop_calls_back_on_gaining_and_on_losing_the_lease():
     t.join(5)
     stop.set()
     assert not t.is_alive() and events == ["started", "stopped"] and not a.leading.is_set()
+
+
+def test_the_deadline_counts_from_before_the_renewals_read():
+    """A standby counts the lease from when it read the renewed record, after the write landed; the
+    leader counts its deadline from before its read, so a slow renewal shortens only the leader's
+    time (the margin between the two never shrinks)."""
+    store, now = LeaseStore(), [0.0]
+    a, b = candidates(store, now)
+    assert a.try_acquire_or_renew() and a.deadline() == 10.0
+    read = store.read_namespaced_lease
+
+    def slow_read(name, namespace, **kw):  # the renewal's read answers 3 s after it was sent
+        now[0] += 3.0
+        return read(name, namespace, **kw)
+
+    store.read_namespaced_lease = slow_read
+    now[0] = 5.0
+    assert a.try_acquire_or_renew() and now[0] == 8.0
+    assert a.deadline() == 15.0  # 5 + 10: from the moment the renewal began
+    store.read_namespaced_lease = read
+    assert not b.try_acquire_or_renew()  # b sees the renewal at 8 at the earliest: it may take over at 23
+    now[0] = 22.9
+    assert not b.try_acquire_or_renew()
+    now[0] = 23.0
+    assert b.try_acquire_or_renew()

@@ -89,18 +89,24 @@ class OperatorSettings(BaseSettings):
     vllm_memory_request: str = "8Gi"
     """Memory request of each vLLM pod."""
     leader_election: bool = False
-    """Elect one active replica on a `coordination.k8s.io` Lease (leader.py); the others keep
-    kopf's indexes warm and write nothing. The chart turns it on (it runs 2 replicas)."""
+    """Elect one active replica on a `coordination.k8s.io` Lease (leader.py); every thread that
+    writes runs on it only, the others keep kopf's indexes (and the activator Service's slices)
+    warm and write nothing. The chart turns it on (it runs 2 replicas)."""
     leader_election_namespace: str = Field(default_factory=lambda: os.environ.get("POD_NAMESPACE") or "default")
     """Namespace of the Lease (default: the pod's own, `POD_NAMESPACE`)."""
     leader_election_lease: str = "fewerbits-operator"
     """Name of the Lease."""
     leader_lease_seconds: float = Field(default=15.0, ge=2)
     """A leader not renewed for this long (as a standby observed it) is replaced."""
+    leader_renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    """A leader that has not renewed the Lease for this long (its own clock, from the start of its
+    last successful renewal) stops acting and exits, also while a renewal call still hangs:
+    client-go's `renewDeadline`. Between `leader_renew_seconds` and `leader_lease_seconds`, so the
+    old leader has stopped before a standby may take over."""
     leader_renew_seconds: float = Field(default=5.0, gt=0)
     """How often the leader renews the Lease (one GET and one PUT)."""
     leader_retry_seconds: float = Field(default=2.0, gt=0)
-    """How often a standby reads the Lease."""
+    """How often a standby reads the Lease, and a leader tries again after a failed renewal."""
     watch_timeout_seconds: int = Field(default=300, ge=10, le=3600)
     """kopf's watch requests end after this (`settings.watching.server_timeout`) and resume from
     the last resourceVersion."""
@@ -142,8 +148,8 @@ class OperatorSettings(BaseSettings):
     ready endpoints are added to the Service of every model that may reach zero (atzero.py).
     Empty: models' Services are left alone (the activator answers only direct calls)."""
     activator_sync_seconds: float = Field(default=2.0, gt=0, le=60)
-    """How often each operator replica brings the activator's EndpointSlices of the models up to date
-    (from its indexes and a watch: no API read per pass)."""
+    """How often the leader brings the activator's EndpointSlices (and HTTPRoutes) of the models up
+    to date (from its indexes and a watch: no API read per pass)."""
     gpu_cost_weights: str = ""
     """Relative cost of one GPU per pool name or GPU product, `PRODUCT=WEIGHT,...` (e.g.
     `NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.27`): where a model routed through an InferencePool adds
@@ -193,11 +199,38 @@ class OperatorSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _leader_timings_ordered(self) -> "OperatorSettings":
+        check_leader_timings(self.leader_lease_seconds, self.leader_renew_deadline_seconds, self.leader_renew_seconds,
+                             names=LEADER_TIMING_NAMES)
+        return self
+
+    @model_validator(mode="after")
     def _prometheus_needs_url(self) -> "OperatorSettings":
         if self.autoscaler_metrics_source == "prometheus" and not self.autoscaler_prometheus_url:
             raise ValueError("FEWERBITS_AUTOSCALER_PROMETHEUS_URL is required when "
                              "FEWERBITS_AUTOSCALER_METRICS_SOURCE=prometheus")
         return self
+
+
+LEADER_TIMING_NAMES = ("FEWERBITS_LEADER_LEASE_SECONDS (chart: leaderElection.leaseSeconds)",
+                       "FEWERBITS_LEADER_RENEW_DEADLINE_SECONDS (chart: leaderElection.renewDeadlineSeconds)",
+                       "FEWERBITS_LEADER_RENEW_SECONDS (chart: leaderElection.renewSeconds)")
+
+
+def check_leader_timings(lease_seconds: float, renew_deadline_seconds: float, renew_seconds: float,
+                         names: tuple[str, str, str] = ("lease_seconds", "renew_deadline_seconds", "renew_seconds"),
+                         ) -> None:
+    """client-go's order, ``0 < renew < renew deadline < lease``, or a ValueError naming the setting
+    to change (``names``: how the caller spells the three). The Lease records the duration in whole
+    seconds, and a standby waits that long: the deadline must be below it."""
+    lease, deadline, renew = names
+    if not 0 < renew_seconds < renew_deadline_seconds:
+        raise ValueError(f"{renew} = {renew_seconds:g} must be above 0 and below {deadline} = "
+                         f"{renew_deadline_seconds:g}: the leader tries to renew before it gives up")
+    if not renew_deadline_seconds < int(lease_seconds):
+        raise ValueError(f"{deadline} = {renew_deadline_seconds:g} must be below {lease} = {int(lease_seconds)} "
+                         "(whole seconds): the leader stops acting at its renew deadline, before a standby may "
+                         "take over at the lease duration")
 
 
 @lru_cache(maxsize=1)

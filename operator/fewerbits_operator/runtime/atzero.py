@@ -23,10 +23,10 @@ has no ready endpoint because of this switch, in either direction. The Service's
 changed. Knative keeps its activator in the path of a revision with little spare capacity for the
 same reason (``target-burst-capacity``).
 
-Every operator replica runs this loop (no leadership; the activator itself is its own Deployment,
-activator_main.py): each computes the same slice from the same
-facts and writes only when it differs, conditionally on the resourceVersion it read (a conflict is
-left to the next pass), so two replicas converge instead of fighting.
+The leader alone runs this loop (runner.start_leading; a standby writes nothing, and the activator
+itself is its own Deployment, activator_main.py, that needs no leadership). A pass computes the
+slice from the facts and writes only when it differs, conditionally on the resourceVersion it read
+(a conflict, such as a write of the previous leader's still landing, is left to the next pass).
 
 The same loop keeps the model's HTTPRoute when reconcile published one (``status.route``: the
 effective ``spec.serving.gateway``, serving/gatewayroute.py): its backend is the model's Service

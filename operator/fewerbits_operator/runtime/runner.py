@@ -2,8 +2,13 @@
 
 kopf (handlers.py) watches and indexes; this module owns the threads that act on it: the work
 queue's workers (workqueue.py), the resync scheduler (resync.py), the retention and node-cache
-sweeps, the autoscaler, the leader election (leader.py) and the metrics endpoint. Only the leader
-runs the threads that write; a standby keeps kopf's indexes warm and enqueues, and writes nothing.
+sweeps, the autoscaler, the metrics probe, the activator path (atzero.py), the leader election
+(leader.py) and the metrics endpoint. Only the leader runs the threads that write (``start_leading``:
+every one above but the election and the activator Service's slice watch, which reads), and each
+of their writes first checks that this replica still leads (``LeaderOnlyWrites``), so a thread
+mid-pass when the Lease's renew deadline passed makes no further write. A standby campaigns for the
+Lease, keeps kopf's indexes and the activator Service's slices warm and enqueues, and writes
+nothing (its one write is the one that takes the Lease).
 
 Every trigger only *enqueues* a model's key (kopf's ``on.event``, through the relevance filter,
 relevance.py):
@@ -30,7 +35,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prometheus_client import start_http_server
 
@@ -63,6 +68,37 @@ STOP_SECONDS = 10.0
 """On SIGTERM, how long running reconciles may take to finish before the process exits."""
 VIEWS = ("models", "jobs", "deployments", "leaderworkersets", "nodes", "policies", "pods", "endpointslices",
          "services")
+
+
+WRITE_PREFIXES = ("create", "add_owner", "patch_", "replace_", "delete_", "wake_", "apply_", "post_", "put_")
+"""The writes of the Kube client (kube.py) and the object store (storage.py), by method name; every
+other method reads (tests/unit/test_leader_deadline.py lists both clients' methods, so a new one
+is classed)."""
+
+
+class NotLeading(RuntimeError):
+    """A write refused: this replica no longer leads."""
+
+
+class LeaderOnlyWrites:
+    """A client (Kube, ObjectStore) whose every write first checks ``leading()``: leadership ends
+    at the Lease's renew deadline (leader.py), and a reconcile or a loop's pass then under way
+    makes no further write (its next one raises NotLeading; the next leader does it over, every
+    step being idempotent). Reads pass through."""
+
+    def __init__(self, target: Any, leading: Callable[[], bool]):
+        self._target, self._leading = target, leading
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not (callable(attr) and name.startswith(WRITE_PREFIXES)):
+            return attr
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if not self._leading():
+                raise NotLeading(f"{name}: this replica no longer leads")
+            return attr(*args, **kwargs)
+        return write
 
 
 def job_projection(job: dict[str, Any]) -> Any:
@@ -98,36 +134,44 @@ class Operator:
         """Models (namespace, name, queued Jobs) at the last list: policy status is recomputed when
         they change."""
         self._leading_threads: list[threading.Thread] = []
+        """The threads ``start_leading`` started: every one that writes."""
+        self.activator_slices: Any = None
+        """The activator Service's slices (slicewatch.SliceWatch), watched on every replica: reads only."""
 
     # ------------------------------------------------------------ kopf's lifecycle (handlers.py)
 
     def on_startup(self, kopf_settings: Any, indexes: Mapping[str, Any], settings: OperatorSettings | None = None,
-                   kube: Kube | None = None) -> None:
-        """kopf's ``on.startup``: its settings, the indexes, the Kube client, the standby's threads."""
+                   kube: Kube | None = None, coordination: Any = None) -> None:
+        """kopf's ``on.startup``: its settings, the indexes, the Kube client (its writes fenced:
+        ``LeaderOnlyWrites``), the threads every replica runs (the election, the activator Service's
+        slice watch: neither writes but for the Lease), and ``start_leading`` without an election.
+        ``coordination``: the Lease API (tests pass a stand-in)."""
         s = self.settings = settings or get_settings()
         configure_kopf(kopf_settings, s)
         for name, view in self.views.items():
             if name in indexes:
                 view.attach(indexes[name])
-        self.kube = kube or Kube()
-        self.kube.use_views(s.namespaces, self.views, read_ttl_seconds=s.resync_seconds)
-        self.reconciler = Reconciler(self.kube, ObjectStore(timeout=s.storage_timeout_seconds,
-                                                     allow_private=s.allow_private_endpoints), s)
+        kube = kube or Kube()
+        kube.use_views(s.namespaces, self.views, read_ttl_seconds=s.resync_seconds)
+        self.kube = LeaderOnlyWrites(kube, self._leading)  # every user of the client below is fenced
+        store = ObjectStore(timeout=s.storage_timeout_seconds, allow_private=s.allow_private_endpoints)
+        self.reconciler = Reconciler(self.kube, LeaderOnlyWrites(store, self._leading), s)
         if s.metrics_port:
             start_http_server(s.metrics_port)
         gcpause.install()
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
-        self._start_zero_router()
+        self._start_activator_slices()
         if s.leader_election:
             from kubernetes import client
 
             from fewerbits_operator.runtime.leader import LeaseElector
-            self.elector = LeaseElector(client.CoordinationV1Api(self.kube.api), s.leader_election_namespace,
+            self.elector = LeaseElector(coordination or client.CoordinationV1Api(kube.api), s.leader_election_namespace,
                                         s.leader_election_lease, self.identity,
-                                        lease_seconds=s.leader_lease_seconds, renew_seconds=s.leader_renew_seconds,
-                                        retry_seconds=s.leader_retry_seconds)
+                                        lease_seconds=s.leader_lease_seconds,
+                                        renew_deadline_seconds=s.leader_renew_deadline_seconds,
+                                        renew_seconds=s.leader_renew_seconds, retry_seconds=s.leader_retry_seconds)
             metrics.LEADER.labels(identity=self.identity).set(0)
             self._spawn(lambda: self.elector.run(self._stop, self.start_leading, self.stop_leading),
                         "fewerbits-leader-election")
@@ -159,6 +203,7 @@ class Operator:
         assert s is not None and self.kube is not None
         metrics.LEADER.labels(identity=self.identity).set(1)
         before = len(self._threads)
+        self._start_zero_router()
         self.start_workers(s.workers)
         self._spawn(self._resync_loop, "fewerbits-resync")
         self._spawn(self._retention_loop, "fewerbits-retention")
@@ -179,27 +224,36 @@ class Operator:
         self.request_all()
 
     def stop_leading(self) -> None:
-        """Leadership lost: stop acting at once and end the process (kopf's stop flag); the pod
-        restarts as a standby (client-go's rule: a leader that lost its lease exits)."""
+        """Leadership lost (the elector cleared ``leading`` first: from then on every write is
+        refused, ``LeaderOnlyWrites``): stop the threads that write and end the process (kopf's stop
+        flag); the pod restarts as a standby (client-go's rule: a leader that lost its lease exits)."""
         metrics.LEADER.labels(identity=self.identity).set(0)
         self.lost_leadership = True
         self.stop()
         self.stop_flag.set()
 
-    def _start_zero_router(self) -> None:
-        """The models' Services at zero point at the activator's own Service (atzero.py), from every
-        replica. The activator itself is its own Deployment (activator_main.py): a request it holds
-        is not lost when an operator replica is killed."""
+    def _start_activator_slices(self) -> None:
+        """The activator Service's slices, watched on every replica (a read; slicewatch.py), so a
+        new leader's first activator-path pass need not wait for a list."""
         s = self.settings
         assert s is not None and self.kube is not None
         if s.activator_service:
-            from fewerbits_operator.runtime.atzero import ZeroRouter
             from fewerbits_operator.runtime.slicewatch import SliceWatch
             ns, _, name = s.activator_service.partition("/")
-            activator_slices = SliceWatch(self.kube.discovery, ns, name, timeout_seconds=s.watch_timeout_seconds)
-            self._spawn(lambda: activator_slices.run(self._stop), "fewerbits-activator-slices")
+            self.activator_slices = SliceWatch(self.kube.discovery, ns, name, timeout_seconds=s.watch_timeout_seconds)
+            self._spawn(lambda: self.activator_slices.run(self._stop), "fewerbits-activator-slices")
+
+    def _start_zero_router(self) -> None:
+        """The leader's: the models' Services at zero point at the activator's own Service, and
+        their HTTPRoutes follow (atzero.py). The activator itself is its own Deployment
+        (activator_main.py): a request it holds is not lost when an operator replica is killed, and
+        the slices the old leader wrote stay in place until the new leader's first pass."""
+        s = self.settings
+        assert s is not None and self.kube is not None
+        if self.activator_slices is not None:
+            from fewerbits_operator.runtime.atzero import ZeroRouter
             router = ZeroRouter(self.kube, s.activator_service, namespaces=s.namespaces,
-                                activator_slices=activator_slices.slices)
+                                activator_slices=self.activator_slices.slices)
             self._spawn(lambda: router.run_forever(self._stop, s.activator_sync_seconds), "fewerbits-atzero")
 
     def last_woken(self, namespace: str, name: str) -> float | None:
@@ -266,7 +320,12 @@ class Operator:
                 self._write_policy_status()
 
     def _leading(self) -> bool:
-        return self.elector is None or self.elector.leading.is_set()
+        """Whether this replica may write: it leads and its last renewal is younger than the renew
+        deadline (read at each write, not only when the election's loop wakes), or it runs without
+        an election."""
+        if self.elector is not None:
+            return self.elector.leading.is_set() and self.elector.within_deadline()
+        return self.settings is None or not self.settings.leader_election
 
     def enqueue(self, namespace: str, name: str, changed: bool = False) -> None:
         """A model to reconcile now. ``changed``: its spec changed or it is new, so it is not steady."""
