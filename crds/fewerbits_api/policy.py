@@ -92,7 +92,7 @@ class Toleration(ApiModel):
     """Taint value for Equal (a label value)."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches all."""
-    tolerationSeconds: Annotated[int, Field(ge=-(2**62), le=2**62)] | None = None
+    tolerationSeconds: Annotated[int, Field(ge=-(10**18), le=10**18)] | None = None
     """For NoExecute: how long the pod stays bound after the taint appears."""
 
     @model_validator(mode="after")

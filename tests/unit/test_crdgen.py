@@ -106,3 +106,27 @@ def test_chart_copy_is_the_same_crd_behind_crds_enabled():
         plain = "\n".join(l for l in text.splitlines() if "{{" not in l and "resource-policy" not in l
                           and l != "  annotations:")
         assert yaml.safe_load(plain) == yaml.safe_load(crdgen.render_all()[name])
+
+
+def _numbers(node, path: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _numbers(v, f"{path}.{k}" if path else k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _numbers(v, f"{path}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path, node
+
+
+def test_every_number_in_the_crds_reads_back_as_written(crds):
+    """The API server keeps a schema's numbers (minimum, maximum, ...) as float64 and writes them back
+    in their shortest form, so 2**62 comes back as 4611686018427388000. Argo CD compares the live CRD
+    with git's text and shows such a CRD OutOfSync for ever (seen in e2e/tests/test_gitops_argocd.py
+    with a bound of 2**62): every number must survive float64 and its shortest decimal form."""
+    from decimal import Decimal
+
+    for kind, crd in crds.items():
+        for path, n in _numbers(crd):
+            written = Decimal(n) if isinstance(n, int) else Decimal(repr(n))
+            assert Decimal(repr(float(n))) == written, f"{kind} {path}: {n} reads back as {repr(float(n))}"
