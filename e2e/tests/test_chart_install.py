@@ -105,6 +105,8 @@ ACTIVATOR_GRANTS = {  # the activator's own ServiceAccount (activator.py): one r
     ("watched", "apps", "deployments", "scale", "get"),
     ("watched", "apps", "deployments", "scale", "update"),
     ("watched", "", "events", "", "create"),
+    # A model header is served only when the model's own route sets it (its token): that route, by name.
+    ("watched", "gateway.networking.k8s.io", "httproutes", "", "get"),
 } | {("cluster", g, r, sub, v) for (g, r, sub), verbs in CLUSTER.items() for v in verbs
      if g in ("authorization.k8s.io", "authentication.k8s.io")}  # every authenticated user's
 

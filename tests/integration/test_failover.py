@@ -160,8 +160,9 @@ class HeldRequest:
         self.release = release
         body = json.dumps({"model": model, "messages": [{"role": "user", "content": "wake up"}],
                            "max_tokens": 8}).encode()
+        # As the model's Service delivers it (its Host): these operators publish no activator slice.
         req = urllib.request.Request(f"http://127.0.0.1:{activator.activator_port}/v1/chat/completions", body,
-                                     {"Content-Type": "application/json", "X-Fewerbits-Model": f"{ns}/{model}"})
+                                     {"Content-Type": "application/json", "Host": f"{model}.{ns}.svc:8000"})
 
         def call() -> None:
             try:

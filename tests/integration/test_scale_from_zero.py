@@ -104,8 +104,10 @@ def test_a_request_at_zero_replicas_is_held_then_served(cluster, gpu_pool, names
     stored = client.CustomObjectsApi(api).get_namespaced_custom_object(
         "gateway.networking.k8s.io", "v1", namespace, "httproutes", "sleepy")
     uid = models.get(namespace, "sleepy")["metadata"]["uid"]
+    token = gatewayroute.route_token(stored, uid)  # the route's own, made once (the activator checks it)
+    assert token, stored
     desired = gatewayroute.render_http_route(Owner("sleepy", namespace, uid), {"name": "inference-gw"},
-                                             gatewayroute.SERVICE)
+                                             gatewayroute.SERVICE, token)
     assert gatewayroute.route_change(desired, stored, uid) == gatewayroute.RouteChange(), (stored, desired)
     pickers: list = []
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import REGISTRY
 
-from fewerbits_operator.runtime.activator import Activator, model_of, serve, variant_to_wake
+from fewerbits_operator.runtime.activator import Activator, host_model, serve, variant_to_wake
 
 
 class FakeKube:
@@ -62,11 +62,12 @@ def _rejected(reason: str) -> float:
     return REGISTRY.get_sample_value("fewerbits_activator_rejected_total", {"reason": reason}) or 0.0
 
 
-def test_model_from_host_or_header():
-    assert model_of("m.ns.svc.cluster.local:8000", None) == ("ns", "m")
-    assert model_of("m.ns.svc:8000", None) == ("ns", "m")
-    assert model_of("10.0.0.1:8000", "ns/m") == ("ns", "m")
-    assert model_of("example.com", None) is None
+def test_model_from_host():
+    """Which requests are served for it: tests/unit/test_activator_tenancy.py."""
+    assert host_model("m.ns.svc.cluster.local:8000") == ("ns", "m")
+    assert host_model("m.ns.svc:8000") == ("ns", "m")
+    assert host_model("10.0.0.1:8000") is None
+    assert host_model("example.com") is None
 
 
 def test_wakes_the_first_planned_variant_once_and_forwards():

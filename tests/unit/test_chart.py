@@ -210,6 +210,7 @@ ACTIVATOR_SA_RULES = {  # the activator's own ServiceAccount, per watched namesp
     ("apps", "deployments"): {"list"},
     ("apps", "deployments/scale"): {"get", "update"},
     ("", "events"): {"create"},
+    ("gateway.networking.k8s.io", "httproutes"): {"get"},  # a model header is checked against the model's route
 }
 EPP_RULES = {  # the ClusterRole the operator binds for each model's endpoint picker (upstream's Role)
     ("", "pods"): {"get", "list", "watch"},
@@ -417,7 +418,8 @@ def test_env_names_are_the_operator_settings(helm: list[str], monkeypatch: pytes
     fields = {f"FEWERBITS_{name.upper()}" for name in OperatorSettings.model_fields}
     # The activator's port, queue and wait are set on its own Deployment, the rest on the operator's.
     assert set(activator_env) == {"FEWERBITS_ACTIVATOR_PORT", "FEWERBITS_ACTIVATOR_QUEUE",
-                                  "FEWERBITS_ACTIVATOR_TIMEOUT_SECONDS", "FEWERBITS_METRICS_PORT"}
+                                  "FEWERBITS_ACTIVATOR_TIMEOUT_SECONDS", "FEWERBITS_METRICS_PORT",
+                                  "FEWERBITS_ACTIVATOR_TENANT_PORTS"}
     assert set(env) | set(activator_env) == fields
     for k in list(os.environ):
         if k.startswith("FEWERBITS_"):
@@ -443,9 +445,11 @@ def test_defaults_match_the_operator_defaults(helm: list[str]):
         default = field.get_default(call_default_factory=True)
         if key in ("FEWERBITS_NAMESPACES", "FEWERBITS_QUANTJOB_IMAGE", "FEWERBITS_RUNTIME_IMAGE",
                    "FEWERBITS_QUANTJOB_TOOLS", "FEWERBITS_EPP_CLUSTER_ROLE", "FEWERBITS_ACTIVATOR_SERVICE",
-                   "FEWERBITS_LEADER_ELECTION", "FEWERBITS_LEADER_ELECTION_NAMESPACE", "FEWERBITS_LEADER_ELECTION_LEASE"):
+                   "FEWERBITS_LEADER_ELECTION", "FEWERBITS_LEADER_ELECTION_NAMESPACE", "FEWERBITS_LEADER_ELECTION_LEASE",
+                   "FEWERBITS_ACTIVATOR_TENANT_PORTS"):
             # release namespace (and name); image tags (and the image's tools) follow the chart's appVersion; the
-            # chart elects (it runs 2 replicas) on a Lease named after the release, a process run by hand does not
+            # chart elects (it runs 2 replicas) on a Lease named after the release, a process run by hand does not;
+            # the chart keeps tenants apart (an activator port per watched namespace), a process run by hand does not
             continue
         if default is None:
             assert key not in env, f"{key}: unset means None"

@@ -50,8 +50,11 @@ def test_published_route_is_read_from_status_only():
     assert route_of(spec_only) is None
 
 
+TOKEN = "t" * 43
+
+
 def test_render_names_the_gateway_and_one_backend():
-    r = gr.render_http_route(OWNER, {"name": "gw"}, gr.POOL)
+    r = gr.render_http_route(OWNER, {"name": "gw"}, gr.POOL, TOKEN)
     assert r["apiVersion"] == "gateway.networking.k8s.io/v1" and r["kind"] == "HTTPRoute"
     assert r["metadata"]["name"] == "m" and r["metadata"]["ownerReferences"][0]["uid"] == "uid-m"
     assert r["spec"]["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw",
@@ -59,7 +62,7 @@ def test_render_names_the_gateway_and_one_backend():
     assert r["spec"]["rules"] == [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],  # the CRD's defaults
                                    # the activator finds the model by it (a gateway keeps the client's Host)
                                    "filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {
-                                       "set": [{"name": "X-Fewerbits-Model", "value": f"{NS}/m"}]}}],
+                                       "set": [{"name": "X-Fewerbits-Model", "value": f"{NS}/m; token={TOKEN}"}]}}],
                                    "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
                                                     "name": "m", "port": 8000, "weight": 1}]}]
     s = gr.render_http_route(OWNER, {"name": "gw", "namespace": "edge", "sectionName": "https"}, gr.SERVICE)
@@ -72,21 +75,45 @@ def test_render_names_the_gateway_and_one_backend():
 
 
 def test_the_model_header_is_what_the_activator_reads():
-    from fewerbits_operator.runtime.activator import model_of
-
-    (f,) = gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE)["spec"]["rules"][0]["filters"]
+    route = gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE, TOKEN)
+    (f,) = route["spec"]["rules"][0]["filters"]
     (h,) = f["requestHeaderModifier"]["set"]
-    assert h["name"] == "X-Fewerbits-Model" and model_of("gateway.example.com", h["value"]) == (NS, "m")
+    assert h["name"] == "X-Fewerbits-Model" and gr.route_model_header(route) == h["value"]
+    claim = gr.parse_model_header(h["value"])
+    assert claim == gr.ModelClaim(NS, "m", TOKEN) and gr.route_proves(claim, route)
+    assert gr.route_token(route, "uid-m") == TOKEN and gr.route_token(route, "someone-else") is None
+    assert gr.route_token(gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE), "uid-m") is None  # none: made
+
+
+def test_the_loop_keeps_the_routes_token_across_rewrites_and_replicas():
+    """A token is made once per route and then kept: a backend switch, a second replica (a new
+    leader) and a restart rewrite nothing for it, so a request on its way with it is not refused."""
+    io = RouteIO([gw_model()], [])
+    made = iter(["a" * 43, "b" * 43, "c" * 43])
+    a = ZeroRouter(io, "fewerbits-system/fewerbits-activator", new_token=lambda: next(made))
+    a.run_once()
+    token = gr.route_token(io.routes[(NS, "m")], "uid-m")
+    assert token == "a" * 43
+    io.pods = [pod("a"), pod("b")]
+    b = ZeroRouter(io, "fewerbits-system/fewerbits-activator", new_token=lambda: next(made))
+    b.run_once()  # the switch to the pool, by another replica
+    assert gr.current_backend(io.routes[(NS, "m")]) == "InferencePool"
+    assert gr.route_token(io.routes[(NS, "m")], "uid-m") == token and b.route_writes == 1
+    stale = gr.render_http_route(OWNER, {"name": "gw"}, gr.POOL)  # a route from before tokens
+    io.routes[(NS, "m")]["spec"] = stale["spec"]
+    c = ZeroRouter(io, "fewerbits-system/fewerbits-activator", new_token=lambda: next(made))
+    c.run_once()
+    assert gr.route_token(io.routes[(NS, "m")], "uid-m") == "b" * 43  # given one, once
 
 
 def test_route_change_create_keep_replace_conflict():
-    desired = gr.render_http_route(OWNER, {"name": "gw"}, gr.POOL)
+    desired = gr.render_http_route(OWNER, {"name": "gw"}, gr.POOL, TOKEN)
     assert gr.route_change(desired, None, "uid-m") == gr.RouteChange(create=desired)
     current = copy.deepcopy(desired)
     current["metadata"] |= {"resourceVersion": "5", "annotations": {"a": "b"}}
     current["status"] = {"parents": []}  # the gateway's, never compared
     assert gr.route_change(desired, current, "uid-m") == gr.RouteChange()
-    switched = gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE)
+    switched = gr.render_http_route(OWNER, {"name": "gw"}, gr.SERVICE, TOKEN)
     ch = gr.route_change(switched, current, "uid-m")
     assert ch.replace["metadata"]["resourceVersion"] == "5" and ch.replace["metadata"]["annotations"] == {"a": "b"}
     assert ch.replace["spec"] == switched["spec"] and ch.create is None and not ch.conflict

@@ -197,4 +197,11 @@ a ClusterRole with rbac.scope=cluster. Least privilege: what one request needs. 
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# HTTPRoutes, get by name only: a request naming a model by X-Fewerbits-Model is served only when its
+# value is what the model's own route sets, token included (Activator.route_is_proof,
+# Kube.get_http_route). No list or watch: the route the request names is read, at most once per
+# model every few seconds.
+- apiGroups: ["gateway.networking.k8s.io"]
+  resources: ["httproutes"]
+  verbs: ["get"]
 {{- end }}

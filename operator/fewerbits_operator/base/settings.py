@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from typing import Literal
 
@@ -143,6 +144,17 @@ class OperatorSettings(BaseSettings):
     """Requests that may wait per model at zero replicas; past it they get 503 with Retry-After."""
     activator_timeout_seconds: float = Field(default=300.0, gt=0, le=3600)
     """How long a request waits for a replica to become ready before a 503 with Retry-After."""
+    activator_tenant_ports: dict[str, int] | None = None
+    """Namespace -> port (JSON in the environment): the activator also listens on each, and serves
+    there, to a request that names a model by its Service's Host, only the models of that namespace;
+    on its main port it then serves only requests that carry their model's route token
+    (activator.py ``admission``; docs/routing.md, "Tenants kept apart"). The operator finds the
+    ports on the activator's Service (named ``atzero.tenant_port_name(<namespace>)``) and points
+    each namespace's Services at zero there; the chart's NetworkPolicy lets only that namespace
+    (and the gateway) reach its port. ``{}``: tenants kept apart, no namespace reached through its
+    Service at zero (its HTTPRoute still is). Unset: no tenant is kept apart on the Service path
+    (a Host is taken as it comes, on every port). Read by the activator's process only; the chart
+    sets it from `activator.tenantPorts`."""
     activator_service: str = Field(default="", pattern=r"^([a-z0-9][-a-z0-9]*/[a-z0-9][-a-z0-9]*)?$")
     """`<namespace>/<name>` of the activator's own Service (the chart's `<release>-activator`): its
     ready endpoints are added to the Service of every model that may reach zero (atzero.py).
@@ -205,12 +217,26 @@ class OperatorSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _tenant_ports_distinct(self) -> "OperatorSettings":
+        ports = self.activator_tenant_ports or {}
+        taken = {p for p in (self.activator_port, self.metrics_port) if p}
+        bad = sorted(ns for ns, p in ports.items() if not (0 < p < 65536) or p in taken
+                     or list(ports.values()).count(p) > 1 or not NAMESPACE_NAME.match(ns))
+        if bad:
+            raise ValueError(f"FEWERBITS_ACTIVATOR_TENANT_PORTS (chart: activator.tenantPorts): the port of {bad} is "
+                             "not a free port of its own (1-65535, one per namespace, not the activator's nor "
+                             "its metrics port), or the name is no namespace's")
+        return self
+
+    @model_validator(mode="after")
     def _prometheus_needs_url(self) -> "OperatorSettings":
         if self.autoscaler_metrics_source == "prometheus" and not self.autoscaler_prometheus_url:
             raise ValueError("FEWERBITS_AUTOSCALER_PROMETHEUS_URL is required when "
                              "FEWERBITS_AUTOSCALER_METRICS_SOURCE=prometheus")
         return self
 
+
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 LEADER_TIMING_NAMES = ("FEWERBITS_LEADER_LEASE_SECONDS (chart: leaderElection.leaseSeconds)",
                        "FEWERBITS_LEADER_RENEW_DEADLINE_SECONDS (chart: leaderElection.renewDeadlineSeconds)",

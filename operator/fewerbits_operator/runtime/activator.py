@@ -11,8 +11,24 @@ variant, both safe from several replicas). The operator's ``atzero.py`` points t
 Service at it (an extra EndpointSlice) while the model has no more than one ready serving pod, so
 the user's URL reaches it at zero.
 
-For each request (the model from the ``Host`` the Service was called by,
-``<model>.<namespace>.svc[...]``, or the ``X-Fewerbits-Model: <namespace>/<model>`` header):
+Which model a request is for, and whether it reached the activator for that model (``admission``,
+docs/routing.md "Tenants kept apart"): a client that can connect to the activator chooses every
+header it sends, the ``Host`` included, so neither alone is proof.
+
+- ``X-Fewerbits-Model: <namespace>/<model>; token=<token>``: the model's HTTPRoute sets it on every
+  request through the gateway (serving/gatewayroute.py); the request is served only when the value
+  is exactly what that route, read from the API server, sets (``gatewayroute.header_proves``). Only
+  who can read the route in the model's namespace knows the token. A header without a valid token
+  is refused; it is never read as a plain model name.
+- otherwise the ``Host`` the model's Service was called by, ``<model>.<namespace>.svc[...]``:
+  with tenant ports (``FEWERBITS_ACTIVATOR_TENANT_PORTS``, the chart's default), only on the port of
+  the model's own namespace, where the operator points that namespace's Services at zero
+  (atzero.py) and where the chart's NetworkPolicy admits only that namespace and the gateway; never
+  on the main port. Without tenant ports (a process run by hand, ``activator.tenantPorts.enabled:
+  false``) a Host is taken as it comes: no tenant is kept apart on the Service path.
+
+Every refusal is the same 404 (``NOT_SERVED``): "no such model" and "not yours" cannot be told apart.
+Then:
 
 1. a ready serving pod exists: forward to it at once;
 2. otherwise the request waits, bounded in count per model (``activator_queue``) and in time
@@ -38,11 +54,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from fewerbits_operator.base.kube import Kube
+from fewerbits_operator.serving.gatewayroute import (
+    MODEL_HEADER,
+    ModelClaim,
+    header_proves,
+    parse_model_header,
+    route_model_header,
+)
 from fewerbits_operator.serving.render import LABEL_COMPONENT, LABEL_MODEL, VLLM_PORT
 
 log = logging.getLogger("fewerbits.activator")
@@ -70,13 +93,56 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
               "transfer-encoding", "upgrade", "host", "content-length"}
 
 
-def model_of(host: str | None, header: str | None) -> tuple[str, str] | None:
-    """(namespace, name) of the model a request is for, or None."""
-    if header and "/" in header:
-        ns, _, name = header.partition("/")
-        return ns.strip(), name.strip()
+def host_model(host: str | None) -> tuple[str, str] | None:
+    """(namespace, name) of the model whose Service the ``Host`` names, or None."""
     m = HOST.match((host or "").lower())
     return (m.group("ns"), m.group("name")) if m else None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The request is served for this model (by: how it showed it came for it)."""
+
+    namespace: str
+    name: str
+    by: Literal["route", "tenant port", "host"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Named a model without proof that it came for it: the uniform 404, whatever the reason."""
+
+    why: str
+    """For tests and the debug log only; never sent (the answer is NOT_SERVED)."""
+
+
+UNNAMED = "unnamed"
+"""Neither a model header nor a model Service's Host: /healthz, or a 400."""
+Admission = Admitted | Refused | ModelClaim | Literal["unnamed"]
+"""A ModelClaim is admitted only if the model's route sets exactly it (Activator.route_is_proof)."""
+
+
+def admission(host: str | None, header: str | None, *, tenant: str | None, isolated: bool) -> Admission:
+    """Which model a request may be served, from what reached the activator (pure).
+
+    ``tenant``: the namespace whose tenant port the request arrived on (None: the main port);
+    ``isolated``: whether this activator keeps tenants apart (it has tenant ports). The model
+    header, when present, is the request's only claim: with a well-formed token it is returned to
+    be checked against the route, else refused (it never falls back to the Host, nor is it read as
+    a plain model name)."""
+    if header is not None and header.strip():
+        claim = parse_model_header(header)
+        return claim if claim is not None else Refused("the model header carries no route token")
+    key = host_model(host)
+    if key is None:
+        return UNNAMED
+    if not isolated:
+        return Admitted(*key, "host")
+    if tenant is None:
+        return Refused("a Host on the main port: it is no proof (a client chooses it)")
+    if key[0] != tenant:
+        return Refused(f"a Host of namespace {key[0]} on the tenant port of {tenant}")
+    return Admitted(*key, "tenant port")
 
 
 def ready_pod(pods: list[dict[str, Any]]) -> str | None:
@@ -104,6 +170,21 @@ def variant_to_wake(model: dict[str, Any], deployments: list[dict[str, Any]]) ->
 
 
 REWAKE_SECONDS = 5.0
+ROUTE_PROOF_SECONDS = 10.0
+"""How long a route read proves the claims it matches: at most one GET per model and replica in
+this period while its requests come through the gateway. A route rewritten keeps its token
+(atzero.py), so a cached value is not outdated by a backend switch."""
+ROUTE_REREAD_SECONDS = 2.0
+"""A claim the last read did not prove is checked against the API again only after this long: a
+client sending made-up tokens costs at most one GET per model named and this period."""
+ROUTE_CACHE_MAX = 4096
+"""Models whose route is remembered; past it the oldest reads are forgotten (claims name any model)."""
+NOT_SERVED = ("no model is served to this request here. A model is reached through its own Service "
+              "(Host <model>.<namespace>.svc) from its own namespace, or through its HTTPRoute, which alone sets "
+              f"{MODEL_HEADER} (docs/routing.md, \"Tenants kept apart\")")
+"""The one answer to every request that names a model it may not be served (no such model, another
+namespace's, a header without the route's token): an existence oracle across namespaces has nothing
+to compare."""
 
 
 @dataclass
@@ -117,8 +198,15 @@ class ModelGate:
 
 class Activator:
     def __init__(self, kube: Kube, *, queue: int = 100, timeout: float = 300.0, poll: float = 0.5,
-                 forward: Callable[[str, str, str, bytes, dict[str, str]], Response] | None = None):
+                 forward: Callable[[str, str, str, bytes, dict[str, str]], Response] | None = None,
+                 tenant_ports: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
         self.kube = kube
+        self.tenant_ports = dict(tenant_ports) if tenant_ports is not None else None
+        """Namespace -> the port where its Services at zero reach this activator (activator_main.py
+        listens on each); None: no tenant is kept apart on the Service path (``admission``)."""
+        self.clock = clock
+        self._routes: dict[tuple[str, str], tuple[str | None, float]] = {}
+        """(namespace, name) -> (the model header its route sets, or None; when it was read)."""
         self.queue = queue
         self.timeout = timeout
         self.poll = poll
@@ -186,17 +274,64 @@ class Activator:
         log.info("%s/%s: %s", ns, name, msg)
         return dname
 
-    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
-        key = model_of(headers.get("host"), headers.get("x-fewerbits-model"))
-        if key is None and path == "/healthz":  # the kubelet's probes (Host: the pod's IP)
+    @property
+    def isolated(self) -> bool:
+        return self.tenant_ports is not None
+
+    def route_is_proof(self, claim: ModelClaim) -> bool:
+        """Whether the model's own HTTPRoute sets exactly this claim (gatewayroute.header_proves),
+        from a read kept ROUTE_PROOF_SECONDS; a claim it does not prove is read again only after
+        ROUTE_REREAD_SECONDS. A failed read proves nothing (and is logged without the claim)."""
+        key, now = (claim.namespace, claim.name), self.clock()
+        with self._lock:
+            cached = self._routes.get(key)
+        if cached is not None:
+            value, read_at = cached
+            if now - read_at < ROUTE_PROOF_SECONDS and header_proves(claim, value):
+                return True
+            if now - read_at < ROUTE_REREAD_SECONDS:
+                return False
+        try:
+            route = self.kube.get_http_route(*key)
+            value = route_model_header(route)
+        except Exception as e:  # noqa: BLE001 - RBAC, the CRD not served, the API down: no proof
+            log.warning("the HTTPRoute %s/%s could not be read to check a request's route token: %s",
+                        *key, type(e).__name__)
+            value = None
+        with self._lock:
+            if len(self._routes) >= ROUTE_CACHE_MAX:
+                for k in sorted(self._routes, key=lambda k: self._routes[k][1])[:ROUTE_CACHE_MAX // 4]:
+                    del self._routes[k]
+            self._routes[key] = (value, now)
+        return header_proves(claim, value)
+
+    def admit(self, headers: dict[str, str], tenant: str | None = None) -> Admitted | Refused | Literal["unnamed"]:
+        """``admission``, with a route claim checked against the route."""
+        adm = admission(headers.get("host"), headers.get(MODEL_HEADER.lower()), tenant=tenant, isolated=self.isolated)
+        if isinstance(adm, ModelClaim):
+            if self.route_is_proof(adm):
+                return Admitted(adm.namespace, adm.name, "route")
+            return Refused("the model header is not what the model's route sets")
+        return adm
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes,
+               tenant: str | None = None) -> Response:
+        """One request, as it arrived: ``tenant`` is the namespace whose tenant port it came in on
+        (None: the main port)."""
+        adm = self.admit(headers, tenant)
+        if adm == UNNAMED and path == "/healthz":  # the kubelet's probes (Host: the pod's IP)
             return (503, {}, b"draining") if self.draining else (200, {}, b"ok")
-        if key is None:
+        if adm == UNNAMED:
             return error(400, "the request names no model: call the model's Service (Host <model>.<namespace>.svc) "
-                              "or set X-Fewerbits-Model: <namespace>/<model>")
-        ns, name = key
+                              "or its HTTPRoute through the gateway")
+        if isinstance(adm, Refused):
+            log.debug("refused: %s", adm.why)
+            return error(404, NOT_SERVED)
+        assert isinstance(adm, Admitted)
+        key = ns, name = adm.namespace, adm.name
         model = self.kube.get_model(ns, name)
         if model is None:
-            return error(404, f"no QuantizedModel {ns}/{name}")
+            return error(404, NOT_SERVED)
         target = ready_pod(self.pods(ns, name))
         if target is None and not ((model.get("status") or {}).get("autoscaling") or {}).get("enabled"):
             # Replicas come from spec.serving.replicas: reconcile would undo a wake-up.
@@ -223,7 +358,8 @@ class Activator:
                 REJECTED.labels("timeout").inc()
                 return error(503, f"{ns}/{name}: no replica became ready within {self.timeout:.0f}s; "
                                   "it is still starting", {"Retry-After": str(RETRY_AFTER_SECONDS)})
-        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+        # The route's token is for the activator alone: the serving pod is not told it.
+        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != MODEL_HEADER.lower()}
         return self.forward(method, f"http://{target}{path}", target, body, fwd)
 
     def _wait(self, ns: str, name: str, model: dict[str, Any], g: ModelGate) -> str | None:
@@ -283,7 +419,9 @@ def _chunks(resp: http.client.HTTPResponse, conn: http.client.HTTPConnection) ->
         conn.close()
 
 
-def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+def serve(activator: Activator, port: int, host: str = "0.0.0.0", tenant: str | None = None) -> ThreadingHTTPServer:
+    """Serve on ``port``: the main port, or ``tenant``'s tenant port (every request arriving on it
+    is handled as arriving there: the port is what the namespace's Services point at, atzero.py)."""
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -298,7 +436,7 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHT
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n) if n else b""
             headers = {k.lower(): v for k, v in self.headers.items()}
-            code, hdrs, out = activator.handle(self.command, self.path, headers, body)
+            code, hdrs, out = activator.handle(self.command, self.path, headers, body, tenant)
             self.send_response(code)
             for k, v in hdrs.items():
                 self.send_header(k, v)
@@ -327,5 +465,5 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0") -> ThreadingHT
 
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="fewerbits-activator", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=f"fewerbits-activator-{port}", daemon=True).start()
     return server

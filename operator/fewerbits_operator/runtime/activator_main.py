@@ -9,7 +9,9 @@ answers any request, and a wake asked by both writes once (Kube.wake_scale).
 
 What the process serves, on ``activator_port``: the requests (activator.py), ``/healthz`` (200
 while serving, 503 once SIGTERM came: the kubelet's readiness and liveness probes), and its
-Prometheus metrics on ``metrics_port``. On SIGTERM it keeps answering until no request is held or
+Prometheus metrics on ``metrics_port``; and on each of ``activator_tenant_ports`` the requests of
+that namespace's Services at zero (a request is handled as arriving on its namespace's port: the
+tenant check, activator.admission). On SIGTERM it keeps answering until no request is held or
 being streamed (``Activator.drain``, bounded by the activator's own wait, which the chart's
 ``terminationGracePeriodSeconds`` covers), then exits.
 """
@@ -38,22 +40,31 @@ def main() -> int:
     if not s.activator_port:
         log.error("FEWERBITS_ACTIVATOR_PORT is 0: the activator has no port to serve on")
         return 2
-    activator = Activator(Kube(), queue=s.activator_queue, timeout=s.activator_timeout_seconds)
+    activator = Activator(Kube(), queue=s.activator_queue, timeout=s.activator_timeout_seconds,
+                          tenant_ports=s.activator_tenant_ports)
     if s.metrics_port:
         start_http_server(s.metrics_port)
-    server = serve(activator, s.activator_port)
+    servers = [serve(activator, s.activator_port)]
+    servers += [serve(activator, port, tenant=ns) for ns, port in sorted((s.activator_tenant_ports or {}).items())]
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
     log.info("activator serving on port %d (queue %d per model, wait %.0fs)", s.activator_port,
              s.activator_queue, s.activator_timeout_seconds)
+    if s.activator_tenant_ports is None:
+        log.warning("no tenant ports (FEWERBITS_ACTIVATOR_TENANT_PORTS unset): a request naming a model by its "
+                    "Service's Host is served on any port, whoever sent it; only route tokens are checked")
+    else:
+        log.info("tenants kept apart: %d tenant port(s) %s; the main port serves route tokens only",
+                 len(s.activator_tenant_ports), sorted(s.activator_tenant_ports.values()))
     stopping.wait()
     activator.draining = True
     log.info("stopping: draining %d request(s) held or being answered", activator.in_flight)
     left = activator.drain(activator.timeout + DRAIN_MARGIN_SECONDS)
     if left:
         log.warning("%d request(s) still in flight at shutdown", left)
-    server.shutdown()
+    for server in servers:
+        server.shutdown()
     return 0
 
 

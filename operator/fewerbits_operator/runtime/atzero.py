@@ -13,7 +13,11 @@ is put in the Service's data path, here by one extra **EndpointSlice** for the m
 - listing the activator's ready endpoints, copied from the slices of the activator's own Service
   (``FEWERBITS_ACTIVATOR_SERVICE``, ``<namespace>/<name>``, kept by the EndpointSlice controller:
   a dead operator replica leaves them there and so leaves this slice at the next pass), on the
-  port named like the Service's (``http``).
+  **model's namespace's tenant port** when the activator's Service has one (a port named
+  ``tenant_port_name(<namespace>)``: the activator serves there, by Host, only models of that
+  namespace, and the chart's NetworkPolicy lets only that namespace and the gateway reach it;
+  docs/routing.md, "Tenants kept apart"), else on its port ``http``. The slice's port is named
+  like the model Service's (``http``) either way.
 
 When: while the model may reach zero (``status.autoscaling``: enabled, ``minReplicas: 0``) and
 has at most one ready serving pod. So the activator is in the path **before** the last pod goes
@@ -39,6 +43,7 @@ Everything but ``ZeroRouter`` is pure.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import threading
@@ -68,6 +73,15 @@ MANAGED_BY = "activator.fewerbits.io"
 """A label value (no "/"), after the EndpointSlice controller's own `endpointslice-controller.k8s.io`."""
 SERVICE_PORT_NAME = "http"
 """The model Service's port name (render.render_service): a slice's port must carry it."""
+TENANT_PORT_PREFIX = "t-"
+
+
+def tenant_port_name(namespace: str) -> str:
+    """The name of the activator Service's port for ``namespace``'s Services at zero: ``t-`` and 12
+    hex digits of the name's SHA-256 (a port name has at most 15 characters; a namespace's up to
+    63). The chart names its ports the same way (templates/activator.yaml,
+    ``fewerbits.activatorTenantPortName``; tests/unit/test_chart_networkpolicy.py compares them)."""
+    return TENANT_PORT_PREFIX + hashlib.sha256(namespace.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -76,14 +90,15 @@ class ActivatorEndpoint:
     port: int
 
 
-def activator_endpoints(slices: list[dict[str, Any]]) -> list[ActivatorEndpoint]:
-    """The ready endpoints of the activator's own Service, from its EndpointSlices (the port named
-    ``http``, the chart's; a single unnamed port also counts)."""
+def activator_endpoints(slices: list[dict[str, Any]], port_name: str = SERVICE_PORT_NAME) -> list[ActivatorEndpoint]:
+    """The ready endpoints of the activator's own Service, from its EndpointSlices, on the port
+    named ``port_name`` (``http``, the chart's, for which a slice's single unnamed port also
+    counts; or a namespace's tenant port)."""
     out: set[ActivatorEndpoint] = set()
     for s in slices:
         ports = s.get("ports") or []
-        port = next((p.get("port") for p in ports if p.get("name") == SERVICE_PORT_NAME), None)
-        if port is None and len(ports) == 1:
+        port = next((p.get("port") for p in ports if p.get("name") == port_name), None)
+        if port is None and len(ports) == 1 and not ports[0].get("name") and port_name == SERVICE_PORT_NAME:
             port = ports[0].get("port")
         if not port:
             continue
@@ -92,6 +107,15 @@ def activator_endpoints(slices: list[dict[str, Any]]) -> list[ActivatorEndpoint]
                 continue
             out |= {ActivatorEndpoint(a, int(port)) for a in e.get("addresses") or []}
     return sorted(out, key=lambda e: (e.port, e.ip))
+
+
+def namespace_endpoints(slices: list[dict[str, Any]], namespace: str) -> list[ActivatorEndpoint]:
+    """Where a model of ``namespace`` reaches the activator through its Service: the namespace's
+    tenant port when the activator's Service has it (the activator then tells the namespace by the
+    port a request arrived on, which a client cannot choose past the NetworkPolicy), else ``http``
+    (an activator that keeps no tenants apart, or a namespace without a port: there the activator
+    serves a request naming a model by Host only if it keeps no tenants apart)."""
+    return activator_endpoints(slices, tenant_port_name(namespace)) or activator_endpoints(slices)
 
 
 def may_reach_zero(model: dict[str, Any]) -> bool:
@@ -197,22 +221,26 @@ def decide_model(model: dict[str, Any], pods: list[dict[str, Any]], endpoints: l
 
 
 def desired_route(model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
-                  endpoints: list[ActivatorEndpoint]) -> dict[str, Any]:
+                  endpoints: list[ActivatorEndpoint], token: str = "") -> dict[str, Any]:
     """The model's HTTPRoute (``status.route``): the Service as its backend on exactly the
     condition that puts the activator slice on the Service (``decide_model``), so the route never
     points at a Service without a ready endpoint nor at a pool without a ready pod because of the
-    switch."""
+    switch. ``token``: the route's (gatewayroute.route_token), set in its model header."""
     md = model["metadata"]
     in_path = bool(endpoints) and activator_in_path(model, pods)
     backend = gatewayroute.route_backend(route.inferencePool, in_path)
     return gatewayroute.render_http_route(Owner(md["name"], md["namespace"], md["uid"]), route.gateway.to_wire(),
-                                          backend)
+                                          backend, token)
 
 
 def decide_route(model: dict[str, Any], route: PublishedRoute, pods: list[dict[str, Any]],
-                 endpoints: list[ActivatorEndpoint], current: dict[str, Any] | None) -> gatewayroute.RouteChange:
-    """What to write for the model's HTTPRoute: ``desired_route`` against the route read."""
-    return gatewayroute.route_change(desired_route(model, route, pods, endpoints), current, model["metadata"]["uid"])
+                 endpoints: list[ActivatorEndpoint], current: dict[str, Any] | None,
+                 new_token: Callable[[], str] = gatewayroute.new_route_token) -> gatewayroute.RouteChange:
+    """What to write for the model's HTTPRoute: ``desired_route`` against the route read, keeping
+    the token of the route read when it is the model's (``new_token`` only for a route without one)."""
+    uid = model["metadata"]["uid"]
+    token = gatewayroute.route_token(current, uid) or new_token()
+    return gatewayroute.route_change(desired_route(model, route, pods, endpoints, token), current, uid)
 
 
 class ZeroRouterIO(Protocol):
@@ -249,9 +277,13 @@ class ZeroRouter:
 
     def __init__(self, io: ZeroRouterIO, activator_service: str, namespaces: list[str] | None = None,
                  activator_slices: Callable[[], list[dict[str, Any]] | None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 new_token: Callable[[], str] = gatewayroute.new_route_token):
         self.io = io
         self.clock = clock
+        self.new_token = new_token
+        self._tokens: dict[tuple[str, str], str] = {}
+        """(namespace, name) -> the token of the model's route, as last read or made (never logged)."""
         self._routes_seen: dict[tuple[str, str], tuple[dict[str, Any], float]] = {}
         """(namespace, name) -> (the route wanted, when it was last found or made so)."""
         self.activator_ns, _, self.activator_name = activator_service.partition("/")
@@ -269,7 +301,6 @@ class ZeroRouter:
         slices = self.activator_slices()
         if slices is None:  # the watch has not listed yet: "no endpoints" would remove every slice
             return {}
-        endpoints = activator_endpoints(slices)
         done: dict[str, SliceChanges] = {}
         current_by_ns: dict[str, list[dict[str, Any]]] = {}
         listed: set[tuple[str, str]] = set()
@@ -283,6 +314,7 @@ class ZeroRouter:
                            if (s["metadata"].get("labels") or {}).get(LABEL_SERVICE_NAME) == name]
                 pods = (self.io.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_COMPONENT}=server")
                         if may_reach_zero(model) else [])
+                endpoints = namespace_endpoints(slices, ns)
                 changes = decide_model(model, pods, endpoints, current)
                 self._apply(changes)
                 left = len(current) - len(changes.delete) + len(changes.create)
@@ -297,6 +329,7 @@ class ZeroRouter:
                 log.warning("activator path of %s/%s not updated: %s: %s", ns, name, type(e).__name__, e)
             listed.add((ns, name))
         self._routes_seen = {k: v for k, v in self._routes_seen.items() if k in listed}  # models gone
+        self._tokens = {k: v for k, v in self._tokens.items() if k in listed}
         self._in_path &= listed
         self.passes += 1
         return done
@@ -326,11 +359,19 @@ class ZeroRouter:
         only while the cluster serves HTTPRoutes and no route of that name is another's (it says
         which in the Deployed condition otherwise); a route found not the model's is left alone."""
         md = model["metadata"]
-        key, desired, now = (md["namespace"], md["name"]), desired_route(model, route, pods, endpoints), self.clock()
+        key, now = (md["namespace"], md["name"]), self.clock()
+        token = self._tokens.get(key)
         seen = self._routes_seen.get(key)
-        if seen is not None and seen[0] == desired and now - seen[1] < ROUTE_RECHECK_SECONDS:
+        if token is not None and seen is not None and now - seen[1] < ROUTE_RECHECK_SECONDS and (
+                seen[0] == desired_route(model, route, pods, endpoints, token)):
             return  # as this replica last found or made it, and wanted unchanged: no read
-        change = gatewayroute.route_change(desired, self.io.get_http_route(*key), md["uid"])
+        current = self.io.get_http_route(*key)
+        # The route's own token is kept (a switch, a new leader, a restart): a request on its way
+        # through the gateway with it is not refused by the activator because the route was rewritten.
+        token = gatewayroute.route_token(current, md["uid"]) or token or self.new_token()
+        self._tokens[key] = token
+        desired = desired_route(model, route, pods, endpoints, token)
+        change = gatewayroute.route_change(desired, current, md["uid"])
         if change.conflict:
             return  # not the model's: never written (reconcile reports it and withdraws status.route)
         if change.create is not None:

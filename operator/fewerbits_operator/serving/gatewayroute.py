@@ -15,6 +15,13 @@ backend:
   the activator before the last pod goes, and the route returns to the pool only once a second pod
   is ready, so the switch never leaves the route without a ready backend.
 
+Every request the route forwards carries ``X-Fewerbits-Model: <namespace>/<model>; token=<token>``
+(set, never added to): the activator serves a model to a request naming it by this header only when
+the value is exactly what the model's own route sets (runtime/activator.py reads that route), so the
+header proves that the request came through the model's route, and a client that sets it itself
+cannot name a model whose route it cannot read (docs/routing.md, "Tenants kept apart"). The token
+is random, made once per route and kept across rewrites (``route_token``).
+
 The route is written by the activator-path loop (runtime/atzero.py, one writer); reconcile only
 reports what stops it (decide.routing_step): the CRD not served (``RoutingUnavailable``) or a
 route of the model's name the model does not own (``HTTPRouteConflict``, never written).
@@ -24,6 +31,9 @@ Everything here is pure.
 
 from __future__ import annotations
 
+import hmac
+import re
+import secrets
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
@@ -74,15 +84,79 @@ def parent_ref(gateway: Mapping[str, Any], model_namespace: str) -> dict[str, An
 MATCH_ALL = [{"path": {"type": "PathPrefix", "value": "/"}}]
 """A rule's ``matches`` as the HTTPRoute CRD defaults it (v1.4.0 standard channel)."""
 MODEL_HEADER = "X-Fewerbits-Model"
-"""How the activator tells the model of a request that does not carry the Service's Host
-(runtime/activator.model_of: ``<namespace>/<name>``, before the Host): a gateway forwards the
-client's Host (the gateway's name), so the route sets this header on every request."""
+"""The header the model's route sets on every request it forwards: the model and the route's token,
+``<namespace>/<name>; token=<token>``. A gateway forwards its client's Host (the gateway's name), not
+``<model>.<namespace>.svc``, so at zero the activator finds the model by this header, and serves it
+only when the value is the one the model's route sets (``route_proves``)."""
+ROUTE_TOKEN_BYTES = 32
+"""256 random bits (``secrets.token_urlsafe``: 43 characters): not guessable, so only who can read
+the model's HTTPRoute (its namespace's readers, the gateway controller) can send the header."""
+MODEL_HEADER_VALUE = re.compile(
+    r"^\s*(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<name>[a-z0-9]([-.a-z0-9]*[a-z0-9])?)"
+    r"\s*;\s*token=(?P<token>[A-Za-z0-9_-]{32,128})\s*$")
 
 
-def model_header_filter(owner: Owner) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ModelClaim:
+    """What an ``X-Fewerbits-Model`` header says: the model, and the token of the route it came by."""
+
+    namespace: str
+    name: str
+    token: str
+
+
+def new_route_token() -> str:
+    return secrets.token_urlsafe(ROUTE_TOKEN_BYTES)
+
+
+def model_header_value(owner: Owner, token: str) -> str:
+    return f"{owner.namespace}/{owner.name}; token={token}"
+
+
+def parse_model_header(value: str | None) -> ModelClaim | None:
+    """The claim of a well-formed header value, else None (a bare ``<namespace>/<model>``, the form
+    before routes carried a token, is not well-formed)."""
+    m = MODEL_HEADER_VALUE.match(value or "")
+    return ModelClaim(m.group("ns"), m.group("name"), m.group("token")) if m else None
+
+
+def route_model_header(route: Mapping[str, Any] | None) -> str | None:
+    """The value the route's first rule sets for MODEL_HEADER, or None."""
+    rules = ((route or {}).get("spec") or {}).get("rules") or []
+    for f in (rules[0].get("filters") if rules else None) or []:
+        for h in (f.get("requestHeaderModifier") or {}).get("set") or []:
+            if str(h.get("name", "")).lower() == MODEL_HEADER.lower():
+                return h.get("value")
+    return None
+
+
+def route_token(route: Mapping[str, Any] | None, uid: str) -> str | None:
+    """The token the model's own route (owned by ``uid``) carries, to keep it when the route is
+    rewritten (a backend switch, another operator replica taking over); None when there is none."""
+    if route is None or not owned_by(route, uid):
+        return None
+    claim = parse_model_header(route_model_header(route))
+    return claim.token if claim else None
+
+
+def header_proves(claim: ModelClaim, routed: str | None) -> bool:
+    """Whether ``routed``, the model header the route at ``<claim.namespace>/<claim.name>`` sets,
+    is exactly this claim: then the request came through that route (or from someone who may read
+    it). The tokens are compared in constant time."""
+    route_claim = parse_model_header(routed)
+    return (route_claim is not None and (route_claim.namespace, route_claim.name) == (claim.namespace, claim.name)
+            and hmac.compare_digest(route_claim.token.encode(), claim.token.encode()))
+
+
+def route_proves(claim: ModelClaim, route: Mapping[str, Any] | None) -> bool:
+    """``header_proves`` for the route read at ``<claim.namespace>/<claim.name>``."""
+    return header_proves(claim, route_model_header(route))
+
+
+def model_header_filter(owner: Owner, token: str) -> dict[str, Any]:
     """Sets (never adds to) the model header: a client cannot name another model through this route."""
     return {"type": "RequestHeaderModifier",
-            "requestHeaderModifier": {"set": [{"name": MODEL_HEADER, "value": f"{owner.namespace}/{owner.name}"}]}}
+            "requestHeaderModifier": {"set": [{"name": MODEL_HEADER, "value": model_header_value(owner, token)}]}}
 
 
 def backend_ref(backend: Backend, model: str) -> dict[str, Any]:
@@ -102,7 +176,9 @@ def route_backend(pool_usable: bool, activator_in_path: bool) -> Backend:
     return POOL if pool_usable and not activator_in_path else SERVICE
 
 
-def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend) -> dict[str, Any]:
+def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend, token: str = "") -> dict[str, Any]:
+    """The model's route; ``token`` is the route's (``new_route_token`` once, then ``route_token``):
+    without one the header it sets proves nothing to the activator."""
     return {
         "apiVersion": HTTP_ROUTE_API_VERSION,
         "kind": HTTP_ROUTE_KIND,
@@ -110,7 +186,7 @@ def render_http_route(owner: Owner, gateway: Mapping[str, Any], backend: Backend
                      "ownerReferences": [owner.reference()]},
         "spec": {
             "parentRefs": [parent_ref(gateway, owner.namespace)],
-            "rules": [{"matches": MATCH_ALL, "filters": [model_header_filter(owner)],
+            "rules": [{"matches": MATCH_ALL, "filters": [model_header_filter(owner, token)],
                        "backendRefs": [backend_ref(backend, owner.name)]}],
         },
     }
