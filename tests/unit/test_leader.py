@@ -96,6 +96,44 @@ def test_a_clean_release_hands_over_at_the_next_poll():
     assert b.try_acquire_or_renew()
 
 
+def test_a_release_after_the_renew_deadline_writes_nothing():
+    """Past its deadline a standby may lead already: the old leader clears nothing."""
+    store, now = LeaseStore(), [0.0]
+    a, _ = candidates(store, now)
+    a.try_acquire_or_renew()
+    a.leading.set()
+    writes = store.writes
+    now[0] = a.renew_deadline_seconds
+    a.release()
+    assert store.writes == writes and not a.leading.is_set()
+    assert store.leases["fewerbits"].spec.holder_identity == "a"
+
+
+class PausedBetweenReadAndWrite(LeaseStore):
+    """A leader paused (SIGSTOP, a long interpreter pause) after its renewal's read: the clock jumps."""
+
+    def __init__(self, now: list[float], jump_to: float) -> None:
+        super().__init__()
+        self.now, self.jump_to, self.armed = now, jump_to, False
+
+    def read_namespaced_lease(self, name, namespace, **kw):
+        lease = super().read_namespaced_lease(name, namespace, **kw)
+        if self.armed:
+            self.now[0] = self.jump_to
+        return lease
+
+
+def test_a_renewal_whose_write_would_come_after_the_deadline_is_not_sent():
+    now = [0.0]
+    store = PausedBetweenReadAndWrite(now, jump_to=11.0)
+    a = LeaseElector(store, "ops", "fewerbits", "a", lease_seconds=15, clock=lambda: now[0])
+    assert a.try_acquire_or_renew()
+    a.leading.set()
+    now[0], store.armed, writes = 5.0, True, store.writes
+    assert not a.try_acquire_or_renew()  # read at 5 s, woke at 11 s: past the 10 s deadline
+    assert store.writes == writes
+
+
 def test_the_loop_calls_back_on_gaining_and_on_losing_the_lease():
     store, now = LeaseStore(), [0.0]
     a, b = candidates(store, now)

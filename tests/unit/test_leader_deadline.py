@@ -419,3 +419,33 @@ def test_a_standby_runs_no_writer_and_the_activator_path_runs_only_while_leading
     finally:
         op.stop()
         op.join(WAIT)
+
+
+def test_a_clean_stop_hands_the_lease_over_after_its_writers_end_and_within_its_deadline(
+        monkeypatch: pytest.MonkeyPatch):
+    """on_cleanup: the writers stop and are waited for while the election still renews; then the
+    Lease is released (holder cleared) and the election ends. The slice watch, which only reads and
+    may sit in a watch call, is not waited for."""
+    monkeypatch.setattr(gcpause, "install", lambda: None)
+    monkeypatch.setattr(slicewatch, "SliceWatch", ActivatorSlices)
+    leases, kube = CountedReads(), RecordedKube()
+    s = OperatorSettings(leader_election=True, leader_election_namespace="ops", leader_election_lease="fewerbits",
+                         leader_renew_seconds=0.01, leader_retry_seconds=0.01, activator_service="fewerbits-system/act",
+                         activator_sync_seconds=0.01, metrics_port=0, autoscaler_enabled=False, namespaces=[NS],
+                         workers=1)
+    op = Operator()
+    op.identity = "me"
+    op.on_startup(kopf.OperatorSettings(), {}, settings=s, kube=kube, coordination=leases)
+    try:
+        assert kube.slice_written.wait(WAIT)
+        eventually("start_leading to return", lambda: bool(op._leading_threads))
+        writers = list(op._leading_threads)
+        op.on_cleanup()
+        assert [t.name for t in writers if t.is_alive()] == []
+        assert leases.leases["fewerbits"].spec.holder_identity is None  # handed over, not waited out
+        election = next(t for t in op._threads if t.name == "fewerbits-leader-election")
+        election.join(WAIT)
+        assert not election.is_alive() and not op._leading()
+    finally:
+        op.stop()
+        op._stop_election.set()

@@ -118,6 +118,8 @@ class LeaseElector:
         if held_by_other or not spec.holder_identity:
             spec.acquire_time = _now_micro()
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        if self.leading.is_set() and not self.within_deadline():
+            return False  # paused between the read and the write: a renewal now would come too late
         spec.holder_identity = self.identity
         spec.lease_duration_seconds = int(self.lease_seconds)
         spec.renew_time = _now_micro()
@@ -149,10 +151,17 @@ class LeaseElector:
         return True
 
     def release(self) -> None:
-        """Give the Lease up (holder cleared) if this candidate holds it: a clean stop's hand-over."""
+        """Give the Lease up (holder cleared) if this candidate holds it and its renew deadline has
+        not passed: a clean stop's hand-over (after the deadline a standby may lead already, and
+        this replica writes nothing more)."""
         if not self.leading.is_set():
             return
+        in_time = self.within_deadline()
         self.leading.clear()
+        if not in_time:
+            log.warning("lease %s/%s: not released: the renew deadline passed, so the standby may be leading",
+                        self.namespace, self.name)
+            return
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace, _request_timeout=TIMEOUT)
             if lease.spec is not None and lease.spec.holder_identity == self.identity:

@@ -123,6 +123,8 @@ class Operator:
         """Set to end kopf (and the process): leadership lost."""
         self.lost_leadership = False
         self._stop = threading.Event()
+        self._stop_election = threading.Event()
+        """Set after the clean stop's hand-over: the election keeps renewing while the writers finish."""
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._steady: dict[Key, bool] = {}
@@ -162,6 +164,7 @@ class Operator:
         metrics.QUEUE_DEPTH.set_function(lambda: len(self.queue))
         metrics.QUEUE_PROCESSING.set_function(lambda: self.queue.processing)
         self._stop.clear()
+        self._stop_election.clear()
         self._start_activator_slices()
         if s.leader_election:
             from kubernetes import client
@@ -173,7 +176,7 @@ class Operator:
                                         renew_deadline_seconds=s.leader_renew_deadline_seconds,
                                         renew_seconds=s.leader_renew_seconds, retry_seconds=s.leader_retry_seconds)
             metrics.LEADER.labels(identity=self.identity).set(0)
-            self._spawn(lambda: self.elector.run(self._stop, self.start_leading, self.stop_leading),
+            self._spawn(lambda: self.elector.run(self._stop_election, self.start_leading, self.stop_leading),
                         "fewerbits-leader-election")
         else:
             self.start_leading()
@@ -182,13 +185,16 @@ class Operator:
                  s.resync_seconds, s.steady_period_seconds, "on" if s.leader_election else "off")
 
     def on_cleanup(self) -> None:
-        """kopf's ``on.cleanup`` (SIGTERM): stop the threads, let running reconciles finish, hand
-        the Lease over."""
+        """kopf's ``on.cleanup`` (SIGTERM): stop the threads, let the writers' running reconciles
+        finish while the election still renews (so they finish within the renew deadline), then hand
+        the Lease over and end the election. The threads that only read (the activator Service's
+        slice watch, which may sit in a watch call) are not waited for."""
         log.info("stopping: waiting up to %.0fs for running reconciles", STOP_SECONDS)
         self.stop()
-        self.join(STOP_SECONDS)
+        self.join(STOP_SECONDS, self._leading_threads if self.elector is not None else None)
         if self.elector is not None:
             self.elector.release()
+        self._stop_election.set()
 
     def probe(self) -> str:
         """kopf's ``on.probe`` (the liveness endpoint): raises while a thread died."""
@@ -220,7 +226,8 @@ class Operator:
                                 status_interval_seconds=s.autoscaler_status_interval_seconds,
                                 held=self.last_woken)
             self._spawn(lambda: scaler.run_forever(self._stop, s.autoscaler_period_seconds), "fewerbits-autoscaler")
-        self._leading_threads = self._threads[before:]
+        # start_leading runs on the election's thread, which may be listed only after it began.
+        self._leading_threads = [t for t in self._threads[before:] if t is not threading.current_thread()]
         self.request_all()
 
     def stop_leading(self) -> None:
@@ -289,9 +296,10 @@ class Operator:
         self._stop.set()
         self.queue.shut_down()
 
-    def join(self, timeout: float) -> None:
+    def join(self, timeout: float, threads: list[threading.Thread] | None = None) -> None:
+        """Wait up to ``timeout`` for ``threads`` (default: every thread this runner started)."""
         deadline = time.monotonic() + timeout
-        for t in self._threads:
+        for t in self._threads if threads is None else threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
 
