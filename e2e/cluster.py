@@ -513,6 +513,19 @@ class Cluster:
             manifest if isinstance(manifest, list) else [manifest])
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=text)
 
+    def wait_crds_established(self, names: list[str], timeout: float = 60) -> None:
+        """Until every named CustomResourceDefinition is Established (``kubectl wait`` right after a
+        create can fail: the CRD has no conditions yet)."""
+        from kubernetes import client
+
+        ext = client.ApiextensionsV1Api(self.api_client())
+
+        def established() -> bool:
+            return all(any(c.type == "Established" and c.status == "True"
+                           for c in ext.read_custom_resource_definition(n).status.conditions or []) for n in names)
+
+        _wait(f"CRDs {names} established", established, timeout, None, self.state_dir / "logs" / "kube-apiserver.log")
+
     def add_gpu_pool(self, name: str, product: str | None = None, nodes: int = 1, gpus_per_node: int | None = None,
                      wait: bool = True) -> list[str]:
         """Create `nodes` kwok Nodes named `<name>-<i>` for a GPU from the catalog (e2e/gpu.py).

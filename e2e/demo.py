@@ -64,6 +64,27 @@ def upload_test_model(c: cluster_mod.Cluster) -> str:
     return f"s3://{MODEL_BUCKET}/{MODEL_PREFIX}"
 
 
+def chart_values(watch_namespaces: list[str], crds_enabled: bool) -> dict[str, Any]:
+    """The chart's values on this harness: namespaced RBAC for the given namespaces, small requests,
+    short resyncs, one replica of each Deployment on free ports. Shared by ``helm install`` here and
+    by the GitOps flow (e2e/gitops.py), where Argo CD renders the chart with them."""
+    free = cluster_mod.procs.free_port
+    return {
+        "crds": {"enabled": crds_enabled}, "rbac": {"scope": "namespaced"}, "watchNamespaces": watch_namespaces,
+        "config": {"resyncSeconds": 3,
+                   "quantizationJob": {"cpuRequest": "1", "memoryRequest": "1Gi"},
+                   "vllm": {"cpuRequest": "1", "memoryRequest": "1Gi"}},
+        # The operator process shares this host's network: take free ports.
+        "metrics": {"port": free()}, "health": {"port": free()},
+        # One replica (the chart's default is 2): the pod runner runs pods on this host's network,
+        # where two would take the same port. It still elects itself on the Lease, under
+        # the chart's RBAC; tests/integration/test_failover.py runs two.
+        "replicas": 1,
+        # Likewise one activator replica (the chart's default is 2), on free ports.
+        "activator": {"replicas": 1, "port": free(), "metricsPort": free()},
+    }
+
+
 def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: list[str],
                   extra: list[str] | None = None) -> None:
     """`helm install` of the chart, namespaced RBAC for the given namespaces, restricted PSS enforced
@@ -75,26 +96,12 @@ def install_chart(c: cluster_mod.Cluster, release_ns: str, watch_namespaces: lis
         "pod-security.kubernetes.io/enforce": "restricted"}}})
     # CRDs applied earlier by other means (a test session's kubectl apply) are not Helm's to adopt.
     crds = {x.metadata.name for x in client.ApiextensionsV1Api(c.api_client()).list_custom_resource_definition().items}
-    crds_enabled = "quantizedmodels.fewerbits.io" not in crds
-    sets = ["--set", f"crds.enabled={str(crds_enabled).lower()}", "--set", "rbac.scope=namespaced",
-            "--set-json", f"watchNamespaces={json.dumps(watch_namespaces)}",
-            "--set", "config.resyncSeconds=3",
-            "--set-string", "config.quantizationJob.cpuRequest=1", "--set", "config.quantizationJob.memoryRequest=1Gi",
-            "--set-string", "config.vllm.cpuRequest=1", "--set", "config.vllm.memoryRequest=1Gi",
-            # The operator process shares this host's network: take free ports.
-            "--set", f"metrics.port={cluster_mod.procs.free_port()}",
-            "--set", f"health.port={cluster_mod.procs.free_port()}",
-            # One replica (the chart's default is 2): the pod runner runs pods on this host's network,
-            # where two would take the same port. It still elects itself on the Lease, under
-            # the chart's RBAC; tests/integration/test_failover.py runs two.
-            "--set", "replicas=1",
-            # Likewise one activator replica (the chart's default is 2), on free ports.
-            "--set", "activator.replicas=1",
-            "--set", f"activator.port={cluster_mod.procs.free_port()}",
-            "--set", f"activator.metricsPort={cluster_mod.procs.free_port()}",
-            *(extra or [])]
-    c.helm("install", "fewerbits", str(REPO / "charts" / "fewerbits"), "-n", release_ns, "--wait",
-           "--timeout", "180s", *sets)
+    values = chart_values(watch_namespaces, crds_enabled="quantizedmodels.fewerbits.io" not in crds)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="fewerbits-values-") as f:
+        json.dump(values, f)  # JSON is YAML
+        f.flush()
+        c.helm("install", "fewerbits", str(REPO / "charts" / "fewerbits"), "-n", release_ns, "--wait",
+               "--timeout", "180s", "-f", f.name, *(extra or []))
 
 
 def test_model_spec(s3_endpoint: str, source_uri: str, secret: str, storage_prefix: str,

@@ -168,6 +168,19 @@ def kueue(cluster):
 
 
 @pytest.fixture(scope="session")
+def argocd(cluster):
+    """Argo CD's repo server and application controller on the session's cluster (e2e/addons/argocd.py),
+    started on first use."""
+    from e2e.addons import argocd as argocd_addon
+
+    a = argocd_addon.start(cluster)
+    try:
+        yield a
+    finally:
+        argocd_addon.stop(a)
+
+
+@pytest.fixture(scope="session")
 def lws(cluster):
     """LeaderWorkerSet on the session's cluster (e2e/addons/lws.py), started once, on first use."""
     from e2e.addons import lws as lws_addon

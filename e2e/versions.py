@@ -6,6 +6,7 @@ instead of skipping: a skip would hide a missing feature.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -40,6 +41,8 @@ COMPONENTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "lws": ("LWS_VERSION", ("lws-manager",)),
     "prometheus": ("PROMETHEUS_VERSION", ("prometheus",)),
     "prometheus-operator": ("PROMETHEUS_OPERATOR_VERSION", ("prometheus-operator", "prometheus-config-reloader")),
+    # Argo CD (one binary, its role from ARGOCD_BINARY_NAME) and the harness's miniredis main.
+    "argocd": ("ARGOCD_VERSION", ("argocd", "fewerbits-miniredis")),
     # The OCI registry (CNCF Distribution): scripts/release-check.sh and the image-mode e2e.
     "registry": ("DISTRIBUTION_VERSION", ("registry",)),
     # vLLM's CPU build: a Python virtual environment, not binaries; see vllm_python().
@@ -56,6 +59,9 @@ def version(component: str) -> str:
     """The version that names the component's cache folder (build.sh's ``version_of``)."""
     if component == "prometheus-operator":  # its pkg/client is pinned apart (versions.env)
         return f"{VERSIONS['PROMETHEUS_OPERATOR_VERSION']}-client-{VERSIONS['PROMETHEUS_OPERATOR_CLIENT_VERSION']}"
+    if component == "argocd":  # the miniredis main is this repo's source: its hash names the folder too
+        digest = hashlib.sha256((E2E_DIR / "argocd" / "miniredis.go").read_bytes()).hexdigest()[:12]
+        return f"{VERSIONS['ARGOCD_VERSION']}-{digest}"
     return VERSIONS[COMPONENTS[component][0]]
 
 

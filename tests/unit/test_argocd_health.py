@@ -226,6 +226,22 @@ def test_a_canary_being_judged_is_progressing_while_the_old_variant_serves(reaso
     assert status == "Progressing" and reason in message
 
 
+@pytest.mark.parametrize("pending", [
+    [_cond("Quantized", "False", Reason.JOB_RUNNING, "w8a8-int8: Job running"),
+     _cond("Deployed", "False", Reason.AWAITING_ARTIFACT, "waiting for the artifact")],
+    [_cond("Deployed", "False", Reason.ROLLING_OUT, "h100: 0 of 1 new replicas ready")],
+])
+def test_serving_an_earlier_specs_artifact_is_progressing_until_this_one_rolls_out(pending):
+    """A spec change re-quantizes while the previous artifact keeps serving (Ready=True, what the
+    GitOps e2e saw): not done yet, like a Deployment mid-rollout, and says which step it waits on."""
+    kinds = {c["type"] for c in pending}
+    conditions = [_cond(t, "True", "Ok") for t in ORDER if t not in kinds and t != "Ready"] + pending
+    conditions.append(_cond("Ready", "True", Reason.ALL_VARIANTS_READY, "1 variant(s) serving at http://m"))
+    status, message = health(_model(conditions, endpoint="http://m"))
+    assert status == "Progressing", message
+    assert pending[0]["reason"] in message and "previous rollout keeps serving" in message
+
+
 def test_a_failed_canary_is_degraded_while_the_old_variant_serves():
     conditions = [_cond(t, "True", "Ok") for t in ORDER if t != "ServingQualityPassed"]
     conditions.append(_cond("ServingQualityPassed", "False", Reason.CANARY_FAILED,

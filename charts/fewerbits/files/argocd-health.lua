@@ -15,8 +15,10 @@
 --   3. autoscaling to zero and every variant at 0 replicas         -> Suspended
 --      waking from zero (replicas asked, none ready yet)           -> Progressing
 --   4. a serving canary being judged (the old variant may serve)   -> Progressing
---      Ready=True for the current generation                       -> Healthy
---   5. anything else (Job running, rolling out, ...)               -> Progressing
+--   5. Ready=True, but this generation's artifact is still being
+--      made or rolled out (the previous one serves meanwhile)      -> Progressing
+--   6. Ready=True for the current generation                       -> Healthy
+--   7. anything else (Job running, rolling out, ...)               -> Progressing
 
 -- Conditions that are Degraded when False, with the reasons that mean "a person must act" ("*": all).
 local DEGRADED = {
@@ -133,10 +135,37 @@ if canary ~= nil and canary.status == "False" and current(canary)
   return hs
 end
 
--- Serving, for the spec as it is now, with the endpoint in the message. The operator's
+-- The first step of ORDER before Ready not done yet for this generation, skipping the "Blocked"
+-- echoes of an earlier step (or the first such echo when there is nothing else); nil when all are done.
+local function pending()
+  local blocked = nil
+  for _, type in ipairs(ORDER) do
+    local c = find(status.conditions, type)
+    if type ~= "Ready" and c ~= nil and c.status ~= "True" then
+      if c.reason ~= "Blocked" then
+        return c
+      end
+      if blocked == nil then
+        blocked = c
+      end
+    end
+  end
+  return blocked
+end
+
+-- 5. Serving what an earlier spec asked for while this one's artifact is made or rolled out
+-- (Ready=True: the previous artifact keeps serving): not done yet, as a Deployment mid-rollout.
+local ready = find(status.conditions, "Ready")
+local step = pending()
+if ready ~= nil and ready.status == "True" and current(ready) and step ~= nil then
+  hs.status = "Progressing"
+  hs.message = describe(step) .. "; the previous rollout keeps serving"
+  return hs
+end
+
+-- 6. Serving, for the spec as it is now, with the endpoint in the message. The operator's
 -- AllVariantsReady message names status.endpoint already ("N variant(s) serving at URL",
 -- fewerbits_operator.core.decide.ready_condition); other Ready=True messages get it appended.
-local ready = find(status.conditions, "Ready")
 if ready ~= nil and ready.status == "True" and current(ready) then
   hs.status = "Healthy"
   hs.message = ready.message or "Ready"
@@ -146,23 +175,16 @@ if ready ~= nil and ready.status == "True" and current(ready) then
   return hs
 end
 
--- 5. On its way: report the first step not done yet (skipping the "Blocked" echoes of an earlier step).
+-- 7. On its way: report the first step not done yet, skipping the "Blocked" echoes of an earlier step.
 hs.status = "Progressing"
 hs.message = "Waiting for Ready"
-local blocked = nil
-for _, type in ipairs(ORDER) do
-  local c = find(status.conditions, type)
-  if c ~= nil and c.status ~= "True" then
-    if c.reason ~= "Blocked" then
-      hs.message = describe(c)
-      return hs
-    end
-    if blocked == nil then
-      blocked = c
-    end
-  end
-end
-if blocked ~= nil then
-  hs.message = describe(blocked)
+if step ~= nil and step.reason ~= "Blocked" then
+  hs.message = describe(step)
+elseif ready ~= nil and ready.status ~= "True" and ready.reason ~= "Blocked" then
+  hs.message = describe(ready)
+elseif step ~= nil then
+  hs.message = describe(step)
+elseif ready ~= nil and ready.status ~= "True" then
+  hs.message = describe(ready)
 end
 return hs
