@@ -19,6 +19,12 @@
    that path), a completion vLLM generated from the artifact the Job just produced, and one line of
    the pod's /metrics;
 6. tears everything down (unless --keep: then `python -m e2e.cluster down` stops it).
+
+With --gitops, step 2 and 3 go through Argo CD instead (e2e/gitops.py, e2e/addons/argocd.py): it
+builds a local git repository with the chart, a QuantizationPolicy and the model, applies one root
+Application, and shows each Application's sync and health as Argo CD computes them (the model's
+with the health check fewerbits ships) beside the model's conditions, until the models'
+Application is Synced and Healthy.
 """
 
 from __future__ import annotations
@@ -264,10 +270,71 @@ def metrics_line(ip: str, name: str = "vllm:generation_tokens_total") -> str:
     return next((ln for ln in text.splitlines() if ln.startswith(name)), f"{name}: not in /metrics")
 
 
+def deploy_with_helm(c: cluster_mod.Cluster, timeout: float, started: list[Callable[[], None]]) -> None:
+    """Helm installs the chart; kubectl applies the model; its conditions shown until Ready."""
+    say("installing fewerbits with Helm (operator runs under its own ServiceAccount)")
+    install_chart(c, "fewerbits-system", ["demo"])
+    say("uploading the test model to the S3 server")
+    source = upload_test_model(c)
+    c.apply(model_manifest(c, "demo", "tiny-llama", source, "s3-credentials", real_vllm=True))
+    say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")
+    wait_ready(c, "demo", "tiny-llama", timeout)
+
+
+def deploy_with_argocd(c: cluster_mod.Cluster, timeout: float, started: list[Callable[[], None]]) -> None:
+    """Argo CD syncs the chart, a policy and the model from a local git repository (e2e/gitops.py);
+    the Applications' sync and health and the model's conditions shown as they change. Argo CD's
+    stop goes to ``started``."""
+    from e2e import gitops
+    from e2e.addons import argocd
+
+    say("starting Argo CD (repo server, application controller, Redis)")
+    argo = argocd.start(c)
+    started.append(lambda: argocd.stop(argo))
+    say(f"Argo CD up in {argo.startup_seconds:.1f}s; uploading the test model to the S3 server")
+    source = upload_test_model(c)
+    repo = gitops.GitRepo(c.state_dir / "platform-repo")
+    model = gitops.model(c, "tiny-llama", source, "s3-credentials",
+                         quantization={"qualityGate": {"maxPerplexityIncreasePercent": 5, "evalSamples": 8}},
+                         serving={"image": DEMO_VLLM_IMAGE})
+    first = gitops.write_layout(c, repo, "demo", "fewerbits-system", [model], "s3-credentials")
+    say(f"git repository {repo.url}: {first[:8]} {repo.git('log', '-1', '--format=%s')}")
+    for line in repo.git("ls-files", "apps", "models").splitlines():
+        say(f"  {line}")
+    c.apply(gitops.root_app(repo))
+    say("applied the root Application (app of apps); Argo CD syncs the rest from git:")
+    watch, progress, stop = gitops.Watch(c), Progress({}), failfast.FailFast(failfast.HOLD_SECONDS)
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(c.api_client())
+    deadline = time.monotonic() + timeout
+    while True:
+        for name in (gitops.ROOT_APP, gitops.CHART_APP, gitops.MODELS_APP):
+            st = watch.state(name)
+        try:
+            obj = custom.get_namespaced_custom_object(GROUP, VERSION, "demo", PLURAL, "tiny-llama")
+        except client.exceptions.ApiException as e:
+            if e.status != 404:  # not synced yet
+                raise
+            obj = {}
+        progress.show(obj)
+        if gitops.synced_at(first)(st) and st.health == "Healthy":
+            break
+        if why := stop.check((obj.get("status") or {}).get("conditions") or [], time.monotonic()):
+            raise failfast.ModelFailed(f"demo/tiny-llama: {why}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Application {gitops.MODELS_APP} not Synced and Healthy after {timeout:.0f}s")
+        time.sleep(1)
+    print()
+    print(c.kubectl("get", f"applications.{argocd.GROUP}", "-n", argocd.NAMESPACE).stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m e2e.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--keep", action="store_true", help="leave the cluster running (stop: python -m e2e.cluster down)")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds to wait for Ready")
+    ap.add_argument("--gitops", action="store_true",
+                    help="drive it with Argo CD from a local git repository (e2e/gitops.py) instead of Helm and kubectl")
     a = ap.parse_args(argv)
 
     state = cluster_mod.default_state_dir() if a.keep else Path(tempfile.mkdtemp(prefix="fewerbits-demo-"))
@@ -282,20 +349,15 @@ def main(argv: list[str] | None = None) -> int:
     c = cluster_mod.Cluster(state, with_s3=True, with_sim=False, detach=a.keep)
     c.start()
     ok = False
+    stoppers: list[Callable[[], None]] = []
     try:
         say(f"control plane up in {c.timings['total']:.1f}s; adding a GPU pool H100x8 and a CPU node")
         c.add_gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
         c.add_cpu_node("cpu-0")
         create_namespace_with_secret(c, "demo", "s3-credentials")
-        say("installing fewerbits with Helm (operator runs under its own ServiceAccount)")
-        install_chart(c, "fewerbits-system", ["demo"])
-        say("uploading the test model to the S3 server")
-        source = upload_test_model(c)
-        manifest = model_manifest(c, "demo", "tiny-llama", source, "s3-credentials", real_vllm=True)
-        c.apply(manifest)
-        say("applied QuantizedModel demo/tiny-llama; waiting for Ready:")
+        deploy = deploy_with_argocd if a.gitops else deploy_with_helm
         try:
-            wait_ready(c, "demo", "tiny-llama", a.timeout)
+            deploy(c, a.timeout, stoppers)
         except failfast.ModelFailed as e:
             say(f"stopped: {e}")
             for log in keep_pod_logs(c, "demo"):
@@ -320,10 +382,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  GET http://{ip}:8000/metrics -> {metrics_line(ip)}")
         print()
         if a.keep:
-            print(f"left running: export KUBECONFIG={c.kubeconfig}; stop with: python -m e2e.cluster down")
+            print(f"left running: export KUBECONFIG={c.kubeconfig}; stop with: python -m e2e.cluster down"
+                  + (" (Argo CD stops with the demo; what it synced stays)" if a.gitops else ""))
         ok = True
         return 0
     finally:
+        for stop in stoppers:
+            stop()
         if not (a.keep and ok):
             say("tearing down")
             c.stop()

@@ -4,6 +4,7 @@
 # (see its docstring): a QuantizedModel from apply to Ready, with a real quantization Job.
 #   scripts/demo.sh            # tears down at the end
 #   scripts/demo.sh --keep     # leaves it running; stop with: .venv/bin/python -m e2e.cluster down
+#   scripts/demo.sh --gitops   # the same model, installed and synced by Argo CD from a local git repository
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/uv.sh
@@ -14,8 +15,11 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # the background while uv installs the project (scripts/lib/uv.sh), so a cold demo pays the longer of the two.
 echo "==> building what the demo uses in the background (cached; the first time takes a while)"
 # Only these: the control plane, the S3 server, Helm and vLLM's CPU build that serves the model (not
-# the simulator, Kueue, LeaderWorkerSet, Prometheus or the picker: the demo's cluster runs without them).
-e2e/build.sh kubernetes etcd kwok minio helm vllm &
+# the simulator, Kueue, LeaderWorkerSet, Prometheus or the picker: the demo's cluster runs without them),
+# and Argo CD with --gitops.
+components=(kubernetes etcd kwok minio helm vllm)
+[[ " $* " == *" --gitops "* ]] && components+=(argocd)
+e2e/build.sh "${components[@]}" &
 build_pid=$!
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 echo "==> installing fewerbits with [dev,quantjob] extras"
