@@ -100,8 +100,13 @@ def _expected() -> set[tuple[str, str, str, str, str]]:
 EXPECTED_GRANTS = _expected()
 ACTIVATOR_GRANTS = {  # the activator's own ServiceAccount (activator.py): one request's needs, in the watched namespace only
     ("watched", "fewerbits.io", "quantizedmodels", "", "get"),
+    # list and watch: the activator's own caches of what a request reads (activator_cache.py)
+    ("watched", "fewerbits.io", "quantizedmodels", "", "list"),
+    ("watched", "fewerbits.io", "quantizedmodels", "", "watch"),
     ("watched", "", "pods", "", "list"),
+    ("watched", "", "pods", "", "watch"),
     ("watched", "apps", "deployments", "", "list"),
+    ("watched", "apps", "deployments", "", "watch"),
     ("watched", "apps", "deployments", "scale", "get"),
     ("watched", "apps", "deployments", "scale", "update"),
     ("watched", "", "events", "", "create"),

@@ -283,3 +283,30 @@ def test_healthz_answers_the_probes_and_fails_readiness_once_draining():
     assert act.handle("GET", "/metrics", {"host": "10.0.0.7:8082"}, b"")[0] == 400  # no model named
     code, _, body = act.handle("GET", "/healthz", HOST, b"")  # draining still: requests are still served
     assert code == 200 and body == b"http://10.0.0.7:8000/healthz" and act.woken == 1  # the model's, woken and forwarded
+
+
+def test_the_server_takes_a_burst_and_answers_without_a_delayed_ack_stall():
+    """A burst connects at once: the listen backlog is past socketserver's 5 (a SYN dropped is
+    retried after 1 s). Headers, body and each chunk are separate writes: TCP_NODELAY, or each waits
+    for the client's delayed ACK (40 ms an answer, bench/activator_burst.py)."""
+    import socket
+
+    srv = serve(Activator(FakeKube(), poll=0.01, forward=echo), 0, host="127.0.0.1")
+    nodelay = []
+    original = srv.RequestHandlerClass.setup
+
+    def setup(self):
+        original(self)
+        nodelay.append(self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+    srv.RequestHandlerClass.setup = setup
+    try:
+        assert srv.request_queue_size >= 1024
+        conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+        conn.request("GET", "/healthz", headers={"Host": "10.0.0.7:8082"})
+        assert conn.getresponse().read() == b"ok"
+        conn.close()
+        assert len(nodelay) == 1 and nodelay[0] != 0
+    finally:
+        srv.shutdown()
+        srv.server_close()

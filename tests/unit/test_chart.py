@@ -205,9 +205,9 @@ ACTIVATOR_RULES = {  # namespaced scope: the activator Service's own slices, in 
 }
 ACTIVATOR_ROLE = f"{RELEASE}-fewerbits-activator-endpoints"
 ACTIVATOR_SA_RULES = {  # the activator's own ServiceAccount, per watched namespace (activator.py): one request's needs
-    ("fewerbits.io", "quantizedmodels"): {"get"},
-    ("", "pods"): {"list"},
-    ("apps", "deployments"): {"list"},
+    ("fewerbits.io", "quantizedmodels"): {"get", "list", "watch"},  # list, watch: its caches (activator_cache.py)
+    ("", "pods"): {"list", "watch"},
+    ("apps", "deployments"): {"list", "watch"},
     ("apps", "deployments/scale"): {"get", "update"},
     ("", "events"): {"create"},
     ("gateway.networking.k8s.io", "httproutes"): {"get"},  # a model header is checked against the model's route

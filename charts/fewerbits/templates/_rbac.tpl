@@ -173,21 +173,25 @@ e2e/tests/test_chart_install.py asks the API server for every grant.
 
 
 {{/* The activator's rules (activator.py, its own ServiceAccount): a Role per watched namespace, or
-a ClusterRole with rbac.scope=cluster. Least privilege: what one request needs. */}}
+a ClusterRole with rbac.scope=cluster. Least privilege: what one request needs, read from watches of
+its own (activator_cache.py) so that a request at steady state makes no API call. */}}
 {{- define "fewerbits.rbac.activatorRules" -}}
-# QuantizedModels, get by name only: the model a request names exists, whether autoscaling may wake
-# it, and its plan's variant order (Kube.get_model in Activator.handle). No list or watch.
+# QuantizedModels: the model a request names exists, whether autoscaling may wake it, and its plan's
+# variant order (Activator.model). list and watch: the namespace's models cache; get: read through
+# while the cache has not listed yet or its watch is broken (Kube.get_model).
 - apiGroups: ["fewerbits.io"]
   resources: ["quantizedmodels"]
-  verbs: ["get"]
-# Pods, list by the model's label: a ready serving pod to forward to (Activator.pods, ready_pod).
+  verbs: ["get", "list", "watch"]
+# Pods, list and watch by label (fewerbits.io/model, component=server): a ready serving pod to forward
+# to (Activator.pods, ready_pod), and the change a held request waits on. Never a pod by name.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
-# Deployments, list by the model's label: the variant to wake (Activator.wake, variant_to_wake).
+  verbs: ["list", "watch"]
+# Deployments, list and watch by label (fewerbits.io/model): the variant to wake (Activator.wake,
+# variant_to_wake). Never written: the wake goes through the scale subresource below.
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 # The wake: read the scale and replace it 0 -> 1 at the resourceVersion read, only from 0
 # (Kube.wake_scale), so two replicas waking one model write once. No patch: never another count.
 - apiGroups: ["apps"]

@@ -10,13 +10,15 @@ never leave this process (not logged, not in status, not in events).
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterator
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from fewerbits_api.base import GROUP, VERSION
 from fewerbits_api.policy import PLURAL as POLICY_PLURAL
@@ -715,6 +717,45 @@ class Kube:
               "RoleBinding": client.RbacAuthorizationV1Api(self.api).patch_namespaced_role_binding}[kind]
         fn(md["name"], md["namespace"], patch)
         self._wrote()
+
+    # ------------------------------------------------------------ list and watch, raw (the activator's caches)
+
+    WATCHED = ("quantizedmodels", "pods", "deployments")
+    """What ``list_raw`` and ``watch_raw`` read (activator_cache.py: what a request reads)."""
+
+    def _collection(self, resource: str, namespace: str, **kwargs: Any) -> Any:
+        if resource == "quantizedmodels":
+            return self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, QM_PLURAL, **kwargs)
+        if resource == "pods":
+            return self.core.list_namespaced_pod(namespace, **kwargs)
+        if resource == "deployments":
+            return self.apps.list_namespaced_deployment(namespace, **kwargs)
+        raise ValueError(f"cannot watch {resource} (one of {', '.join(self.WATCHED)})")
+
+    def list_raw(self, resource: str, namespace: str, selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        """One LIST as raw API JSON (not the client's typed objects: a watch-fed cache holds what the
+        API server sent), and the list's resourceVersion, from which ``watch_raw`` goes on."""
+        out = self._collection(resource, namespace, label_selector=selector or None, _preload_content=False)
+        body = json.loads(out.data)
+        return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_raw(self, resource: str, namespace: str, selector: str, resource_version: str,
+                  timeout_seconds: int) -> Iterator[dict[str, Any]]:
+        """The events of one WATCH from ``resource_version`` (``{"type", "object"}``, raw JSON,
+        bookmarks included), until the API server ends it after ``timeout_seconds``. A read that
+        waits ``timeout_seconds`` + 30 s for a byte raises: a connection that died silently is not
+        taken for a quiet one. An ``ERROR`` event is passed on (410 Gone: list again)."""
+        resp = self._collection(resource, namespace, label_selector=selector or None, watch=True,
+                                resource_version=resource_version, allow_watch_bookmarks=True,
+                                timeout_seconds=timeout_seconds, _preload_content=False,
+                                _request_timeout=(10, timeout_seconds + 30))
+        try:
+            for line in iter_resp_lines(resp):
+                if line.strip():
+                    yield json.loads(line)
+        finally:  # as kubernetes.watch does: a stream left half-read is closed, never reused
+            resp.close()
+            resp.release_conn()
 
     # ------------------------------------------------------------ events
 

@@ -40,8 +40,16 @@ Then:
 4. the waiting requests are forwarded as soon as a pod is ready, and the answer is passed back as
    it arrives (server-sent events of ``stream: true`` chunk by chunk, never buffered whole).
 
+What a request reads (the model, its serving pods, its Deployments for a wake) comes, with a
+``cache`` (activator_cache.py, what activator_main.py runs), from watches of the namespaces served:
+no API call at steady state, and a held request waits for a change of its model's objects, signalled
+by the watch, not a LIST every ``poll`` seconds. Without one (``cache=None``), or for a namespace
+whose watches have not listed yet or are broken, it reads through the API as it did: a GET of the
+model and a LIST of its pods per request, and a LIST every ``poll`` seconds while held.
+
 Prometheus metrics: ``fewerbits_activator_wakes_total``, ``fewerbits_activator_hold_seconds``,
-``fewerbits_activator_rejected_total{reason=queue|timeout}``, ``fewerbits_activator_waiting``.
+``fewerbits_activator_rejected_total{reason=queue|timeout}``, ``fewerbits_activator_waiting``,
+``fewerbits_activator_api_calls_total{verb,resource}`` (activator_cache.count_api_calls).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 from prometheus_client import Counter, Gauge, Histogram
 
 from fewerbits_operator.base.kube import Kube
+from fewerbits_operator.runtime.activator_cache import ActivatorCache
 from fewerbits_operator.serving.gatewayroute import (
     MODEL_HEADER,
     ModelClaim,
@@ -199,8 +208,12 @@ class ModelGate:
 class Activator:
     def __init__(self, kube: Kube, *, queue: int = 100, timeout: float = 300.0, poll: float = 0.5,
                  forward: Callable[[str, str, str, bytes, dict[str, str]], Response] | None = None,
-                 tenant_ports: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
+                 tenant_ports: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic,
+                 cache: ActivatorCache | None = None):
         self.kube = kube
+        self.cache = cache
+        """Watch-fed reads (activator_cache.py); None: every read goes to the API server (the
+        behaviour before it, the baseline of bench/activator_burst.py)."""
         self.tenant_ports = dict(tenant_ports) if tenant_ports is not None else None
         """Namespace -> the port where its Services at zero reach this activator (activator_main.py
         listens on each); None: no tenant is kept apart on the Service path (``admission``)."""
@@ -253,12 +266,38 @@ class Activator:
         with self._lock:
             return self._gates.setdefault(key, ModelGate())
 
+    def cached(self, ns: str) -> bool:
+        """Whether this namespace's reads come from the cache (its watches listed, none broken)."""
+        return self.cache is not None and self.cache.serves(ns)
+
+    def model(self, ns: str, name: str) -> dict[str, Any] | None:
+        """The model (read only), from the cache; else a GET, and a model found so starts the
+        cache's watches of its namespace (a made-up name finds none, and starts nothing)."""
+        if self.cached(ns):
+            assert self.cache is not None
+            return self.cache.model(ns, name)
+        model = self.kube.get_model(ns, name)
+        if model is not None and self.cache is not None:
+            self.cache.watch_namespace(ns)
+        return model
+
     def pods(self, ns: str, name: str) -> list[dict[str, Any]]:
+        if self.cached(ns):
+            assert self.cache is not None
+            return self.cache.serving_pods(ns, name)
         return self.kube.list_pods(ns, f"{LABEL_MODEL}={name},{LABEL_COMPONENT}=server")
+
+    def deployments(self, ns: str, name: str) -> list[dict[str, Any]]:
+        if self.cached(ns):
+            assert self.cache is not None
+            return self.cache.deployments(ns, name)
+        return self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")
 
     def wake(self, ns: str, name: str, model: dict[str, Any]) -> str | None:
         """Scale one variant from zero (once per wait). Returns what it did, for the log."""
-        deps = self.kube.list_deployments(ns, f"{LABEL_MODEL}={name}")
+        # From the cache a Deployment may lag a wake of ours by the watch's delay: harmless, the
+        # write below reads the scale at the API server and is made only from 0.
+        deps = self.deployments(ns, name)
         dep = variant_to_wake(model, deps)
         if dep is None:
             return None
@@ -329,7 +368,7 @@ class Activator:
             return error(404, NOT_SERVED)
         assert isinstance(adm, Admitted)
         key = ns, name = adm.namespace, adm.name
-        model = self.kube.get_model(ns, name)
+        model = self.model(ns, name)
         if model is None:
             return error(404, NOT_SERVED)
         target = ready_pod(self.pods(ns, name))
@@ -363,8 +402,11 @@ class Activator:
         return self.forward(method, f"http://{target}{path}", target, body, fwd)
 
     def _wait(self, ns: str, name: str, model: dict[str, Any], g: ModelGate) -> str | None:
+        """Wait for a ready pod: on the cache's change signal when the namespace is cached (the
+        version is read before the pods, so a change between the two is not missed), else a LIST
+        every ``poll`` seconds. Either way the wake is asked again every REWAKE_SECONDS."""
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
+        while (left := deadline - time.monotonic()) > 0:
             with g.lock:
                 # One wake per wait, asked again every REWAKE_SECONDS: a no-op while a variant has
                 # replicas (variant_to_wake), a new wake if the model fell back to zero meanwhile.
@@ -378,12 +420,16 @@ class Activator:
                     log.warning("%s/%s: scale from zero failed: %s", ns, name, e)
                     with g.lock:
                         g.woke_at = None
+            seen = self.cache.version(ns, name) if self.cache is not None and self.cached(ns) else None
             target = ready_pod(self.pods(ns, name))
             if target:
                 with g.lock:
                     g.woke_at = None
                 return target
-            time.sleep(self.poll)
+            if seen is not None and self.cache is not None:
+                self.cache.wait_for_change(ns, name, seen, min(left, REWAKE_SECONDS))
+            else:
+                time.sleep(self.poll)
         return None
 
 
@@ -393,6 +439,9 @@ def error(code: int, message: str, extra: dict[str, str] | None = None) -> Respo
 
 
 CHUNK = 64 * 1024
+LISTEN_BACKLOG = 1024
+"""Connections waiting to be accepted: a burst of held requests connects at once, and past the
+socketserver default of 5 a connection's SYN is dropped and retried by the client after 1 s."""
 
 
 def forward_http(method: str, url: str, target: str, body: bytes, headers: dict[str, str]) -> Response:
@@ -424,6 +473,10 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0", tenant: str | 
     is handled as arriving there: the port is what the namespace's Services point at, atzero.py)."""
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # The status line and headers, then the body (or each chunk), are separate writes: with
+        # Nagle's algorithm each small write after the first waits for the client's delayed ACK
+        # (40 ms on Linux), measured by bench/activator_burst.py as 40 ms added to every answer.
+        disable_nagle_algorithm = True
 
         def _any(self) -> None:
             activator.begin()
@@ -463,7 +516,10 @@ def serve(activator: Activator, port: int, host: str = "0.0.0.0", tenant: str | 
         def log_message(self, *args: Any) -> None:  # requests are logged by handle, not per line
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = LISTEN_BACKLOG
+
+    server = Server((host, port), Handler)
     threading.Thread(target=server.serve_forever, name=f"fewerbits-activator-{port}", daemon=True).start()
     return server
