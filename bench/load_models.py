@@ -129,15 +129,44 @@ def operator_identity(c: cluster_mod.Cluster, workdir: Path) -> tuple[Path, str]
     tr = core.create_namespaced_service_account_token(sa_name, OPERATOR_NS, {
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
         "spec": {"expirationSeconds": 24 * 3600}})
-    kubeconfig = workdir / "operator.kubeconfig"
-    kubeconfig.write_text(json.dumps({
+    kubeconfig = token_kubeconfig(c, workdir / "operator.kubeconfig", tr.status.token)
+    return kubeconfig, f"system:serviceaccount:{OPERATOR_NS}:{sa_name}"
+
+
+def token_kubeconfig(c: cluster_mod.Cluster, path: Path, token: str) -> Path:
+    """A kubeconfig for the cluster with a bearer token."""
+    path.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "operator",
         "clusters": [{"name": "e2e", "cluster": {"server": c.server,
                                                  "certificate-authority": str(c.state_dir / "pki" / "ca.crt")}}],
-        "users": [{"name": "operator", "user": {"token": tr.status.token}}],
+        "users": [{"name": "operator", "user": {"token": token}}],
         "contexts": [{"name": "operator", "context": {"cluster": "e2e", "user": "operator"}}],
     }, indent=1))
-    return kubeconfig, f"system:serviceaccount:{OPERATOR_NS}:{sa_name}"
+    return path
+
+
+def second_identity(c: cluster_mod.Cluster, workdir: Path, name: str) -> tuple[Path, str]:
+    """Another ServiceAccount, bound wherever the first operator's is (the chart's RBAC), with a
+    token and kubeconfig of its own (a second replica: tests/integration/test_two_writers.py,
+    bench/soak.py)."""
+    from kubernetes import client
+
+    api = c.api_client()
+    rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
+    core.create_namespaced_service_account(OPERATOR_NS, {"metadata": {"name": name}})
+    first = f"{RELEASE}-fewerbits"
+    added = {"kind": "ServiceAccount", "name": name, "namespace": OPERATOR_NS}
+    bindings = [(b, rbac.patch_cluster_role_binding) for b in rbac.list_cluster_role_binding().items] + [
+        (b, lambda n, body: rbac.patch_namespaced_role_binding(n, OPERATOR_NS, body))
+        for b in rbac.list_namespaced_role_binding(OPERATOR_NS).items]
+    for binding, patch in bindings:
+        subjects = [api.sanitize_for_serialization(s) for s in binding.subjects or []]
+        if any(s.get("kind") == "ServiceAccount" and s.get("name") == first for s in subjects):
+            patch(binding.metadata.name, {"subjects": [*subjects, added]})
+    token = core.create_namespaced_service_account_token(name, OPERATOR_NS, {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 24 * 3600}}).status.token
+    return token_kubeconfig(c, workdir / f"{name}.kubeconfig", token), f"system:serviceaccount:{OPERATOR_NS}:{name}"
 
 
 def create_namespaces(c: cluster_mod.Cluster, names: list[str], secret: str) -> None:

@@ -142,35 +142,6 @@ class AuditLog:
                                                 int((e.get("responseStatus") or {}).get("code") or 0))
 
 
-def second_identity(c: cluster_mod.Cluster, load: Any, workdir: Path, name: str) -> tuple[Path, str]:
-    """Another ServiceAccount, bound wherever the first operator's is (the chart's RBAC), with a
-    token and kubeconfig of its own."""
-    api = c.api_client()
-    rbac, core = client.RbacAuthorizationV1Api(api), client.CoreV1Api(api)
-    core.create_namespaced_service_account(load.OPERATOR_NS, {"metadata": {"name": name}})
-    first = f"{load.RELEASE}-fewerbits"
-    added = {"kind": "ServiceAccount", "name": name, "namespace": load.OPERATOR_NS}
-    bindings = [(b, rbac.patch_cluster_role_binding) for b in rbac.list_cluster_role_binding().items] + [
-        (b, lambda n, body: rbac.patch_namespaced_role_binding(n, load.OPERATOR_NS, body))
-        for b in rbac.list_namespaced_role_binding(load.OPERATOR_NS).items]
-    for binding, patch in bindings:
-        subjects = [api.sanitize_for_serialization(s) for s in binding.subjects or []]
-        if any(s.get("kind") == "ServiceAccount" and s.get("name") == first for s in subjects):
-            patch(binding.metadata.name, {"subjects": [*subjects, added]})
-    token = core.create_namespaced_service_account_token(name, load.OPERATOR_NS, {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"expirationSeconds": 3600}}).status.token
-    kubeconfig = workdir / f"{name}.kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "operator",
-        "clusters": [{"name": "e2e", "cluster": {"server": c.server,
-                                                 "certificate-authority": str(c.state_dir / "pki" / "ca.crt")}}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": "e2e", "user": "operator"}}],
-    }))
-    return kubeconfig, f"system:serviceaccount:{load.OPERATOR_NS}:{name}"
-
-
 def revoke_lease_grant(c: cluster_mod.Cluster, load: Any, name: str) -> None:
     """``name`` off the chart's leader-election RoleBinding: its Lease reads and writes are refused
     (403), every other grant stays."""
@@ -221,7 +192,7 @@ def test_one_writer_at_a_time_with_a_paused_and_a_refused_leader(tmp_path):
         c.start()
         load.install_crds(c)
         kube_a, user_a = load.operator_identity(c, tmp_path)
-        kube_b, user_b = second_identity(c, load, tmp_path, "replica-b")
+        kube_b, user_b = load.second_identity(c, tmp_path, "replica-b")
         audit = AuditLog(c.audit_log, [user_a, user_b])
         service, objects = activator_service(load)
         c.apply(objects)

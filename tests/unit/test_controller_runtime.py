@@ -16,6 +16,7 @@ from unittest import mock
 
 import kopf
 import pytest
+from typing import Any
 from kopf._core.engines.indexing import OperatorIndexer
 from kubernetes.client.exceptions import ApiException
 
@@ -406,6 +407,38 @@ def test_the_probe_passes_while_every_thread_runs_and_fails_naming_the_one_that_
     op._threads[0].join(5)
     with pytest.raises(RuntimeError, match="fewerbits-worker-0"):
         op.probe()
+
+
+async def test_a_start_up_the_api_server_does_not_answer_is_tried_again_in_seconds_without_a_traceback():
+    """kopf retries a failed on.startup a minute later and logs its traceback; the API server
+    restarting while a replica starts is a temporary error, tried again in 2 s (bench/soak.py found it)."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    from fewerbits_operator.runtime.handlers import STARTUP_RETRY_SECONDS, api_unavailable
+
+    refused = urllib3.exceptions.MaxRetryError(None, "/apis/leaderworkerset.x-k8s.io/v1",
+                                               urllib3.exceptions.NewConnectionError(None, "Connection refused"))
+    failures = [refused, ApiException(status=503), ApiException(status=429), ConnectionResetError()]
+    assert all(api_unavailable(e) for e in failures)
+    assert not any(api_unavailable(e) for e in (ApiException(status=403), ValueError("a bug"), KeyError("x")))
+
+    class Starting(Operator):
+        def __init__(self, error: BaseException):
+            super().__init__()
+            self.error = error
+
+        def on_startup(self, *args: Any, **kwargs: Any) -> None:
+            raise self.error
+
+    for error, expected in ((refused, kopf.TemporaryError), (ValueError("a bug"), ValueError)):
+        registry = kopf.OperatorRegistry()
+        register(Starting(error), kopf_scope([]), registry)
+        handler = next(h for h in registry._activities.get_all_handlers() if h.fn.__name__ == "startup")
+        with pytest.raises(expected) as info:
+            await handler.fn(settings=kopf.OperatorSettings(), **{f"{k}_index": {} for k in (*KINDS, *INDEXED)})
+        if expected is kopf.TemporaryError:
+            assert info.value.delay == STARTUP_RETRY_SECONDS and "did not answer at start" in str(info.value)
 
 
 async def liveness(op: Operator) -> tuple[int, str]:

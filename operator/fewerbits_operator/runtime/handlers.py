@@ -53,6 +53,21 @@ keep-awake; Kube.list_pods, Kube.list_endpoint_slices). The last field: the same
 label selector, for the API server (runner.configure_kopf)."""
 
 
+STARTUP_RETRY_SECONDS = 2.0
+"""How soon a start-up the API server did not answer is tried again."""
+
+
+def api_unavailable(e: BaseException) -> bool:
+    """The API server not answering (refused, reset, timed out) or answering that it cannot serve
+    now (429, 5xx): a start-up tried again shortly, not a failure of the operator."""
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(e, ApiException):
+        return e.status == 429 or (e.status or 0) >= 500
+    return isinstance(e, (urllib3.exceptions.HTTPError, OSError))
+
+
 def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) -> None:
     """Every handler of the operator, on ``registry``."""
     when = (lambda namespace, **_: scope.serves(namespace)) if scope.patterns else None
@@ -72,7 +87,15 @@ def register(op: "Operator", scope: KopfScope, registry: kopf.OperatorRegistry) 
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-        op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in (*KINDS, *INDEXED)})
+        try:
+            op.on_startup(settings, {kind: kwargs[f"{kind}_index"] for kind in (*KINDS, *INDEXED)})
+        except Exception as e:
+            if not api_unavailable(e):
+                raise
+            # kopf's own retry of a failed start-up is a minute later, with a traceback: a replica
+            # started while the API server restarts would sit that long not even standing by.
+            raise kopf.TemporaryError(f"the API server did not answer at start ({type(e).__name__}: {e}); "
+                                      f"trying again in {STARTUP_RETRY_SECONDS:g}s", delay=STARTUP_RETRY_SECONDS) from e
 
     @kopf.on.cleanup(registry=registry)
     def cleanup(**_: Any) -> None:  # sync: kopf runs it in its executor (it joins threads)
