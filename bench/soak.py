@@ -507,9 +507,10 @@ def leader_killed_mid_rollout(s: Soak, f: Fault) -> None:
         f.detail["skipped"] = "no Deployment yet"
         return
     gen0 = dep.metadata.generation
-    current = dep.spec.template.spec.containers[0].args or []
-    length = 384 if "256" in " ".join(current) else 256
-    client.CustomObjectsApi(s.api()).patch_namespaced_custom_object(
+    custom = client.CustomObjectsApi(s.api())
+    current = custom.get_namespaced_custom_object(GROUP, VERSION, m.ns, PLURAL, m.name)["spec"]["serving"]["maxModelLen"]
+    length = 384 if current == 256 else 256
+    custom.patch_namespaced_custom_object(
         GROUP, VERSION, m.ns, PLURAL, m.name, {"spec": {"serving": {"maxModelLen": length}}})
     bumped = s.wait("the Deployment's new template", lambda: (
         d := apps.read_namespaced_deployment(dep.metadata.name, m.ns)).metadata.generation > gen0 and d, 60, 0.1)
