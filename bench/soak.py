@@ -25,8 +25,8 @@ What stands in, and why:
   refused with Retry-After), judged on status codes; a real vLLM start takes a minute here;
 * the kubelet's container restarts (of the operators and the activator) are this program's
   supervisor; "killed" for the activator is SIGTERM as a pod deletion sends it (a SIGKILL can only
-  lose what it holds), after the endpoint is taken out of the traffic's path as the EndpointSlice
-  controller does for a terminating pod.
+  lose what it holds), once the soak's own traffic is paused (as the EndpointSlice controller
+  takes a terminating pod out of a Service; the harness's host Service keeps its slice).
 
 The models, per namespace ``soak-<i>`` (8 each): 5 steady (one replica, no change), 1 churn (its
 requantize token or max-model-len changes during the soak: new artifact keys, Jobs and
@@ -107,7 +107,7 @@ say = load.say
 class Fault:
     kind: str
     at: float
-    """Seconds since the fault period began."""
+    """Seconds since the run began (as the monitor's, the traffic's and the exits' times)."""
     detail: dict[str, Any] = field(default_factory=dict)
     confirmed: bool = False
     """Whether the moment it waited for was met (a Job running, a rollout in progress, a fetch
@@ -120,6 +120,10 @@ class SoakResult:
     config: dict[str, Any] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     violations: dict[str, list[str]] = field(default_factory=dict)
+    violation_times: list[float] = field(default_factory=list)
+    """When each breach was seen (seconds since the run began), every time, repeats included."""
+    untimed_violations: int = 0
+    """Breaches found by the end's checks, with no time: they count against every fault."""
     requests: dict[str, int] = field(default_factory=dict)
     jobs: dict[str, Any] = field(default_factory=dict)
     replica_exits: list[dict[str, Any]] = field(default_factory=list)
@@ -127,12 +131,17 @@ class SoakResult:
     converged_after_last_fault_seconds: float | None = None
     rest_writes: dict[str, int] = field(default_factory=dict)
     rest_lease_requests: int = 0
+    logs_checked: int = 0
     api_unavailable_polls: int = 0
     wall_seconds: float = 0.0
 
     def violate(self, invariant: str, what: str) -> None:
         """Record ``what`` (``t=<s>s: ...`` when it has a time) once: the same breach seen by later
         polls is the same breach."""
+        if m := re.match(r"t=(\d+(?:\.\d+)?)s", what):
+            self.violation_times.append(float(m.group(1)))
+        else:
+            self.untimed_violations += 1
         seen = {re.sub(r"^t=\d+s: ", "", v) for v in self.violations.get(invariant, [])}
         if re.sub(r"^t=\d+s: ", "", what) not in seen:
             self.violations.setdefault(invariant, []).append(what)
@@ -140,7 +149,7 @@ class SoakResult:
 
 
 INVARIANTS = ("one_job_per_key", "manifest_complete", "nothing_served_that_failed_its_gate", "no_request_lost",
-              "no_traceback", "no_crash_loop", "converged_in_time", "no_writes_at_rest")
+              "no_traceback", "no_crash_loop", "converged_in_time", "no_writes_at_rest", "run_completed")
 
 
 # ------------------------------------------------------------------ supervised processes
@@ -162,11 +171,14 @@ class Supervised:
         self._thread.start()
         return self
 
-    def signal(self, sig: int) -> None:
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` to the running process; False when none runs (nothing was sent)."""
         with self._lock:
+            if self.op.proc is None or self.op.proc.poll() is not None:
+                return False
             self._expected = True
-            if self.op.proc is not None and self.op.proc.poll() is None:
-                self.op.proc.send_signal(sig) if sig != signal.SIGKILL else self.op.kill()
+            self.op.proc.send_signal(sig) if sig != signal.SIGKILL else self.op.kill()
+            return True
 
     def _run(self) -> None:
         while not self._stop.wait(0.3):
@@ -343,9 +355,8 @@ class Traffic:
         self.port, self.refs, self.result, self.rng, self.t0 = port, refs, result, rng, t0
         self.counts: Counter = Counter()
         self.lost: list[str] = []
-        self.terminating = threading.Event()
-        """Set while the activator is being stopped: its endpoint is out of the path (no new requests)."""
-        self.paused: set[str] = set()
+        self.paused = threading.Event()
+        """Set by a fault that counts held requests or stops the activator: no burst is sent."""
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -359,10 +370,11 @@ class Traffic:
     def _run(self) -> None:
         while not self._stop.wait(self.rng.uniform(20, 45)):
             for m in self.refs:
-                if m.name not in self.paused and not self.terminating.is_set():
+                if not self.paused.is_set():
                     self.burst(m, 3)
 
-    def burst(self, m: ModelRef, n: int) -> list[threading.Thread]:
+    def burst(self, m: ModelRef, n: int, forced: bool = False) -> list[threading.Thread]:
+        """``n`` requests at once (``forced``: sent while the traffic is paused, by a fault)."""
         threads = [threading.Thread(target=self.one, args=(m,), daemon=True) for _ in range(n)]
         for t in threads:
             t.start()
@@ -372,7 +384,8 @@ class Traffic:
 
     def one(self, m: ModelRef) -> None:
         body = json.dumps({"model": m.name, "messages": [{"role": "user", "content": "soak"}], "max_tokens": 4})
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+        # Longer than the activator's own bound on a held request (300 s), which answers 503 then.
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=400)
         try:
             conn.connect()
         except OSError:
@@ -389,7 +402,7 @@ class Traffic:
                 self._count("shed_503_retry_after")
             else:
                 self._count("lost", f"{self._at()}: {m.ns}/{m.name}: HTTP {r.status} without Retry-After")
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:
             self._count("lost", f"{self._at()}: {m.ns}/{m.name}: {type(e).__name__}: {e}")
         finally:
             conn.close()
@@ -445,10 +458,15 @@ class Soak:
         return None
 
     def leader(self) -> Supervised | None:
+        """The replica holding the Lease, renewed within the last renew period (5 s) and once more:
+        a holder that stopped renewing (killed, exited) is not taken for the leader."""
+        from datetime import datetime, timezone
+
         from kubernetes import client
 
-        holder = client.CoordinationV1Api(self.api()).read_namespaced_lease(self.lease, self.lease_ns).spec.holder_identity
-        return self.replicas.get(holder or "")
+        spec = client.CoordinationV1Api(self.api()).read_namespaced_lease(self.lease, self.lease_ns).spec
+        fresh = spec.renew_time is not None and (datetime.now(timezone.utc) - spec.renew_time).total_seconds() < 7
+        return self.replicas.get(spec.holder_identity or "") if fresh else None
 
     def churn(self) -> ModelRef:
         return self.rng.choice([m for m in self.refs if m.role == "churn"])
@@ -493,8 +511,7 @@ def leader_killed_mid_job(s: Soak, f: Fault) -> None:
     f.detail.update(model=f"{m.ns}/{m.name}", job=job.metadata.name if job else None,
                     leader=leader.name if leader else None)
     if job is not None and leader is not None:
-        leader.signal(signal.SIGKILL)
-        f.confirmed = True
+        f.confirmed = leader.signal(signal.SIGKILL)
 
 
 def leader_killed_mid_rollout(s: Soak, f: Fault) -> None:
@@ -517,12 +534,14 @@ def leader_killed_mid_rollout(s: Soak, f: Fault) -> None:
     leader = s.leader()
     f.detail.update(model=f"{m.ns}/{m.name}", max_model_len=length, leader=leader.name if leader else None)
     if bumped and leader is not None:
-        leader.signal(signal.SIGKILL)
-        st = bumped.status
+        sent = leader.signal(signal.SIGKILL)
+        st = apps.read_namespaced_deployment_status(dep.metadata.name, m.ns).status
         f.detail["rollout_at_kill"] = {"generation": bumped.metadata.generation,
                                        "observedGeneration": st.observed_generation,
                                        "updatedReplicas": st.updated_replicas, "replicas": st.replicas}
-        f.confirmed = True
+        # Mid-rollout: the Deployment's controller has not caught up, or old pods still run.
+        f.confirmed = sent and ((st.observed_generation or 0) < bumped.metadata.generation
+                                or (st.updated_replicas or 0) < (st.replicas or 0))
 
 
 def apiserver_restarted(s: Soak, f: Fault) -> None:
@@ -557,8 +576,9 @@ def minio_down_during_upload(s: Soak, f: Fault) -> None:
         f.confirmed = True
         f.detail["down_seconds"] = round(down, 1)
         time.sleep(down)
-        s.c.start_component("minio")
     finally:
+        if f.confirmed:
+            s.c.start_component("minio")
         s.c.set_container_env("fewerbits-quantjob", None)
 
 
@@ -571,7 +591,7 @@ def minio_down_during_fetch(s: Soak, f: Fault) -> None:
     f.detail["model"] = f"{m.ns}/{m.name}"
     if job is None:
         return
-    apps, core = client.AppsV1Api(s.api()), client.CoreV1Api(s.api())
+    apps = client.AppsV1Api(s.api())
     key = (job.metadata.annotations or {}).get(ARTIFACT_KEY)
 
     def rolled() -> bool:
@@ -580,6 +600,19 @@ def minio_down_during_fetch(s: Soak, f: Fault) -> None:
     if not s.wait("the Deployment on the new key", rolled, 300, 0.1):
         return
     s.c.stop_component("minio", signal.SIGKILL)
+    try:
+        seen, down = stopped_storage_fetch(s, m, key)
+    finally:
+        s.c.start_component("minio")
+    f.detail.update(key=key[:16] if key else None, down_seconds=round(down, 1), failed_fetch_attempts=seen)
+    f.confirmed = seen > 0
+
+
+def stopped_storage_fetch(s: Soak, m: ModelRef, key: str | None) -> tuple[int, float]:
+    """While storage is stopped (20-40 s): the failed fetch attempts of the model's pods on ``key``."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(s.api())
     down = s.rng.uniform(20, 40)
     t = time.monotonic()
 
@@ -591,9 +624,7 @@ def minio_down_during_fetch(s: Soak, f: Fault) -> None:
         return n
     seen = s.wait("the new pod's fetch to fail against stopped storage", failed_fetches, down, 0.5) or 0
     time.sleep(max(0.0, down - (time.monotonic() - t)))
-    s.c.start_component("minio")
-    f.detail.update(key=key[:16] if key else None, down_seconds=round(down, 1), failed_fetch_attempts=seen)
-    f.confirmed = seen > 0
+    return seen, down
 
 
 def job_pod_evicted(s: Soak, f: Fault) -> None:
@@ -658,7 +689,7 @@ def activator_killed_holding_requests(s: Soak, f: Fault) -> None:
 
     apps = client.AppsV1Api(s.api())
     m = s.rng.choice([r for r in s.refs if r.role == "atzero"])
-    s.traffic.paused.add(m.name)
+    s.traffic.paused.set()  # no other burst: the held count below is this fault's
     try:
         def at_zero() -> bool:
             deps = apps.list_namespaced_deployment(m.ns, label_selector=f"fewerbits.io/model={m.name}").items
@@ -666,17 +697,17 @@ def activator_killed_holding_requests(s: Soak, f: Fault) -> None:
         f.detail["model"] = f"{m.ns}/{m.name}"
         if not s.wait(f"{m.ns}/{m.name} at zero", at_zero, 180, 1):
             return
-        before = waiting(s.activator)
-        s.traffic.burst(m, 3)
-        held = s.wait("the requests held", lambda: waiting(s.activator) > before, 30, 0.05)
-        s.traffic.terminating.set()  # out of the Service's path before the signal, as for a terminating pod
-        s.activator.signal(signal.SIGTERM)
+        if not s.wait("nothing held", lambda: waiting(s.activator) == 0, 120, 0.2):
+            return
+        s.traffic.burst(m, 3, forced=True)
+        held = s.wait("the requests held", lambda: waiting(s.activator) >= 1, 30, 0.05)
+        # No new request is sent from here (the traffic is paused, as a terminating pod's endpoint
+        # leaves the Service); the Service's slice is the soak's, and stays.
         f.detail["held_at_signal"] = held
-        f.confirmed = bool(held)
+        f.confirmed = bool(held) and s.activator.signal(signal.SIGTERM)
         s.wait("the activator back", lambda: serving(s.activator.op), 300, 0.5)
     finally:
-        s.traffic.terminating.clear()
-        s.traffic.paused.discard(m.name)
+        s.traffic.paused.clear()
 
 
 def waiting(activator: Supervised) -> float:
@@ -792,33 +823,52 @@ def check_manifests(c: cluster_mod.Cluster, result: SoakResult) -> None:
             result.manifests_checked += 1
 
 
-def check_logs(workdir: Path, result: SoakResult) -> None:
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def log_times(lines: list[str], wall0: float) -> list[float | None]:
+    """Per line, the time of the last timestamped line at or before it, in seconds since the run
+    began (``wall0``: its wall clock; the logs' clock is this machine's, local time)."""
+    out: list[float | None] = []
+    last = None
+    for line in lines:
+        if m := LOG_TIME.match(line):
+            last = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000 - wall0
+        out.append(last)
+    return out
+
+
+def check_logs(workdir: Path, result: SoakResult, wall0: float) -> None:
     for log in sorted(workdir.glob("*.log")):
         lines = log.read_text(errors="replace").splitlines()
+        result.logs_checked += 1
+        times = log_times(lines, wall0)
         for i, line in enumerate(lines):
             if line.startswith("Traceback (most recent call last)"):
                 tail = next((x for x in lines[i + 1:i + 60] if x and not x.startswith(" ")), "")
-                result.violate("no_traceback", f"{log.name}:{i + 1}: {tail[:200]}")
+                at = f"t={times[i]:.0f}s: " if times[i] is not None else ""
+                result.violate("no_traceback", f"{at}{log.name}:{i + 1}: {tail[:200]}")
 
 
-def check_exits(result: SoakResult, workdir: Path) -> None:
-    """An exit nobody caused: the leader's exit 1 after it lost its Lease (logged "lost the lease")
-    is by design (the pod restarts as a standby); any other exit, or three of any in ten minutes,
-    is a crash loop."""
-    by_process: dict[str, list[float]] = {}
-    for proc in {e["process"] for e in result.replica_exits}:
-        exits = [e for e in result.replica_exits if e["process"] == proc and not e["caused_by_the_soak"]]
+def check_exits(result: SoakResult, workdir: Path, wall0: float) -> None:
+    """An exit nobody caused: the leader's exit 1 within 30 s of its log's "lost the lease" is by
+    design (client-go's rule; the pod restarts as a standby); any other exit is a crash, and three
+    crashes of one process in ten minutes a crash loop."""
+    for proc in sorted({e["process"] for e in result.replica_exits}):
         log = workdir / f"{proc}.log"
-        lost = log.read_text(errors="replace").count("lost the lease") if log.exists() else 0
-        by_design = [e for e in exits if proc.startswith("replica") and e["code"] == 1][:lost]
-        for e in exits:
-            if e not in by_design:
-                result.violate("no_crash_loop", f"{proc} exited by itself with {e['code']} at t={e['at']}s")
-            by_process.setdefault(proc, []).append(e["at"])
-    for proc, times in by_process.items():
-        for i in range(len(times) - 2):
-            if times[i + 2] - times[i] < 600:
-                result.violate("no_crash_loop", f"{proc}: 3 exits within 10 min from t={times[i]}s")
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        lost = [t for line, t in zip(lines, log_times(lines, wall0)) if "lost the lease" in line and t is not None]
+        crashes = []
+        for e in result.replica_exits:
+            if e["process"] != proc or e["caused_by_the_soak"]:
+                continue
+            e["lost_the_lease"] = e["code"] == 1 and any(e["at"] - 30 <= t <= e["at"] + 1 for t in lost)
+            if not e["lost_the_lease"]:
+                crashes.append(e["at"])
+                result.violate("no_crash_loop", f"t={e['at']:.0f}s: {proc} exited by itself with {e['code']}")
+        for i in range(len(crashes) - 2):
+            if crashes[i + 2] - crashes[i] < 600:
+                result.violate("no_crash_loop", f"t={crashes[i + 2]:.0f}s: {proc}: 3 crashes within 10 min")
 
 
 def rest_writes(audit_log: Path, offset: int, users: list[str]) -> tuple[dict[str, int], int]:
@@ -841,7 +891,7 @@ def run_soak(*, models: int, namespaces: int, minutes: float, seed: int, converg
 
     from e2e import gpu
 
-    t_start = time.monotonic()
+    t_start, wall0 = time.monotonic(), time.time()
     rng = random.Random(seed)
     refs = model_refs(models, namespaces)
     result = SoakResult(config={"models": models, "namespaces": namespaces, "minutes": minutes, "seed": seed,
@@ -872,10 +922,13 @@ def run_soak(*, models: int, namespaces: int, minutes: float, seed: int, converg
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "QuantizedModel",
                 "metadata": {"name": m.name, "namespace": m.ns}, "spec": model_spec(c, m, source, "s3-credentials")})
         say(f"{models} models applied in {namespaces} namespaces ({result.config['roles']}); {nodes} nodes")
-        wait_converged(monitor, 1500, "the first convergence")
+        if wait_converged(monitor, 1500, "the first convergence") is None:
+            result.violate("converged_in_time", f"the first convergence: not in 1500 s: {monitor.unconverged()}")
+            return result
         result.config["first_convergence_seconds"] = round(time.monotonic() - t_start, 1)
-        traffic = Traffic(activator.op.activator_port, [m for m in refs if m.role == "atzero"], result, rng,
-                          t_start).start()
+        # Its own generator: the requests' moments do not shift the faults' order and pauses.
+        traffic = Traffic(activator.op.activator_port, [m for m in refs if m.role == "atzero"], result,
+                          random.Random(seed + 1), t_start).start()
         procs.append(traffic)
         soak = Soak(c, result, refs, replicas, activator, traffic, monitor, rng,
                     f"{load.RELEASE}-fewerbits", load.OPERATOR_NS, kinds)
@@ -902,16 +955,22 @@ def run_soak(*, models: int, namespaces: int, minutes: float, seed: int, converg
         for lost in traffic.lost:
             result.violate("no_request_lost", lost)
         result.jobs = {"created": len(monitor.job_uids), "max_unfinished_at_once": monitor.max_unfinished,
-                       "gate_failed_keys": len(monitor.failed_keys)}
-        check_manifests(c, result)
+                       "gate_failed_keys": len(monitor.failed_keys), "monitor_polls": monitor.polls}
+        guarded(result, "manifest_complete", lambda: check_manifests(c, result))
         for p in reversed(procs):
             p.stop()
         procs.clear()
-        check_logs(workdir, result)
-        check_exits(result, workdir)
-        settle(result)
+        guarded(result, "no_traceback", lambda: check_logs(workdir, result, wall0))
+        guarded(result, "no_crash_loop", lambda: check_exits(result, workdir, wall0))
+        return result
+    except Exception as e:  # noqa: BLE001 — reported with what was measured until then
+        import traceback
+
+        traceback.print_exc()
+        result.violate("run_completed", f"{type(e).__name__}: {str(e)[:300]}")
         return result
     finally:
+        settle(result)
         for p in reversed(procs):
             p.stop()
         result.wall_seconds = round(time.monotonic() - t_start, 1)
@@ -922,13 +981,22 @@ def run_soak(*, models: int, namespaces: int, minutes: float, seed: int, converg
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def guarded(result: SoakResult, invariant: str, check: Callable[[], None]) -> None:
+    """A check at the end that fails to run (storage unreachable, a log unreadable) is a breach of
+    what it checks, not a lost run."""
+    try:
+        check()
+    except Exception as e:  # noqa: BLE001
+        result.violate(invariant, f"the check itself failed: {type(e).__name__}: {str(e)[:200]}")
+
+
 def wait_converged(monitor: Monitor, timeout: float, what: str, since: float | None = None,
                    polls: int = 3) -> float | None:
     """Seconds from ``since`` (default now) until every model converged, or None after ``timeout``:
     converged in ``polls`` polls in a row, each begun after this call (a poll from before it may
     predate a wake the last requests caused)."""
     since = since or time.monotonic()
-    deadline, report = time.monotonic() + timeout, 0.0
+    deadline, report = since + timeout, 0.0
     first, streak, seen = monitor.polls + 1, 0, monitor.polls
     while time.monotonic() < deadline:
         if monitor.polls > seen:
@@ -947,15 +1015,29 @@ def wait_converged(monitor: Monitor, timeout: float, what: str, since: float | N
 
 
 def settle(result: SoakResult) -> None:
-    """Each fault survived unless an invariant broke between it and the next, or the run did not
-    converge in time."""
-    broken_at = [float(m.group(1)) for vs in result.violations.values() for v in vs
-                 if (m := re.search(r"t=(\d+(?:\.\d+)?)s", v))]
-    ok = "converged_in_time" not in result.violations
+    """Each confirmed fault survived unless the run did not converge in time, a check at the end
+    found a breach (it has no time: it counts against every fault), or a breach was seen between it
+    and the next fault. A fault not confirmed (its moment not met) is neither."""
+    ok = "converged_in_time" not in result.violations and not result.untimed_violations
     for i, f in enumerate(result.faults):
         nxt = result.faults[i + 1].at if i + 1 < len(result.faults) else float("inf")
-        f.survived = ok and not any(f.at <= t < nxt for t in broken_at)
+        f.survived = (ok and not any(f.at <= t < nxt for t in result.violation_times)) if f.confirmed else None
 
+
+def evidence(r: SoakResult) -> dict[str, bool]:
+    """Whether each invariant was put to the test at all (a check of nothing holds vacuously)."""
+    gate_models = r.config.get("roles", {}).get("gatefail", 0)
+    return {
+        "one_job_per_key": r.jobs.get("created", 0) > 0 and r.jobs.get("monitor_polls", 0) > 0,
+        "manifest_complete": r.manifests_checked > 0,
+        "nothing_served_that_failed_its_gate": not gate_models or r.jobs.get("gate_failed_keys", 0) > 0,
+        "no_request_lost": r.requests.get("answered", 0) > 0,
+        "no_traceback": r.logs_checked > 0,
+        "no_crash_loop": True,
+        "converged_in_time": r.converged_after_last_fault_seconds is not None,
+        "no_writes_at_rest": r.rest_lease_requests > 0,
+        "run_completed": True,
+    }
 
 
 # ------------------------------------------------------------------ output
@@ -967,11 +1049,12 @@ def summary(r: SoakResult) -> dict[str, Any]:
         k = by_kind.setdefault(f.kind, {"injected": 0, "confirmed": 0, "survived": 0})
         k["injected"] += 1
         k["confirmed"] += f.confirmed
-        k["survived"] += bool(f.survived)
+        k["survived"] += f.survived is True
     return {
         "faults_injected": len(r.faults), "faults_confirmed": sum(f.confirmed for f in r.faults),
-        "faults_survived": sum(bool(f.survived) for f in r.faults), "by_kind": by_kind,
-        "invariants": {name: not r.violations.get(name) for name in INVARIANTS},
+        "faults_survived": sum(f.survived is True for f in r.faults), "by_kind": by_kind,
+        "invariants": {name: not r.violations.get(name) and tested for name, tested in evidence(r).items()},
+        "invariants_tested": evidence(r),
         "data_lost": {"requests_lost": r.requests.get("lost", 0),
                       "incomplete_manifests": len(r.violations.get("manifest_complete", []))},
     }
@@ -987,7 +1070,9 @@ def markdown(d: dict[str, Any]) -> str:
     lines.append(f"| **all** | **{s['faults_injected']}** | **{s['faults_confirmed']}** | **{s['faults_survived']}** |")
     req = d["requests"]
     lines += ["", "| invariant | held |", "|---|---|"]
-    lines += [f"| {name.replace('_', ' ')} | {'yes' if ok else '**no**'} |" for name, ok in s["invariants"].items()]
+    lines += [f"| {name.replace('_', ' ')} | "
+              f"{'yes' if ok else ('**breached**' if d['violations'].get(name) else '**not tested**')} |"
+              for name, ok in s["invariants"].items()]
     lines += ["", f"Requests through the activator: {req.get('answered', 0)} answered, "
                   f"{req.get('shed_503_retry_after', 0)} refused with 503 and Retry-After, "
                   f"{req.get('refused_not_accepted', 0)} not accepted (no listener), **{req.get('lost', 0)} lost**. "
@@ -1034,8 +1119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_out:
         args.json_out.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.json_out}")
-    if result.violations:
-        print(f"FAILED: {sorted(result.violations)}", file=sys.stderr)
+    if result.violations or not all(out["summary"]["invariants"].values()):
+        print(f"FAILED: breached {sorted(result.violations)}; untested "
+              f"{sorted(k for k, v in out['summary']['invariants_tested'].items() if not v)}", file=sys.stderr)
         return 1
     return 0
 

@@ -310,3 +310,65 @@ def test_the_server_takes_a_burst_and_answers_without_a_delayed_ack_stall():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class DownKube(FakeKube):
+    """The API server restarting: every read fails as the kubernetes client fails (no ApiException)."""
+
+    def get_model(self, ns, name):
+        raise ConnectionRefusedError("[Errno 111] Connection refused")
+
+
+def test_the_api_server_not_answering_is_a_503_with_retry_after_not_a_dropped_connection():
+    before = _rejected("api")
+    code, hdrs, body = Activator(DownKube(), poll=0.01, forward=echo).handle("POST", "/v1/x", HOST, b"")
+    assert code == 503 and hdrs.get("Retry-After") and b"Kubernetes API did not answer" in body
+    assert _rejected("api") == before + 1
+
+
+def test_a_held_request_keeps_waiting_through_a_failed_pod_list():
+    class Flaky(FakeKube):
+        def list_pods(self, ns, selector):
+            if self.lists == 1:  # the second list (in the wait) fails once
+                self.lists += 1
+                raise OSError("connection reset")
+            return super().list_pods(ns, selector)
+
+    kube = Flaky(ready_after=4)
+    code, _, body = Activator(kube, poll=0.01, forward=echo).handle("POST", "/v1/x", HOST, b"")
+    assert code == 200 and body == b"http://10.0.0.7:8000/v1/x" and kube.lists >= 4
+
+
+def test_a_replica_that_refuses_the_connection_is_a_503_with_retry_after_and_one_that_fails_after_is_a_502():
+    from fewerbits_operator.runtime.activator import forward_http
+
+    port = unused_port()  # nothing listens: the pod is gone
+    before = _rejected("unreachable")
+    code, hdrs, _ = forward_http("POST", f"http://127.0.0.1:{port}/v1/x", f"127.0.0.1:{port}", b"{}", {})
+    assert code == 503 and hdrs.get("Retry-After") and _rejected("unreachable") == before + 1
+
+    class Hangup(BaseHTTPRequestHandler):
+        def do_POST(self):  # reads the request, then closes without an answer
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hangup)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        target = f"127.0.0.1:{server.server_address[1]}"
+        code, hdrs, _ = forward_http("POST", f"http://{target}/v1/x", target, b"{}", {"Content-Length": "2"})
+        assert code == 502 and "Retry-After" not in hdrs
+    finally:
+        server.shutdown()
+
+
+def unused_port() -> int:
+    """A port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

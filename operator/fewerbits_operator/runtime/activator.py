@@ -32,7 +32,10 @@ Then:
 
 1. a ready serving pod exists: forward to it at once;
 2. otherwise the request waits, bounded in count per model (``activator_queue``) and in time
-   (``activator_timeout_seconds``); past either it is answered 503 with ``Retry-After``;
+   (``activator_timeout_seconds``); past either it is answered 503 with ``Retry-After``, as it is
+   when the API server does not answer the reads (restarting, its watches broken meanwhile) or
+   the chosen pod does not accept the connection (gone with its node): nothing was sent, so the
+   client may send it again; a failure once the request was sent is a 502;
 3. the first waiting request wakes the model: one variant (the first of the plan with a
    Deployment) goes from 0 to 1 replica through the scale subresource, written conditionally on
    the scale's resourceVersion and only while it is at 0 (two replicas waking at once write once;
@@ -88,10 +91,11 @@ HOLD_SECONDS = Histogram("fewerbits_activator_hold_seconds",
                          "How long a request waited in the activator for a ready replica (served or not)",
                          buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600))
 REJECTED = Counter("fewerbits_activator_rejected_total",
-                   "Requests answered 503 with Retry-After: the per-model queue was full (queue) or no "
-                   "replica became ready in time (timeout)", ["reason"])
+                   "Requests answered 503 with Retry-After: the per-model queue was full (queue), no "
+                   "replica became ready in time (timeout), the Kubernetes API did not answer (api), or the "
+                   "replica did not accept the connection (unreachable)", ["reason"])
 WAITING = Gauge("fewerbits_activator_waiting", "Requests waiting in the activator for a ready replica")
-for _r in ("queue", "timeout"):
+for _r in ("queue", "timeout", "api", "unreachable"):
     REJECTED.labels(_r)
 
 Body = bytes | Iterable[bytes]
@@ -368,10 +372,16 @@ class Activator:
             return error(404, NOT_SERVED)
         assert isinstance(adm, Admitted)
         key = ns, name = adm.namespace, adm.name
-        model = self.model(ns, name)
+        try:
+            model = self.model(ns, name)
+            target = ready_pod(self.pods(ns, name)) if model is not None else None
+        except Exception as e:  # noqa: BLE001 - the API server restarting (its watches broken meanwhile)
+            log.warning("%s/%s: the API server did not answer (%s): 503", ns, name, type(e).__name__)
+            REJECTED.labels("api").inc()
+            return error(503, "the activator cannot read the model now: the Kubernetes API did not answer",
+                         {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if model is None:
             return error(404, NOT_SERVED)
-        target = ready_pod(self.pods(ns, name))
         if target is None and not ((model.get("status") or {}).get("autoscaling") or {}).get("enabled"):
             # Replicas come from spec.serving.replicas: reconcile would undo a wake-up.
             return error(503, f"{ns}/{name} has no ready replica and autoscaling is off: nothing to wake "
@@ -421,7 +431,11 @@ class Activator:
                     with g.lock:
                         g.woke_at = None
             seen = self.cache.version(ns, name) if self.cache is not None and self.cached(ns) else None
-            target = ready_pod(self.pods(ns, name))
+            try:
+                target = ready_pod(self.pods(ns, name))
+            except Exception as e:  # noqa: BLE001 - the API server restarting: the wait goes on
+                log.warning("%s/%s: listing its pods failed (%s); still waiting", ns, name, type(e).__name__)
+                target, seen = None, None
             if target:
                 with g.lock:
                     g.woke_at = None
@@ -451,10 +465,19 @@ def forward_http(method: str, url: str, target: str, body: bytes, headers: dict[
     host, _, port = target.rpartition(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=600)
     try:
+        conn.connect()
+    except OSError as e:
+        # Nothing was sent: the pod is gone (its node deleted, killed) or not listening yet. The
+        # client may send it again, as to a model still starting.
+        conn.close()
+        REJECTED.labels("unreachable").inc()
+        return error(503, f"the replica at {target} did not accept the connection ({e}); retry",
+                     {"Retry-After": str(RETRY_AFTER_SECONDS)})
+    try:
         conn.request(method, path, body=body if method not in ("GET", "HEAD") else None, headers=headers)
         resp = conn.getresponse()
-    except OSError as e:
-        conn.close()
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()  # sent: the pod may have acted on it, so it is not asked to be retried
         return error(502, f"forwarding to {target} failed: {e}")
     hdrs = {k: v for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP}
     return resp.status, {**hdrs, "X-Fewerbits-Endpoint": target}, _chunks(resp, conn)
