@@ -4,25 +4,13 @@ the planner's prediction it writes beside each measured row. The GPU runs themse
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmod import load_bench
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gpu_check = _load()
+gpu_check = load_bench("gpu_check")
 
 
 def test_the_dry_run_plans_every_format_the_default_size_and_both_widths(capsys):

@@ -4,25 +4,16 @@ and the README's soak tables are the committed JSON's (``soak.py --markdown-from
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
+
+from tests.benchmod import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _soak():
-    sys.path.insert(0, str(REPO / "bench"))
-    spec = importlib.util.spec_from_file_location("soak", REPO / "bench" / "soak.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-soak = _soak()
+soak = load_bench("soak")
 
 
 def result(**kw):
