@@ -201,3 +201,10 @@ class Models:
 
     def events(self, namespace: str, name: str) -> list[Any]:
         return [e for e in self.core.list_namespaced_event(namespace).items if e.involved_object.name == name]
+
+    def wait_events(self, namespace: str, name: str, reasons: set[str], timeout: float = 30) -> set[str]:
+        """Every reason in ``reasons`` among the object's events; returns all its reasons. The operator
+        posts a pass's events after that pass's status write (execute.py), so a test that has just
+        seen the status waits for them rather than reading once."""
+        return self.wait(f"events {sorted(reasons)} on {namespace}/{name}", lambda: (
+            got := {e.reason for e in self.events(namespace, name)}) >= reasons and got, timeout, namespace, name)

@@ -173,9 +173,9 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     assert passed["reason"] == "CanaryPassed", passed
     models.wait_condition(namespace, "c", "Ready", timeout=300)
     t_ready = time.monotonic()
-    at = _reasons(models, namespace, "c")
     steps = ("CanaryStarted", "CanaryEvaluating", "CanaryPassed", "DeploymentCreated")
-    assert all(s in at for s in steps), at
+    models.wait_events(namespace, "c", set(steps))
+    at = _reasons(models, namespace, "c")
     assert [at[s] for s in steps] == sorted(at[s] for s in steps), at  # canary → verdict → traffic
     deployments = models.deployments(namespace, "c")
     assert len(deployments) == 1, [(d.metadata.name, d.metadata.labels) for d in deployments]
@@ -241,7 +241,8 @@ def test_canary_judges_what_is_served_before_it_takes_traffic(cluster, gpu_pool,
     assert sound_pods == {p.metadata.uid for p in _served_by_service(core, namespace, "c")}
     ready = models.condition(namespace, "c", "Ready")
     assert ready["status"] == "True", ready
-    assert "CanaryFailed" in _reasons(models, namespace, "c")
+    # The event is posted after the status write that carries the verdict: waited for, not read once.
+    models.wait_events(namespace, "c", {"CanaryFailed"})
 
     # (c) A server that crashes on start: reported with the pod's reason; the sound pods keep serving.
     models.patch_spec(namespace, "c", {"serving": {"image": BROKEN_IMAGE}})

@@ -269,8 +269,7 @@ def test_corrupted_artifact_object_fails_the_fetch_clearly_and_nothing_serves_it
     assert vllm.state.running is None and vllm.restart_count == 0 and not vllm.ready, vllm
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{pod.status.pod_ip}:8000/v1/models", timeout=3)
-    events = {e.reason for e in models.events(namespace, "corrupt")}
-    assert "PodsFailing" in events, events
+    models.wait_events(namespace, "corrupt", {"PodsFailing"})
 
 
 def test_node_pool_removed_is_said_in_plan_and_status_and_its_deployment_kept(
@@ -293,7 +292,7 @@ def test_node_pool_removed_is_said_in_plan_and_status_and_its_deployment_kept(
     assert [v["pool"] for v in status["plan"]["variants"]] == [pools[H100]]
     assert {d.metadata.name for d in models.deployments(namespace, "twopools")} == {
         f"twopools-{p}" for p in pools.values()}
-    assert "PoolGone" in {e.reason for e in models.events(namespace, "twopools")}
+    models.wait_events(namespace, "twopools", {"PoolGone"})
 
     gpu_pool("l4", "NVIDIA-L4")  # the pool comes back: planned again, nothing recreated
     models.wait_condition(namespace, "twopools", "Planned", reason="Planned", timeout=120)

@@ -98,8 +98,7 @@ def test_sample_goes_from_apply_to_ready_on_h100(cluster, gpu_pool, namespace, m
     cluster.kubectl("wait", "--for=condition=Ready", f"qm/tiny", "-n", namespace, "--timeout=10s")
 
     # Events tell the story; reconcile at rest writes nothing.
-    reasons = {e.reason for e in models.events(namespace, "tiny")}
-    assert {"QuantizationStarted", "DeploymentCreated", "AllVariantsReady"} <= reasons, reasons
+    models.wait_events(namespace, "tiny", {"QuantizationStarted", "DeploymentCreated", "AllVariantsReady"})
     rv = models.get(namespace, "tiny")["metadata"]["resourceVersion"]
     reconciled_again(models, namespace, "tiny", times=1, timeout=120)  # a steady model: one resync per ~30 s
     assert models.get(namespace, "tiny")["metadata"]["resourceVersion"] == rv
