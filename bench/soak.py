@@ -440,7 +440,8 @@ class Soak:
     lease: str
     lease_ns: str
     kinds: tuple[str, ...] = FAULTS
-    samples: Counter = field(default_factory=Counter)
+    requantized: Counter = field(default_factory=Counter)
+    """Per churn model, how many new artifacts it was asked for (its `requantize` token)."""
 
     def api(self):
         return self.c.api_client()
@@ -477,10 +478,10 @@ class Soak:
         from kubernetes import client
 
         m = self.churn()
-        self.samples[m] += 1
+        self.requantized[m] += 1
         obj = client.CustomObjectsApi(self.api()).patch_namespaced_custom_object(
             GROUP, VERSION, m.ns, PLURAL, m.name,
-            {"spec": {"quantization": {"requantize": f"soak-{self.samples[m]}"}}})
+            {"spec": {"quantization": {"requantize": f"soak-{self.requantized[m]}"}}})
         gen = obj["metadata"]["generation"]
         batch, core = client.BatchV1Api(self.api()), client.CoreV1Api(self.api())
 
