@@ -61,6 +61,8 @@ for p in (REPO, REPO / "crds", REPO / "runtime", REPO / "operator"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from e2e.procs import free_port  # noqa: E402
+
 NS, MODEL, POOL = "bench", "m", "h100"
 HOST = f"{MODEL}.{NS}.svc.cluster.local:8000"
 MODES = ("per-request reads", "cached")
@@ -414,20 +416,9 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 class Activator:
     def __init__(self, api: StandInApi, backend_port: int, cached: bool, log: Path):
-        self.port, self.tenant_port, self.metrics_port = free_ports(3)
+        self.port, self.tenant_port, self.metrics_port = (free_port() for _ in range(3))
         cmd = [sys.executable, __file__, "--child", "--api", api.url, "--port", str(self.port),
                "--tenant-port", str(self.tenant_port), "--metrics-port", str(self.metrics_port),
                "--backend-port", str(backend_port)] + ([] if cached else ["--no-cache"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -91,10 +92,42 @@ def _group_has_others(pgid: int) -> bool:
     return False
 
 
+_GIVEN: set[int] = set()
+_RNG = random.Random()
+
+
+def _port_slice() -> range:
+    """The ports this process draws from: below the kernel's ephemeral range, so no outgoing
+    connection (which takes its local port from that range) can take a port between free_port and
+    the server's bind; each pytest-xdist worker gets a slice of its own."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    first, last = 10000, max(low, 12000)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1), 1)
+    index = int(worker) % count if worker.isdigit() else 0
+    width = (last - first) // count
+    return range(first + index * width, first + (index + 1) * width)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing holds now, never the same one twice in this process (asking the kernel for
+    port 0 can hand back a port it gave a moment ago, once the probing socket is closed)."""
+    ports = _port_slice()
+    for _ in range(4 * len(ports)):
+        port = _RNG.choice(ports)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port left in {ports.start}-{ports.stop - 1}")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

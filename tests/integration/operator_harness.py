@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,11 @@ from typing import Any, Callable
 from kubernetes import client
 
 from e2e import failfast
+from e2e.procs import free_port
 from e2e.addons.epp import PICKER_ROLE
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "fewerbits.io", "v1alpha1", "quantizedmodels"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import REGISTRY
 
+from e2e.procs import free_port
+
 from fewerbits_operator.runtime.activator import Activator, host_model, serve, variant_to_wake
 
 
@@ -342,7 +344,7 @@ def test_a_held_request_keeps_waiting_through_a_failed_pod_list():
 def test_a_replica_that_refuses_the_connection_is_a_503_with_retry_after_and_one_that_fails_after_is_a_502():
     from fewerbits_operator.runtime.activator import forward_http
 
-    port = unused_port()  # nothing listens: the pod is gone
+    port = free_port()  # nothing listens: the pod is gone
     before = _rejected("unreachable")
     code, hdrs, _ = forward_http("POST", f"http://127.0.0.1:{port}/v1/x", f"127.0.0.1:{port}", b"{}", {})
     assert code == 503 and hdrs.get("Retry-After") and _rejected("unreachable") == before + 1
@@ -363,12 +365,3 @@ def test_a_replica_that_refuses_the_connection_is_a_503_with_retry_after_and_one
         assert code == 502 and "Retry-After" not in hdrs
     finally:
         server.shutdown()
-
-
-def unused_port() -> int:
-    """A port nothing listens on (bound, then closed)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
