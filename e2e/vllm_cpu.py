@@ -45,8 +45,9 @@ CPU's own). Lower than this CPU's, vLLM's CPU build sees only that level's featu
 the path of a machine without AVX-512 runs on one that has it; higher than this CPU's is refused."""
 
 PRECHECK_ENV = "FEWERBITS_E2E_CPU_PRECHECK"
-"""``0`` in a pod's environment starts vLLM even for a format this CPU cannot serve (UNSERVABLE), so a
-test can watch what vLLM itself does then; anything else (the default) refuses before vLLM starts."""
+"""``0`` in a pod's environment starts vLLM even for a format (or a format with LoRA) this CPU cannot
+serve (`unservable`), so a test can watch what vLLM itself does then; anything else (the default)
+refuses before vLLM starts."""
 
 LEVELS = ("AVX2", "AVX512", "AMX")
 """The CPU levels vLLM's CPU build tells apart on x86, lowest first. Each level's torch.cpu checks
@@ -99,6 +100,14 @@ CPU_STAND_IN: dict[str, str] = {
                                    "/health and die on the first request. Not translatable: the pod fails with "
                                    f"the reason, as a GPU node of the wrong compute capability does ({PRECHECK_ENV}"
                                    "=0 lets vLLM start anyway)",
+    "LoRA on int8 activation formats": (
+        "--enable-lora on a w8a8-int8 artifact (compressed-tensors int weights with int input activations) is "
+        "refused before vLLM starts unless the level is AMX and the activations are symmetric: vLLM's CPU int8 "
+        "kernel (CPUInt8ScaledMMLinearKernel, oneDNN path) prepacks the weight and sets layer.weight to None, and "
+        "vLLM's LoRA layers read their device from it (lora/layers/utils.py _get_lora_device), so the engine dies "
+        "at start (measured on 0.32.0, AVX512: AttributeError: 'NoneType' object has no attribute 'device'). Only "
+        "the AMX path (symmetric activations) keeps a packed weight. Not translatable: a GPU's int8 kernels keep "
+        f"the weight and serve the LoRA, so the pod fails with the reason ({PRECHECK_ENV}=0 lets vLLM start anyway)"),
     CAPABILITY_ENV: "a level below this CPU's makes vLLM's processes see only that level: torch.cpu's checks "
                     "above it answer False, so vLLM loads the same kernel library (_C_AVX2) and takes the same "
                     "paths as on such a CPU (set for the server: the level it acts on)",
@@ -259,14 +268,50 @@ def for_cpu(args: list[str], cpu: Cpu) -> tuple[list[str], list[str]]:
     return out, notes
 
 
-def unservable(config: dict, cpu: Cpu) -> str | None:
+def unservable(config: dict, cpu: Cpu, args: list[str] | tuple[str, ...] = ()) -> str | None:
     """Why vLLM's CPU build at ``cpu``'s level cannot serve the checkpoint whose config.json is
-    ``config`` (None: it can, as far as this stand-in knows). Pure."""
-    if not cpu.wna16 and weight_only_int(config.get("quantization_config") or {}):
+    ``config`` with the command line ``args`` (None: it can, as far as this stand-in knows). Pure."""
+    qcfg = config.get("quantization_config") or {}
+    if not cpu.wna16 and weight_only_int(qcfg):
         return (f"this checkpoint's weight-only integer quantization (w4a16: GPTQ/AWQ) needs vLLM's "
                 f"cpu_gemm_wna16 kernel, which vLLM's CPU build has only with AVX-512; CPU: {cpu.describe()}. "
                 "vLLM would start, answer /health and fail every request")
+    if lora_enabled(args) and int8_activations(qcfg) and not (cpu.level == "AMX" and int8_symmetric(qcfg)):
+        return ("LoRA (--enable-lora) on this checkpoint's int8 weights with int8 activations (w8a8-int8) fails at "
+                "start in vLLM's CPU build: its oneDNN int8 kernel (CPUInt8ScaledMMLinearKernel) prepacks the weight "
+                "and sets layer.weight to None, and vLLM's LoRA layers take their device from layer.weight "
+                "(lora/layers/utils.py _get_lora_device: AttributeError: 'NoneType' object has no attribute "
+                f"'device'); only AMX with symmetric activations keeps the weight; CPU: {cpu.describe()}. A GPU's "
+                "int8 kernels keep the weight and serve the adapters")
     return None
+
+
+def lora_enabled(args: list[str] | tuple[str, ...]) -> bool:
+    """``--enable-lora`` (or ``--enable-lora=true``) in a vLLM command line."""
+    for a in args:
+        key, eq, value = a.partition("=")
+        if key == "--enable-lora":
+            return not eq or value.strip().lower() in ("1", "true", "yes", "on")
+    return False
+
+
+def _int8_activation_groups(qcfg: dict) -> list[dict]:
+    """compressed-tensors groups with int weights and int input activations (w8a8-int8)."""
+    if qcfg.get("quant_method") != "compressed-tensors":
+        return []
+    return [g for g in (qcfg.get("config_groups") or {}).values()
+            if (g.get("weights") or {}).get("type") == "int"
+            and (g.get("input_activations") or {}).get("type") == "int"]
+
+
+def int8_activations(qcfg: dict) -> bool:
+    """A quantization_config whose linear layers run on vLLM's int8 scaled-mm kernels (w8a8-int8)."""
+    return bool(_int8_activation_groups(qcfg))
+
+
+def int8_symmetric(qcfg: dict) -> bool:
+    """Every int8-activation group quantizes its activations symmetrically (compressed-tensors' default)."""
+    return all((g.get("input_activations") or {}).get("symmetric", True) for g in _int8_activation_groups(qcfg))
 
 
 def weight_only_int(qcfg: dict) -> bool:
@@ -313,7 +358,7 @@ def main(argv: list[str]) -> None:
     say(f"CPU level {cpu.describe()}")
     for note in notes:
         say(f"translated for this CPU: {note}")
-    if env.get(PRECHECK_ENV) != "0" and (why := unservable(model_config(args), cpu)):
+    if env.get(PRECHECK_ENV) != "0" and (why := unservable(model_config(args), cpu, args)):
         print(f"CPUIncompatibleError: {why}", file=sys.stderr, flush=True)
         sys.exit(1)
     say("vLLM's CPU build for `vllm " + " ".join(argv) + "`: vllm " + " ".join(args))
