@@ -19,6 +19,8 @@ SERVING_QUALITY_PASSED = "ServingQualityPassed"
 DEPLOYED = "Deployed"
 READY = "Ready"
 CONDITION_TYPES = (ACCEPTED, PLANNED, QUANTIZED, QUALITY_GATE_PASSED, SERVING_QUALITY_PASSED, DEPLOYED, READY)
+ADAPTERS_SERVED = "AdaptersServed"
+"""Only on a model with `spec.adapters`, after the chain above: the base is Ready without it."""
 
 
 class Reason:
@@ -82,6 +84,10 @@ class Reason:
     HTTP_ROUTE_CONFLICT = "HTTPRouteConflict"
     """Deployed, spec.serving.gateway: an HTTPRoute of the model's name it does not own (gatewayroute.py)."""
     METRICS_UNAVAILABLE = "MetricsUnavailable"
+    # AdaptersServed
+    ADAPTER_INVALID = "AdapterInvalid"
+    ADAPTERS_NOT_PLANNED = "AdaptersNotPlanned"
+    AWAITING_ADAPTER_GATE = "AwaitingAdapterGate"
 
 
 class Condition(ApiModel):

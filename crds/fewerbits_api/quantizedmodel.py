@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from .adapters import AdapterList, AdapterStatus, LoraPlan, duplicate_adapter
 from .artifact import CalibrationUsed
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
@@ -513,6 +514,15 @@ class AutoscalingSpec(ApiModel):
 class QuantizedModelSpec(ApiModel):
     """What to quantize, how, where to store it, and how to serve and scale it."""
 
+    model_config = ApiModel.model_config | {"json_schema_extra": {
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.adapters) || !has(self.serving) || !has(self.serving.servedModelName) "
+                     "|| self.adapters.all(a, a.name != self.serving.servedModelName)",
+             "message": "an adapter may not be named as the model is served (serving.servedModelName): a request "
+                        "naming it would reach the base, not the adapter"},
+        ]
+    }}
+
     source: SourceSpec
     """The base model."""
 
@@ -527,6 +537,22 @@ class QuantizedModelSpec(ApiModel):
 
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Autoscaling of each variant."""
+
+    adapters: AdapterList = Field(default_factory=list)
+    """LoRA adapters served on the quantized base, each judged on every pool's base before it is
+    served there (docs/adapters.md). A request names an adapter as its `model`."""
+
+    @model_validator(mode="after")
+    def _adapters_named_apart(self) -> QuantizedModelSpec:
+        why = duplicate_adapter(self.adapters)
+        if why is not None:
+            raise ValueError(why)
+        served = self.serving.servedModelName
+        for i, a in enumerate(self.adapters):
+            if served is not None and a.name == served:
+                raise ValueError(f"adapters[{i}].name {a.name!r} is serving.servedModelName: a request naming it "
+                                 "would reach the base, not the adapter")
+        return self
 
     @model_validator(mode="after")
     def _effective_min_le_max(self) -> QuantizedModelSpec:
@@ -584,6 +610,10 @@ class PlanVariant(ApiModel):
     the model fits no single node of the pool, so each replica is a LeaderWorkerSet group of this
     many pods, one per node, each with `tensorParallelSize` GPUs (tensor parallel inside the node,
     pipeline parallel across nodes: `--pipeline-parallel-size` = nodesPerReplica)."""
+    lora: LoraPlan | None = None
+    """What this pool's vLLM holds for `spec.adapters` (absent: no adapters, or none fits here)."""
+    adaptersRefused: str | None = None
+    """Why this pool serves none of `spec.adapters` (their buffers do not fit), with the figures."""
 
 
 class RejectedPool(ApiModel):
@@ -919,6 +949,8 @@ class QuantizedModelStatus(ApiModel):
     """The policies governing the model and the effective values they set, each with its source."""
     calibrationData: CalibrationDataStatus | None = None
     """The calibration data in use and its pin (absent when no artifact uses calibration data)."""
+    adapters: list[AdapterStatus] = Field(default_factory=list)
+    """Each of `spec.adapters`: its rank and modules, and its verdict on every pool's base."""
 
 
 class ObjectMeta(ApiModel):

@@ -122,6 +122,10 @@ def _storage(uri: str, **more: Any) -> Callable[[Ctx], dict[str, Any]]:
     return lambda c: c.spec(storage={"uri": uri, "endpoint": c.s3_endpoint, **more})
 
 
+def _adapter(name: str) -> dict[str, Any]:
+    return {"name": name, "source": {"uri": "hf://fewerbits-test/plays-lora", "revision": "main"}}
+
+
 QM_ADMISSION = [
     # wrong types
     _qm_admission("qm-type-max-replicas-string", ("spec.autoscaling.maxReplicas",),
@@ -214,6 +218,19 @@ QM_ADMISSION = [
                   notes="null is pruned (no field is nullable), then source is missing"),
     Case("qm-missing-spec", "QuantizedModel", "admission", ("spec",),
          lambda c: qm("qm-missing-spec", ctx=c, drop_spec=True)),
+    # LoRA adapters (issue 43): a request names an adapter by its name, so names must tell them apart
+    _qm_admission("qm-adapter-name-twice", ("spec.adapters", "adapter names must be unique"),
+                  lambda c: c.spec(adapters=[_adapter("plays"), _adapter("plays")])),
+    _qm_admission("qm-adapter-named-as-the-model", ("spec", "servedModelName"),
+                  lambda c: c.spec(serving={"servedModelName": "tiny"}, adapters=[_adapter("tiny")])),
+    _qm_admission("qm-adapter-name-with-slash", ("spec.adapters[0].name",),
+                  lambda c: c.spec(adapters=[_adapter("org/plays")])),
+    _qm_admission("qm-adapter-pvc-source", ("spec.adapters[0].source.uri",),
+                  lambda c: c.spec(adapters=[{"name": "plays", "source": {"uri": "pvc://claim/plays"}}])),
+    _qm_admission("qm-adapter-path-tricks", ("spec.adapters[0].source.uri", "'..'"),
+                  lambda c: c.spec(adapters=[{"name": "plays", "source": {"uri": "s3://bucket/a/../b"}}])),
+    _qm_admission("qm-adapter-gate-negative", ("spec.adapters[0].gate.maxPerplexityIncreasePercent",),
+                  lambda c: c.spec(adapters=[{**_adapter("plays"), "gate": {"maxPerplexityIncreasePercent": -1}}])),
 ]
 
 

@@ -8,7 +8,7 @@ import re
 import typing
 from pathlib import Path
 
-from fewerbits_api.conditions import CONDITION_TYPES, Reason
+from fewerbits_api.conditions import ADAPTERS_SERVED, CONDITION_TYPES, Reason
 from fewerbits_operator.base.actions import ACTION_TYPES, Action
 from tests.unit.test_decide import CASES
 from tests.unit.test_layers import LAYERS
@@ -29,7 +29,7 @@ def condition_table() -> dict[str, set[str]]:
 
 
 def test_the_conditions_in_order_and_their_count():
-    assert list(condition_table()) == list(CONDITION_TYPES)
+    assert list(condition_table()) == [*CONDITION_TYPES, ADAPTERS_SERVED]
     (word,) = re.findall(r"goes through (\w+) conditions", DOC)
     assert NUMBERS[word] == len(CONDITION_TYPES)
     assert " ──► ".join(CONDITION_TYPES) in DOC

@@ -154,6 +154,10 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.CANARY_FAILED: ("ServingQualityPassed", "Degraded"),
     Reason.CANARY_NOT_READY: ("ServingQualityPassed", "Degraded"),
     Reason.CANARY_ERROR: ("ServingQualityPassed", "Degraded"),
+    # Beside the chain (not in ORDER): the base serves whatever its adapters' state.
+    Reason.ADAPTER_INVALID: ("AdaptersServed", "Degraded"),
+    Reason.ADAPTERS_NOT_PLANNED: ("AdaptersServed", "Degraded"),
+    Reason.AWAITING_ADAPTER_GATE: ("AdaptersServed", "Healthy"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready"]
 
@@ -179,9 +183,10 @@ def _cond(type_: str, status: str, reason: str, message: str = "", generation: i
 
 @pytest.mark.parametrize("reason", [r for r, (_, h) in REASONS.items() if h is not None])
 def test_each_reason_when_false(reason: str):
-    """Every earlier condition True, this one False with the reason, every later one Blocked."""
+    """Every earlier condition True, this one False with the reason, every later one Blocked (a
+    condition beside the chain: the whole chain True, then this one)."""
     type_, expected = REASONS[reason]
-    i = ORDER.index(type_)
+    i = ORDER.index(type_) if type_ in ORDER else len(ORDER)
     conditions = [_cond(t, "True", "Ok") for t in ORDER[:i]] + [_cond(type_, "False", reason, f"because {reason}")]
     conditions += [_cond(t, "False", "Blocked", f"see {type_}") for t in ORDER[i + 1:]]
     status, message = health(_model(conditions))

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from fewerbits_api.artifact import CalibrationUsed, Manifest, QualityReport
-from fewerbits_api.conditions import CONDITION_TYPES, Condition
+from fewerbits_api.conditions import ADAPTERS_SERVED, CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
 from fewerbits_operator.artifacts.keys import job_name, planned_artifacts
@@ -43,6 +43,7 @@ from fewerbits_operator.base.observed import (
     Observed,
 )
 from fewerbits_operator.planner import pool_from_product, shape_from_config
+from fewerbits_operator.planner.lora import AdapterFacts
 from fewerbits_operator.serving.render import deployment_name, render_deployment, render_service, Owner
 from fewerbits_operator.serving.routing import RoutingFacts
 from fewerbits_operator.base.observed import GatewayFacts
@@ -95,6 +96,8 @@ class World:
     dataset_errors: dict[str, str] = field(default_factory=dict)
     routing: Any = None
     gateway: Any = None
+    adapters: tuple[AdapterFacts, ...] = ()
+    adapter_problems: dict[str, str] = field(default_factory=dict)
 
     def observed(self) -> Observed:
         valid = tuple(QuantizationPolicy.model_validate(p) for p in self.policies)
@@ -107,7 +110,8 @@ class World:
             pools=tuple(self.pools), shape=self.shape, config_error=self.config_error, artifacts=self.artifacts,
             deployments=self.deployments, service=self.service, service_read=True,
             pod_terminations=self.pod_terminations, dataset_errors=self.dataset_errors,
-            routing=self.routing, gateway=self.gateway)
+            routing=self.routing, gateway=self.gateway, adapters=self.adapters,
+            adapter_problems=self.adapter_problems)
 
     # --- what the pure functions say this world plans, for the case to fill in facts
     def planned(self):
@@ -618,6 +622,37 @@ CASES = [
          and o.actions[1].job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
          and o.status.artifacts[0].queue.reason == "Kueue" and o.status.artifacts[0].queue.position is None),
 ]
+# ---- LoRA adapters (more in test_adapters_decide.py)
+PLAYS = {"name": "plays", "source": {"uri": "hf://org/plays-lora", "revision": "v1"}}
+CASES += [
+    Case("adapters whose configs fit: each pool holds them, each waits for its gate there; the base goes on",
+         _seq(_set(spec=base_spec(adapters=[PLAYS]), adapters=(AdapterFacts("plays", 16, ("q_proj", "v_proj")),)),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending"), "AdaptersServed": ("False", "AwaitingAdapterGate")},
+         actions=[ClaimArtifact, CreateJob, CreateService], message={"AdaptersServed": "plays"},
+         check=lambda o: o.status.plan.variants[0].lora.maxLoraRank == 16
+         and "--enable-lora" in o.status.plan.variants[0].vllmArgs
+         and [p.state for p in o.status.adapters[0].pools] == ["Pending"]),
+    Case("an adapter whose config does not fit the base: AdaptersServed names its field",
+         _seq(_set(spec=base_spec(adapters=[PLAYS]), adapter_problems={
+             "plays": "spec.adapters[0].source: adapter_config.json: target_modules c_attn name no linear layer"}),
+              lambda w: w.no_job()),
+         {"Quantized": ("False", "JobPending"), "AdaptersServed": ("False", "AdapterInvalid")},
+         actions=[ClaimArtifact, CreateJob, CreateService], message={"AdaptersServed": "spec.adapters[0].source"},
+         check=lambda o: o.status.adapters[0].problem is not None and o.status.plan.variants[0].lora is None),
+    Case("an adapter named as the model is served by default (its name) is refused, naming the field",
+         _seq(_set(spec=base_spec(adapters=[{**PLAYS, "name": NAME}]),
+                   adapters=(AdapterFacts(NAME, 16, ("q_proj",)),)), lambda w: w.no_job()),
+         {"AdaptersServed": ("False", "AdapterInvalid")}, actions=[ClaimArtifact, CreateJob, CreateService],
+         message={"AdaptersServed": "spec.adapters[0].name"}),
+    Case("adapters no pool can hold: AdaptersNotPlanned with the figures, the base served without LoRA",
+         _seq(_set(spec=base_spec(adapters=[PLAYS], serving={"maxModelLen": 4208, "minConcurrentSequences": 1024,
+                                                              "canary": {"enabled": False}}),
+                   adapters=(AdapterFacts("plays", 512, ("q_proj",)),)), lambda w: w.no_job()),
+         {"Planned": ("True", "Planned"), "AdaptersServed": ("False", "AdaptersNotPlanned")},
+         actions=[ClaimArtifact, CreateJob, CreateService], message={"AdaptersServed": "GiB per GPU"},
+         check=lambda o: "--enable-lora" not in o.status.plan.variants[0].vllmArgs),
+]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 
 
@@ -640,8 +675,9 @@ def test_decide_table(case: Case):
     if case.check is not None:
         result = case.check(out)
         assert result is None or result, f"check failed: {out.status}"
-    # Every pass writes all six conditions, each for the generation it saw, at the observed time.
-    assert [c.type for c in out.status.conditions] == list(CONDITION_TYPES)
+    # Every pass writes all seven conditions (and AdaptersServed with adapters), each for the
+    # generation it saw, at the observed time.
+    assert [c.type for c in out.status.conditions] == list(CONDITION_TYPES) + [ADAPTERS_SERVED] * bool(w.spec.get("adapters"))
     assert all(c.observedGeneration == obs.generation for c in out.status.conditions)
     assert out.status.observedGeneration == obs.generation
 

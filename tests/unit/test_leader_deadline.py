@@ -284,7 +284,7 @@ def test_every_method_of_the_clients_is_a_read_or_a_fenced_write():
     """LeaderOnlyWrites knows writes by name: each public method of Kube and ObjectStore is a read
     listed here or a write by WRITE_PREFIXES (runner.py), never both and never neither."""
     reads = {"list_raw", "watch_raw", "use_views", "namespace_labels", "secret_data", "job_pods", "lws_available", "serves",  # Kube
-             "head_object", "list_location", "model_config", "unreadable"}  # ObjectStore
+             "head_object", "list_location", "model_config", "adapter_config", "source_json", "unreadable"}  # ObjectStore
     for cls in (Kube, ObjectStore):
         for name, _ in inspect.getmembers(cls, callable):
             if name.startswith("_"):

@@ -16,7 +16,8 @@ LLAMA8 = str(CONFIGS / "llama-3.1-8b.json")
 REPO = HERE.parents[1]
 
 VARIANT_KEYS = {"pool", "gpuProduct", "family", "format", "kvCacheDtype", "dtype", "tensorParallelSize",
-                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs", "servedAsIs", "nodesPerReplica"}
+                "maxModelLen", "gpuMemoryUtilization", "weightsGiB", "kvCacheTokens", "decodeTokensPerSecond", "warnings", "vllmArgs", "servedAsIs", "nodesPerReplica",
+                "lora", "adaptersRefused"}
 
 
 def run(capsys, *argv):
@@ -185,3 +186,32 @@ def test_bad_files_exit_2(tmp_path, capsys):
     not_policy.write_text("kind: ConfigMap\n")
     code, _, err = run(capsys, "--model-config", LLAMA8, "--policy", str(not_policy))
     assert code == 2 and "no QuantizationPolicy" in err
+
+
+def _adapter(tmp_path, name: str, **config) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32, **config}))
+    return f"{name}={folder}"
+
+
+def test_adapters_are_checked_and_planned_per_pool(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    plays = _adapter(tmp_path, "plays", target_modules=["q_proj", "v_proj"])
+    code, out, _ = run(capsys, "--model-config", LLAMA8, "--gpu", "NVIDIA-L4:1", "--adapter", plays)
+    assert code == 0
+    assert "LoRA adapters:\n  l4-x1: plays: --max-loras 1, --max-lora-rank 16, --max-cpu-loras 1;" in out
+    assert "--enable-lora --max-loras 1 --max-lora-rank 16 --max-cpu-loras 1" in out
+    code, out, _ = run(capsys, "--model-config", LLAMA8, "--gpu", "NVIDIA-L4:1", "--adapter", plays, "-o", "json")
+    (v,) = json.loads(out)["variants"]
+    assert v["lora"] == {"adapters": ["plays"], "maxLoras": 1, "maxLoraRank": 16, "maxCpuLoras": 1,
+                         "gpuMemoryGiB": v["lora"]["gpuMemoryGiB"]} and v["adaptersRefused"] is None
+
+
+def test_an_adapter_for_another_architecture_is_bad_input_naming_it(capsys, tmp_path):
+    gpt2 = _adapter(tmp_path, "chat", target_modules=["c_attn"])
+    code, out, err = run(capsys, "--model-config", LLAMA8, "--gpu", "NVIDIA-L4:1", "--adapter", gpt2)
+    assert code == 2 and out == ""
+    assert "--adapter chat: adapter_config.json: target_modules c_attn name no linear layer of this llama base" in err
+    code, _, err = run(capsys, "--model-config", LLAMA8, "--gpu", "NVIDIA-L4:1", "--adapter", "no-path")
+    assert code == 2 and "expected NAME=PATH" in err

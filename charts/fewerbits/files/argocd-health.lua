@@ -35,6 +35,7 @@ local DEGRADED = {
                                    RoutingUnavailable = true, InferencePoolConflict = true,
                                    HTTPRouteConflict = true } },
   { type = "Ready", reasons = { PodsFailing = true } },
+  { type = "AdaptersServed", reasons = { AdapterInvalid = true, AdaptersNotPlanned = true } },
 }
 local ORDER = { "Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready" }
 
@@ -171,6 +172,11 @@ if ready ~= nil and ready.status == "True" and current(ready) then
   hs.message = ready.message or "Ready"
   if status.endpoint ~= nil and ready.reason ~= "AllVariantsReady" then
     hs.message = hs.message .. " (" .. status.endpoint .. ")"
+  end
+  -- The base serves whatever its LoRA adapters' state (docs/adapters.md); say where they stand.
+  local adapters = find(status.conditions, "AdaptersServed")
+  if adapters ~= nil and current(adapters) then
+    hs.message = hs.message .. "; " .. describe(adapters)
   end
   return hs
 end

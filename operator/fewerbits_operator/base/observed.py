@@ -17,6 +17,7 @@ from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelStatus
 from fewerbits_operator.base.claims import Claim
 from fewerbits_operator.base.datapins import DataPin
 from fewerbits_operator.planner import GPUPool, ModelShape
+from fewerbits_operator.planner.lora import AdapterFacts
 from fewerbits_operator.base.queueing import QueueFacts
 
 
@@ -207,6 +208,10 @@ class Observed:
     shape: ModelShape | None = None
     config_error: str | None = None
     """Why the source's config.json could not be read or understood."""
+    adapters: tuple[AdapterFacts, ...] = ()
+    """The adapters whose adapter_config.json was read and fits the base, in spec order."""
+    adapter_problems: Mapping[str, str] = field(default_factory=dict)
+    """By adapter name: why its config could not be read or does not fit the base (naming its field)."""
     artifacts: Mapping[str, ArtifactFacts] = field(default_factory=dict)
     """By artifact key, for the keys the plan names."""
     deployments: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)

@@ -1,5 +1,6 @@
-"""What the operator reads outside the API server: artifact manifests in object storage and the
-base model's ``config.json`` (to know its shape before planning).
+"""What the operator reads outside the API server: artifact manifests in object storage, the
+base model's ``config.json`` (to know its shape before planning) and its adapters'
+``adapter_config.json`` (their rank and modules).
 
 Credentials come from the Secrets a model names, are used for the request, and are never logged
 or stored. Errors carry messages a person can act on; none includes a credential.
@@ -24,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fewerbits_api.endpoints import EndpointRefused, guard_endpoint
 from fewerbits_api.artifact import MANIFEST_NAME, Manifest, ManifestError, artifact_prefix, split_s3_uri
 from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
+from fewerbits_api.adapters import AdapterSourceSpec
 from fewerbits_api.quantizedmodel import SourceSpec, StorageSpec
 from fewerbits_api.s3errors import S3ErrorClass, S3ErrorKind, classify_s3_error
 
@@ -277,26 +279,39 @@ class ObjectStore:
 
     def model_config(self, source: SourceSpec, secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
         """The base model's config.json, cached per (uri, revision)."""
-        cache_key = (source.uri, source.revision, source.endpoint,
+        if source.scheme not in ("s3", "hf"):
+            raise ModelConfigError(
+                f"spec.source.uri: {source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
+                "their config.json to plan (use an hf:// or s3:// source)")
+        return self.source_json(source, "config.json", "spec.source", secret, hf_endpoint)
+
+    def adapter_config(self, source: AdapterSourceSpec, field: str, secret: dict[str, str] | None,
+                       hf_endpoint: str) -> dict[str, Any]:
+        """A LoRA adapter's adapter_config.json (``field``: its `spec.adapters[i].source`), cached
+        per (uri, revision)."""
+        return self.source_json(source, "adapter_config.json", field, secret, hf_endpoint)
+
+    def source_json(self, source: SourceSpec | AdapterSourceSpec, filename: str, field: str,
+                    secret: dict[str, str] | None, hf_endpoint: str) -> dict[str, Any]:
+        """A small JSON file beside the weights of an hf:// or s3:// source (``field`` names the
+        source in messages), cached per (uri, revision, file, credential)."""
+        cache_key = (source.uri, source.revision, source.endpoint, filename,
                      _identity((secret or {}).get(SECRET_ACCESS_KEY_ID) or (secret or {}).get(SECRET_HF_TOKEN)))
         if cache_key in self._config_cache:
             return self._config_cache[cache_key]
         if source.scheme == "s3":
-            cfg = self._s3_config(source, S3Credentials.from_secret(secret))
-        elif source.scheme == "hf":
-            cfg = self._hf_config(source, (secret or {}).get(SECRET_HF_TOKEN), hf_endpoint)
+            cfg = self._s3_json(source, filename, field, S3Credentials.from_secret(secret))
         else:
-            raise ModelConfigError(
-                f"spec.source.uri: {source.scheme}:// sources are read by the quantization Job only; the operator cannot read "
-                "their config.json to plan (use an hf:// or s3:// source)")
+            cfg = self._hf_json(source, filename, field, (secret or {}).get(SECRET_HF_TOKEN), hf_endpoint)
         self._config_cache[cache_key] = cfg
         return cfg
 
-    def _s3_config(self, source: SourceSpec, creds: S3Credentials) -> dict[str, Any]:
+    def _s3_json(self, source: SourceSpec | AdapterSourceSpec, filename: str, field: str,
+                 creds: S3Credentials) -> dict[str, Any]:
         bucket, prefix = split_s3_uri(source.uri)
-        key = f"{prefix.strip('/')}/config.json" if prefix.strip("/") else "config.json"
+        key = f"{prefix.strip('/')}/{filename}" if prefix.strip("/") else filename
         try:
-            s3 = self._client(source.endpoint, source.region, creds, "spec.source.endpoint")
+            s3 = self._client(source.endpoint, source.region, creds, f"{field}.endpoint")
         except StorageError as e:
             raise ModelConfigError(str(e)) from None
         try:
@@ -304,15 +319,16 @@ class ObjectStore:
         except (ClientError, BotoCoreError) as e:
             failure = classify_s3_error(e)
             raise ModelConfigError(_storage_message(failure.kind, failure.code, f"s3://{bucket}/{key}",
-                                                    source.endpoint, secret="spec.source.credentialsSecret")) from None
+                                                    source.endpoint, secret=f"{field}.credentialsSecret")) from None
         if len(body) > CONFIG_MAX_BYTES:
             raise ModelConfigError(f"s3://{bucket}/{key} is larger than {CONFIG_MAX_BYTES // 2**20} MiB; "
-                                   "a model's config.json is a few KiB")
+                                   f"a {filename} is a few KiB")
         return _parse_config(body, f"s3://{bucket}/{key}")
 
-    def _hf_config(self, source: SourceSpec, token: str | None, hf_endpoint: str) -> dict[str, Any]:
+    def _hf_json(self, source: SourceSpec | AdapterSourceSpec, filename: str, field: str, token: str | None,
+                 hf_endpoint: str) -> dict[str, Any]:
         repo = source.uri.removeprefix("hf://")
-        url = f"{hf_endpoint.rstrip('/')}/{repo}/resolve/{source.revision or 'main'}/config.json"
+        url = f"{hf_endpoint.rstrip('/')}/{repo}/resolve/{source.revision or 'main'}/{filename}"
         req = urllib.request.Request(url, headers={"User-Agent": "fewerbits-operator"})
         if token:
             req.add_unredirected_header("Authorization", f"Bearer {token}")  # never sent on to a redirect target
@@ -320,8 +336,8 @@ class ObjectStore:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 body = resp.read(CONFIG_MAX_BYTES)
         except urllib.error.HTTPError as e:
-            hint = " (gated or private: set spec.source.credentialsSecret with HF_TOKEN)" if e.code in (401, 403) else ""
-            raise ModelConfigError(f"cannot read config.json of {source.uri}: HTTP {e.code}{hint}") from None
+            hint = f" (gated or private: set {field}.credentialsSecret with HF_TOKEN)" if e.code in (401, 403) else ""
+            raise ModelConfigError(f"cannot read {filename} of {source.uri}: HTTP {e.code}{hint}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise ModelConfigError(f"cannot reach {hf_endpoint} for {source.uri}: {getattr(e, 'reason', e)}") from None
         return _parse_config(body, url)

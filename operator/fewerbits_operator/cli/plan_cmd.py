@@ -2,6 +2,7 @@
 
     fewerbits plan --model-config config.json --gpu NVIDIA-H100-80GB-HBM3:8 --gpu NVIDIA-L4:1
     fewerbits plan --model-config config.json --nodes nodes.yaml --policy policy.yaml -o json
+    fewerbits plan --model-config config.json --gpu NVIDIA-L4:1 --adapter plays=./plays-lora
 
 Pools come from ``--gpu PRODUCT:COUNT`` (facts from the GPU catalog; ``PRODUCT:COUNT:MEMORY_GIB:CC``
 for a product the catalog lacks) and/or ``--nodes`` (Node
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import textwrap
@@ -23,10 +25,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from fewerbits_api.adapters import ADAPTER_NAME
 from fewerbits_api.errors import format_validation_error
 from fewerbits_api.formats import KVCacheSetting, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus
 
+from fewerbits_operator.planner.lora import AdapterConfigError, AdapterFacts, adapter_facts
 from fewerbits_operator.planner import (
     GPUPool,
     ModelConfigError,
@@ -133,6 +137,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-concurrent-sequences", type=_positive_int, default=None, metavar="N")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=None, metavar="F")
     p.add_argument("--served-model-name", default=None, metavar="NAME")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA adapter by its adapter_config.json (or a directory holding it): checked against the "
+                        "model, and each pool's LoRA buffers planned (repeatable)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table")
     p.set_defaults(func=run)
 
@@ -181,7 +188,7 @@ def load_policy(path: Path):
     raise InputError(f"--policy {path}: no QuantizationPolicy in the file")
 
 
-def build_request(args: argparse.Namespace, policy) -> PlanRequest:
+def build_request(args: argparse.Namespace, policy, adapters: tuple[AdapterFacts, ...] = ()) -> PlanRequest:
     """Command-line flags over the policy's defaults over the built-in defaults."""
     fields: dict[str, Any] = {}
     if policy is not None:
@@ -215,7 +222,7 @@ def build_request(args: argparse.Namespace, policy) -> PlanRequest:
     if "ignore" in fields:
         fields["ignore"] = tuple(fields["ignore"])
     try:
-        return PlanRequest(**fields)
+        return PlanRequest(**fields, adapters=adapters)
     except ValidationError as e:
         raise InputError("; ".join(format_validation_error(e))) from None
 
@@ -247,6 +254,28 @@ def build_pools(args: argparse.Namespace) -> tuple[list[GPUPool], str | None]:
 
 
 # ------------------------------------------------------------------------------ output
+
+
+def load_adapters(values: list[str], shape: ModelShape) -> tuple[AdapterFacts, ...]:
+    """``--adapter NAME=PATH`` values: each adapter_config.json read and checked against the model."""
+    out = []
+    for i, value in enumerate(values):
+        name, eq, path = value.partition("=")
+        if not eq or not re.fullmatch(ADAPTER_NAME.strip("^$"), name) or not path:
+            raise InputError(f"--adapter {value!r}: expected NAME=PATH, NAME as a request names the adapter "
+                             "(letters, digits, '.', '_', '-')")
+        file = Path(path) / "adapter_config.json" if Path(path).is_dir() else Path(path)
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise InputError(f"--adapter {name}: cannot read {file}: {getattr(e, 'strerror', None) or e}") from None
+        if not isinstance(config, dict):
+            raise InputError(f"--adapter {name}: {file} is not a JSON object")
+        try:
+            out.append(adapter_facts(name, config, shape, f"--adapter {name}"))
+        except AdapterConfigError as e:
+            raise InputError(str(e)) from None
+    return tuple(out)
 
 
 def plan_json(status: PlanStatus) -> dict:
@@ -316,6 +345,14 @@ def plan_table(status: PlanStatus, header: str, note: str | None = None, width: 
         out += ["", "Warnings:"]
         for pool, w in warned:
             out += _wrap(f"  {pool + ':':<{pad + 1}} ", w, width)
+    with_lora = [v for v in status.variants if v.lora is not None or v.adaptersRefused]
+    if with_lora:
+        out += ["", "LoRA adapters:"]
+        for v in with_lora:
+            text = v.adaptersRefused or (
+                f"{', '.join(v.lora.adapters)}: --max-loras {v.lora.maxLoras}, --max-lora-rank {v.lora.maxLoraRank}, "
+                f"--max-cpu-loras {v.lora.maxCpuLoras}; {v.lora.gpuMemoryGiB:.2f} GiB per GPU of buffers")
+            out += _wrap(f"  {v.pool + ':':<{pad + 1}} ", text, width)
     if status.rejected:
         out += ["", "Rejected pools:"]
         for r in status.rejected:
@@ -370,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         shape = load_model_shape(args.model_config)
         policy = load_policy(args.policy) if args.policy is not None else None
-        request = build_request(args, policy)
+        request = build_request(args, policy, load_adapters(args.adapter, shape))
         pools, note = build_pools(args)
     except (InputError, ModelConfigError) as e:
         print(f"fewerbits plan: {e}", file=sys.stderr)

@@ -47,6 +47,7 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
+from fewerbits_operator.core.adapters import adapters_step
 from fewerbits_operator.artifacts.keys import (
     PlannedArtifact,
     artifact_format,
@@ -60,6 +61,7 @@ from fewerbits_operator.artifacts.effective import Effective, combine_policies, 
 from fewerbits_operator.planner import PlanRequest, plan, unmatched_targets
 from fewerbits_operator.artifacts.jobfailure import classify as classify_job_failure
 from fewerbits_operator.planner.jobsize import cap_violations, deadline_seconds, inputs_from, job_pool_selectors, plan_job_sizes
+from fewerbits_operator.planner.vllm_args import served_model_name
 from fewerbits_operator.serving.lws import INSTALL_LWS, lws_status, render_lws
 from fewerbits_operator.base.actions import (  # noqa: F401  (re-exported: the writes decide asks for)
     ACTION_TYPES,
@@ -114,7 +116,7 @@ WARNING_REASONS = frozenset({
     Reason.JOB_OOM_KILLED, Reason.JOB_EVICTED, Reason.JOB_OUT_OF_DISK, Reason.JOB_DEADLINE_EXCEEDED,
     Reason.JOB_EXCEEDS_POLICY, Reason.DATASET_UNREADABLE,
     Reason.GATE_FAILED, Reason.PODS_FAILING, Reason.POOL_GONE, Reason.SERVICE_CONFLICT,
-    Reason.CALIBRATION_DATA_UNAVAILABLE,
+    Reason.CALIBRATION_DATA_UNAVAILABLE, Reason.ADAPTER_INVALID, Reason.ADAPTERS_NOT_PLANNED,
     routing.REASON_UNAVAILABLE, routing.REASON_CONFLICT, Reason.METRICS_UNAVAILABLE,
     Reason.CANARY_FAILED, Reason.CANARY_NOT_READY, Reason.CANARY_ERROR,
 })
@@ -180,34 +182,35 @@ class Acceptance:
         return self.effective.accepted and not self.missing_secrets
 
 
-def secret_refs(spec: QuantizedModelSpec) -> list[tuple[str, str]]:
-    """(role, Secret name) for each Secret the spec names."""
+def secret_refs(spec: QuantizedModelSpec) -> list[tuple[str, str, str]]:
+    """(the field that names it, Secret name, the scheme it is read for) for each Secret the spec names."""
     out = []
     if spec.source.credentialsSecret:
-        out.append(("source", spec.source.credentialsSecret))
+        out.append(("spec.source.credentialsSecret", spec.source.credentialsSecret, spec.source.scheme))
     if spec.storage is not None and spec.storage.credentialsSecret:
-        out.append(("storage", spec.storage.credentialsSecret))
+        out.append(("spec.storage.credentialsSecret", spec.storage.credentialsSecret, "s3"))
+    for i, a in enumerate(spec.adapters):
+        if a.source.credentialsSecret:
+            out.append((f"spec.adapters[{i}].source.credentialsSecret", a.source.credentialsSecret, a.source.scheme))
     return out
 
 
 SECRET_KEYS = {
-    ("source", "hf"): (SECRET_HF_TOKEN,),
-    ("source", "s3"): (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY),
-    ("storage", None): (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY),
+    "hf": (SECRET_HF_TOKEN,),
+    "s3": (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY),
 }
-"""The keys each Secret must have, by its role (and the source's scheme)."""
+"""The keys each Secret must have, by the scheme it is read for."""
 
 
 def missing_secrets(spec: QuantizedModelSpec, namespace: str, secrets: Mapping[str, frozenset[str] | None]
                      ) -> tuple[str, ...]:
     out = []
-    for role, secret in secret_refs(spec):
-        field_name = f"spec.{role}.credentialsSecret"
+    for field_name, secret, scheme in secret_refs(spec):
         keys = secrets.get(secret)
         if keys is None:
             out.append(f"{field_name}: Secret {secret} not found in namespace {namespace}")
             continue
-        need = SECRET_KEYS.get((role, spec.source.scheme if role == "source" else None), ())
+        need = SECRET_KEYS.get(scheme, ())
         if lacking := [k for k in need if k not in keys]:
             out.append(f"{field_name}: Secret {secret} has no key {', '.join(lacking)}")
     return tuple(out)
@@ -319,7 +322,7 @@ def plan_of(obs: Observed, acc: Acceptance) -> tuple[PlanStatus, PlanVerdict]:
                                      f"; kept from an earlier pass: the source's config.json cannot be read now ({why})")
     policy = acc.effective.policy
     request = PlanRequest.from_spec(spec, policy.policy_spec() if policy.governed else None,
-                                    default_served_model_name=obs.name)
+                                    default_served_model_name=obs.name, adapters=obs.adapters)
     the_plan = plan(obs.shape, pools, request)
     if not pools:
         return the_plan, PlanVerdict(the_plan, False, Reason.NO_GPU_POOLS,
@@ -1314,6 +1317,19 @@ def quantized_step(obs: Observed, acc: Acceptance, the_plan: PlanStatus, sizing:
     return verdicts
 
 
+def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, st: StatusBuilder,
+                       status: QuantizedModelStatus) -> None:
+    """status.adapters and AdaptersServed (core/adapters.py); the condition goes with the adapters."""
+    assert acc.spec is not None
+    keys = {v: a.key for a in status.artifacts for v in a.variants}
+    status.adapters, condition = adapters_step(acc.spec.adapters, obs.adapters, obs.adapter_problems, the_plan, keys,
+                                               served_model_name(acc.spec, obs.name))
+    if condition is None:
+        st.conditions = [c for c in st.conditions if c.type != C.ADAPTERS_SERVED]
+    else:
+        st.set(C.ADAPTERS_SERVED, *condition)
+
+
 def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     """One pass: Accepted → Planned → Quantized/QualityGatePassed → the serving conditions, each
     step on what the previous one decided; a step that cannot go on ends the pass."""
@@ -1322,7 +1338,7 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     status = QuantizedModelStatus(observedGeneration=obs.generation, conditions=[], plan=old.plan,
                                   artifacts=old.artifacts, serving=old.serving, endpoint=old.endpoint,
                                   formats=old.formats, replicas=old.replicas, autoscaling=old.autoscaling,
-                                  route=old.route, calibrationData=old.calibrationData)
+                                  route=old.route, calibrationData=old.calibrationData, adapters=old.adapters)
     actions: list[Action] = []
 
     def done() -> Outcome:
@@ -1337,5 +1353,6 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
         return done()
     the_plan, gone, sizing = planned
     verdicts = quantized_step(obs, acc, the_plan, sizing, settings, st, status, actions)
+    adapters_in_status(obs, acc, the_plan, st, status)
     decide_serving(obs, acc, the_plan, verdicts, gone, settings, st, status, actions)
     return done()

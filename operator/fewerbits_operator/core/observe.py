@@ -49,6 +49,7 @@ from fewerbits_operator.base.queueing import KUEUE_QUEUE_LABEL, job_suspended
 from fewerbits_operator.serving import picker
 from fewerbits_operator.serving import routing
 from fewerbits_operator.planner import ModelConfigError as ShapeError
+from fewerbits_operator.planner.lora import AdapterConfigError, AdapterFacts, adapter_facts
 from fewerbits_operator.serving.render import LABEL_VARIANT, LABEL_MODEL
 from fewerbits_operator.base.settings import OperatorSettings
 from fewerbits_operator.base.storage import ModelConfigError, ObjectStore, S3Credentials, StorageError
@@ -120,7 +121,7 @@ class Observer:
         assert eff.spec is not None and eff.spec.storage is not None
         spec = eff.spec
         values: dict[str, dict[str, str] | None] = {}
-        for _, secret in secret_refs(spec):
+        for _, secret, _ in secret_refs(spec):
             if secret not in values:  # one GET when source and storage share a Secret
                 values[secret] = self.kube.secret_data(ns, secret)
         facts["secrets"] = _freeze({s: (frozenset(v) if v is not None else None) for s, v in values.items()})
@@ -129,6 +130,8 @@ class Observer:
         storage_creds = S3Credentials.from_secret(values.get(spec.storage.credentialsSecret or ""))
 
         facts.update(self._plan_inputs(spec, values.get(spec.source.credentialsSecret or "")))
+        if facts.get("shape") is not None and spec.adapters:
+            facts.update(self._adapter_inputs(spec, facts["shape"], values))
         the_plan, verdict = current_plan(Observed(**facts), eff)
         facts["planning"] = Planning(the_plan, verdict)  # decide reuses it: the planner runs once a pass
         facts.update(self._data_pin(md, spec, old, the_plan, storage_creds))
@@ -177,6 +180,20 @@ class Observer:
         except (ModelConfigError, ShapeError) as e:
             out["config_error"] = str(e)
         return out
+
+    def _adapter_inputs(self, spec, shape, secrets: Mapping[str, dict[str, str] | None]) -> dict[str, Any]:
+        """Each adapter's rank and modules from its adapter_config.json, or why it cannot be served."""
+        facts: list[AdapterFacts] = []
+        problems: dict[str, str] = {}
+        for i, a in enumerate(spec.adapters):
+            field_name = f"spec.adapters[{i}].source"
+            try:
+                cfg = self.store.adapter_config(a.source, field_name, secrets.get(a.source.credentialsSecret or ""),
+                                                self.settings.hf_endpoint)
+                facts.append(adapter_facts(a.name, cfg, shape, field_name))
+            except (ModelConfigError, AdapterConfigError) as e:
+                problems[a.name] = str(e)
+        return {"adapters": tuple(facts), "adapter_problems": _freeze(problems)}
 
     def _data_pin(self, md: Mapping[str, Any], spec, old: QuantizedModelStatus, the_plan, creds) -> dict[str, Any]:
         """The S3 calibration object's ETag when the plan uses one (pincache.py), or why not."""

@@ -34,6 +34,7 @@ import math
 from typing import TYPE_CHECKING
 
 from fewerbits_api.formats import QuantFormat
+from fewerbits_operator.planner.lora import lora_bytes_per_gpu
 
 if TYPE_CHECKING:  # pragma: no cover
     from fewerbits_operator.planner.catalog import GPUPool
@@ -92,7 +93,8 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
     for nodes in range(2, max_nodes + 1):
         if cap is not None and tp * nodes > cap:
             break
-        free = usable - stage_weight_bytes_per_gpu(shape, weights.total_bytes, tp, nodes)
+        free = (usable - stage_weight_bytes_per_gpu(shape, weights.total_bytes, tp, nodes)
+                - lora_bytes_per_gpu(shape, request.lora, tp, nodes))
         last_free = free
         if free <= 0:
             continue

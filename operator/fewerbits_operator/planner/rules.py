@@ -23,6 +23,7 @@ from fewerbits_api.architectures import effective_ignore, matches, quantize_bloc
 
 from fewerbits_operator.planner.catalog import CC, GPUPool, family_from_cc
 from fewerbits_operator.planner.shape import LinearGroup, ModelShape
+from fewerbits_operator.planner.lora import AdapterFacts, LoraSizing, lora_bytes_per_gpu, lora_plan, plan_with_adapters
 from fewerbits_operator.planner.vllm_args import plan_args
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +102,10 @@ class PlanRequest(BaseModel):
     """Policy `formatByGPUFamily`: replaces the family default of `format: auto`."""
     max_gpus_per_replica: Annotated[int, Field(ge=1)] | None = None
     """Policy `rules.maxGPUsPerReplica`: caps the tensor-parallel size."""
+    adapters: tuple[AdapterFacts, ...] = ()
+    """The model's LoRA adapters whose configs fit the base (planner/lora.py)."""
+    lora: LoraSizing | None = None
+    """The adapters' buffers this plan makes room for (set per try by ``plan_pool``)."""
 
     @field_validator("allowed_formats")
     @classmethod
@@ -118,8 +123,10 @@ class PlanRequest(BaseModel):
         policy: QuantizationPolicySpec | None = None,
         *,
         default_served_model_name: str | None = None,
+        adapters: tuple[AdapterFacts, ...] = (),
     ) -> PlanRequest:
-        """The request for an effective QuantizedModel spec under the matching policy's spec."""
+        """The request for an effective QuantizedModel spec under the matching policy's spec, with
+        the facts read from its adapters' configs (those that fit the base)."""
         q, s = spec.quantization, spec.serving
         rules = policy.rules if policy is not None else None
         return cls(
@@ -134,6 +141,7 @@ class PlanRequest(BaseModel):
             allowed_formats=tuple(rules.allowedFormats) if rules and rules.allowedFormats else None,
             format_by_gpu_family=dict(policy.formatByGPUFamily) if policy is not None else {},
             max_gpus_per_replica=rules.maxGPUsPerReplica if rules else None,
+            adapters=adapters,
         )
 
     def allows(self, fmt: QuantFormat) -> bool:
@@ -412,7 +420,7 @@ def fit_format(
         if blocker:
             blockers.append(f"TP {tp}: {blocker}")
             continue
-        usable = mem * util - runtime_reserve_bytes(mem, tp)
+        usable = mem * util - runtime_reserve_bytes(mem, tp) - lora_bytes_per_gpu(shape, request.lora, tp)
         free = usable - weights.total_bytes / tp
         if free <= 0:
             continue
@@ -583,13 +591,20 @@ def _variant(
         decodeTokensPerSecond=round(decode, 1),
         warnings=warnings,
         nodesPerReplica=fit.nodes,
+        lora=lora_plan(shape, request.lora, fit.tp, fit.nodes) if request.lora else None,
     )
     # For display only: the serving pod renders its arguments from the typed fields.
     return variant.model_copy(update={"vllmArgs": plan_args(variant, request.served_model_name)})
 
 
 def plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVariant | RejectedPool:
-    """The variant for one pool, or why the pool cannot serve the model."""
+    """The variant for one pool, or why the pool cannot serve the model; with room for the
+    model's adapters where they fit beside it (planner/lora.py)."""
+    return plan_with_adapters(lambda lora: _plan_pool(shape, pool, request.model_copy(update={"lora": lora})),
+                              request.adapters, shape)
+
+
+def _plan_pool(shape: ModelShape, pool: GPUPool, request: PlanRequest) -> PlanVariant | RejectedPool:
     warnings: list[str] = list(pool.notes) + list(shape.notes)
     dtype = compute_dtype(pool.cc)
     if dtype == "float16" and shape.float16_unsupported:

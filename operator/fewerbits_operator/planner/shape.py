@@ -99,6 +99,14 @@ class LinearGroup:
     name: str
     params: int
     active_params: int
+    in_features: int = 0
+    """Input width of one of the group's matrices (0: not one vLLM's LoRA adapts, the vision tower)."""
+    out_features: int = 0
+    """Output width of one of its matrices."""
+    matrices: int = 1
+    """How many matrices of that shape (the routed experts of a layer: one per expert)."""
+    row_parallel: bool = False
+    """Split along its input under tensor parallelism (o_proj, down_proj); else along its output."""
 
 
 @dataclass(frozen=True)
@@ -529,8 +537,8 @@ def _dims(config: Mapping[str, Any], ident: _Identity, where: str) -> _Dims:
 
 @dataclass(frozen=True)
 class _Attention:
-    projs: tuple[tuple[str, int], ...]
-    """(projection name, parameters) of one layer's attention."""
+    projs: tuple[tuple[str, int, int], ...]
+    """(projection name, input width, output width) of one layer's attention."""
     other_per_layer: int
     """Norms, biases and latent norms of one layer (parameters outside the linear layers)."""
     kv_cache_heads: int
@@ -552,15 +560,15 @@ def _attention(ident: _Identity, d: _Dims, where: str) -> _Attention:
         rope_dim = _opt_int(cfg, "qk_rope_head_dim", 64, where=where)
         v_dim = _opt_int(cfg, "v_head_dim", 128, where=where)
         q_head = nope + rope_dim
-        q_projs = ([("q_a_proj", hidden * q_lora), ("q_b_proj", q_lora * heads * q_head)] if q_lora
-                   else [("q_proj", hidden * heads * q_head)])
-        projs = q_projs + [("kv_a_proj_with_mqa", hidden * (kv_lora + rope_dim)),
-                           ("kv_b_proj", kv_lora * heads * (nope + v_dim)), ("o_proj", heads * v_dim * hidden)]
+        q_projs = ([("q_a_proj", hidden, q_lora), ("q_b_proj", q_lora, heads * q_head)] if q_lora
+                   else [("q_proj", hidden, heads * q_head)])
+        projs = q_projs + [("kv_a_proj_with_mqa", hidden, kv_lora + rope_dim),
+                           ("kv_b_proj", kv_lora, heads * (nope + v_dim)), ("o_proj", heads * v_dim, hidden)]
         return _Attention(tuple(projs), other_per_layer + kv_lora + (q_lora or 0), 1, kv_lora + rope_dim, 1,
                           q_head, True)
     kv_heads, head_dim = d.kv_heads, d.head_dim
-    projs = [("q_proj", hidden * heads * head_dim), ("k_proj", hidden * kv_heads * head_dim),
-             ("v_proj", hidden * kv_heads * head_dim), ("o_proj", hidden * heads * head_dim)]
+    projs = [("q_proj", hidden, heads * head_dim), ("k_proj", hidden, kv_heads * head_dim),
+             ("v_proj", hidden, kv_heads * head_dim), ("o_proj", heads * head_dim, hidden)]
     if text_type in _QKV_BIAS_TYPES or cfg.get("attention_bias"):
         other_per_layer += (heads + 2 * kv_heads) * head_dim
     if text_type in _QK_NORM_TYPES:
@@ -617,25 +625,32 @@ def _layer_groups(ident: _Identity, d: _Dims, attn: _Attention, e: _Experts) -> 
     prefix = ("model.language_model.layers" if ident.nested or ident.model_type in _VL_FLAT_TYPES
               else "model.layers")
     shared_name = "shared_experts" if text_type.startswith("deepseek") else "shared_expert"
-    mlp = ("gate_proj", "up_proj", "down_proj")
     groups: list[LinearGroup] = []
     other = 0
     for layer in range(d.layers):
         at = f"{prefix}.{layer}"
-        groups += [LinearGroup(f"{at}.self_attn.{proj}", n, n) for proj, n in attn.projs]
+        groups += [LinearGroup(f"{at}.self_attn.{proj}", i * o, i * o, i, o, 1, proj == "o_proj")
+                   for proj, i, o in attn.projs]
         other += attn.other_per_layer
         if not _is_moe_layer(layer, text_type, e):
-            groups += [LinearGroup(f"{at}.mlp.{p}", hidden * d.intermediate, hidden * d.intermediate) for p in mlp]
+            groups += _mlp_groups(f"{at}.mlp", hidden, d.intermediate)
             continue
         per_proj = hidden * e.moe_inter  # each of gate, up and down projections of one expert
-        groups += [LinearGroup(f"{at}.mlp.experts.0.{p}", e.experts * per_proj, e.top_k * per_proj) for p in mlp]
+        groups += [LinearGroup(g.name, e.experts * per_proj, e.top_k * per_proj, g.in_features, g.out_features,
+                               e.experts, g.row_parallel) for g in _mlp_groups(f"{at}.mlp.experts.0", hidden, e.moe_inter)]
         if e.shared_inter:
-            groups += [LinearGroup(f"{at}.mlp.{shared_name}.{p}", hidden * e.shared_inter, hidden * e.shared_inter)
-                       for p in mlp]
+            groups += _mlp_groups(f"{at}.mlp.{shared_name}", hidden, e.shared_inter)
         other += hidden * e.experts  # the router
         if e.shared_inter and text_type.startswith("qwen"):
             other += hidden  # Qwen's shared-expert gate
     return groups, other + hidden  # + the final norm
+
+
+def _mlp_groups(at: str, hidden: int, inter: int) -> list[LinearGroup]:
+    """A gated MLP's three projections: gate and up widen, down narrows back (row-parallel)."""
+    n = hidden * inter
+    return [LinearGroup(f"{at}.gate_proj", n, n, hidden, inter), LinearGroup(f"{at}.up_proj", n, n, hidden, inter),
+            LinearGroup(f"{at}.down_proj", n, n, inter, hidden, 1, True)]
 
 
 def _vision_group(config: Mapping[str, Any], ident: _Identity, hidden: int, where: str) -> tuple[int, tuple[LinearGroup, ...]]:
