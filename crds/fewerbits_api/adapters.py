@@ -130,6 +130,86 @@ def duplicate_adapter(adapters: list[AdapterSpec]) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- what a Job measures
+
+
+class AdapterEvaluation(ApiModel):
+    """One adapter as a quantization or evaluation Job measures it: where its files are, its
+    evaluation set and threshold resolved against the model's gate. Credentials reach the Job as
+    environment variables (``adapter_env``), never in here."""
+
+    name: AdapterName
+    """The adapter's name."""
+    uri: Annotated[str, Field(max_length=512, pattern=ADAPTER_SOURCE_URI)]
+    """Its files (hf:// or s3://)."""
+    revision: str | None = None
+    """Its revision."""
+    endpoint: str | None = None
+    """The S3-compatible endpoint of an s3:// adapter."""
+    region: str | None = None
+    """The bucket's region."""
+    evalDataset: Annotated[str, Field(max_length=512, pattern=DATASET_URI)]
+    """The text its perplexity is measured on."""
+    evalSamples: Annotated[int, Field(ge=1, le=4096)]
+    """Evaluation windows."""
+    maxIncreasePercent: Annotated[float, Field(gt=0, le=1000)]
+    """Largest allowed increase over the same adapter on the 16-bit base (the verdict only)."""
+    hasCredentials: bool = False
+    """Whether the Job's environment carries its Secret's keys (``adapter_env``)."""
+
+    def identity_doc(self) -> dict:
+        """What decides its figures (not its verdict), for the evaluation identity."""
+        from .datasets import BUILTIN_DATASET_SHA256
+
+        return {"name": self.name, "uri": self.uri, "revision": self.revision, "endpoint": self.endpoint,
+                "evalDataset": self.evalDataset, "evalDatasetSha256": BUILTIN_DATASET_SHA256.get(self.evalDataset),
+                "evalSamples": self.evalSamples}
+
+
+def adapter_env(index: int, key: str) -> str:
+    """The Job's environment variable for key ``key`` (HF_TOKEN, AWS_ACCESS_KEY_ID, ...) of the
+    Secret of the adapter at ``index`` in the contract."""
+    return f"FEWERBITS_ADAPTER_{index}_{key}"
+
+
+def adapter_evaluations(adapters: list[AdapterSpec], gate) -> list[AdapterEvaluation]:
+    """Each adapter with its gate's unset fields taken from the model's ``gate`` (a QualityGateSpec)."""
+    return [AdapterEvaluation(
+        name=a.name, uri=a.source.uri, revision=a.source.revision, endpoint=a.source.endpoint,
+        region=a.source.region, hasCredentials=a.source.credentialsSecret is not None,
+        evalDataset=a.gate.evalDataset or gate.evalDataset, evalSamples=a.gate.evalSamples or gate.evalSamples,
+        maxIncreasePercent=a.gate.maxPerplexityIncreasePercent or gate.maxPerplexityIncreasePercent)
+        for a in adapters]
+
+
+class AdapterQuality(ApiModel):
+    """One adapter measured on the 16-bit base and on an artifact, on the same windows of its
+    evaluation text (written by the Job into the quality report)."""
+
+    model_config = ApiModel.model_config | {"extra": "ignore"}  # read by images older than the writer
+
+    name: str
+    """The adapter."""
+    baselinePerplexity: float | None = None
+    """The adapter on the 16-bit base."""
+    perplexity: float | None = None
+    """The adapter on the artifact."""
+    increasePercent: float | None = None
+    """(perplexity / baselinePerplexity - 1) x 100."""
+    maxIncreasePercent: float
+    """The threshold it was judged against."""
+    passed: bool
+    """The verdict: never served on this artifact when false."""
+    windows: int = 0
+    """Evaluation windows scored."""
+    tokens: int = 0
+    """Tokens scored."""
+    increaseCI95: list[float] | None = None
+    """95% interval of the increase, percent (paired per window)."""
+    error: str | None = None
+    """Why it could not be measured (its files unreadable, its modules not the base's): not passed."""
+
+
 # ---------------------------------------------------------------- plan
 
 

@@ -14,6 +14,7 @@ from typing import Annotated
 
 from pydantic import Field, ValidationError, field_validator
 
+from .adapters import AdapterQuality
 from .base import ApiModel
 from .datasets import AUTO_CALIBRATION, AUTO_FALLBACK_HASH, named_dataset_hash
 from .errors import field_path, format_validation_error
@@ -164,6 +165,8 @@ class QualityReport(ManifestModel):
     """Half-width of that interval: an increase below it is not told apart from noise."""
     evalDatasetSha256: str | None = None
     """Hash of the evaluation text as read (S3 ETag-independent)."""
+    adapters: list[AdapterQuality] = Field(default_factory=list)
+    """Each LoRA adapter of the model measured on the 16-bit base and on this artifact."""
 
 
 class CalibrationUsed(ManifestModel):

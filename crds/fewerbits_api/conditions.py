@@ -88,6 +88,7 @@ class Reason:
     ADAPTER_INVALID = "AdapterInvalid"
     ADAPTERS_NOT_PLANNED = "AdaptersNotPlanned"
     AWAITING_ADAPTER_GATE = "AwaitingAdapterGate"
+    ADAPTERS_JUDGED = "AdaptersJudged"
 
 
 class Condition(ApiModel):

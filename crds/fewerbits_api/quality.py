@@ -259,7 +259,7 @@ def eval_identity(gate) -> str:
     """sha256 of what decides a quality result's figures (not its verdict) for ``gate``, a
     ``QualityGateSpec``: evaluation set (and a built-in set's file hash, an S3 set's ETag when the
     gate is pinned, ``QualityGateSpec.pinned``), window count, benchmarks and custom set less their
-    thresholds, and the seed."""
+    thresholds, the seed, and the LoRA adapters measured with it (``QualityGateSpec.with_adapters``)."""
     doc = {
         "evalDataset": gate.evalDataset,
         "evalDatasetSha256": BUILTIN_DATASET_SHA256.get(gate.evalDataset),
@@ -274,6 +274,10 @@ def eval_identity(gate) -> str:
         # An S3 set by its content, as the calibration set enters the artifact key (issue 31);
         # absent for built-in and Hub sets, so their identities stay what they were.
         doc["evalDatasetEtag"] = etag
+    if adapters := getattr(gate, "adapters", ()):
+        # The LoRA adapters measured beside it (docs/adapters.md): a model without adapters keeps
+        # the identity it had; adding or changing one re-evaluates, never re-quantizes.
+        doc["adapters"] = [a.identity_doc() for a in adapters]
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from .adapters import AdapterList, AdapterStatus, LoraPlan, duplicate_adapter
+from .adapters import MAX_ADAPTERS, AdapterEvaluation, AdapterList, AdapterStatus, LoraPlan, duplicate_adapter
 from .artifact import CalibrationUsed
 from .base import API_VERSION, ApiModel
 from .conditions import Condition
@@ -179,6 +179,23 @@ class QualityGateSpec(ApiModel):
         out._eval_dataset_etag = etag
         return out
 
+    _adapters: tuple[AdapterEvaluation, ...] = PrivateAttr(default=())
+
+    @property
+    def adapters(self) -> tuple[AdapterEvaluation, ...]:
+        """The LoRA adapters measured with this gate (``with_adapters``): not part of the spec, the
+        CRD or the wire; they enter the evaluation identity (fewerbits_api.quality)."""
+        return self._adapters
+
+    def with_adapters(self, adapters: list[AdapterEvaluation] | tuple[AdapterEvaluation, ...]) -> QualityGateSpec:
+        """This gate measuring ``adapters`` too, a copy (the etag pin kept)."""
+        if tuple(adapters) == self._adapters:
+            return self
+        out = self.model_copy()
+        out._eval_dataset_etag = self._eval_dataset_etag
+        out._adapters = tuple(adapters)
+        return out
+
 
 class PinnedGateContract(ApiModel):
     """A Job contract's S3 evaluation-set pin (the quantization and canary contracts): the ETag the
@@ -188,9 +205,15 @@ class PinnedGateContract(ApiModel):
     """The ETag the operator read of an S3 `qualityGate.evalDataset`: part of the evaluation
     identity (fewerbits_api.quality.eval_identity); the Job refuses other bytes (DatasetChanged)."""
 
+    adapters: Annotated[list[AdapterEvaluation], Field(max_length=MAX_ADAPTERS)] | None = None
+    """The model's LoRA adapters to measure on the 16-bit base and on the artifact (docs/adapters.md):
+    part of the evaluation identity, put back on ``qualityGate`` when read. Absent: none (a model
+    without adapters renders the contract it always did)."""
+
     @model_validator(mode="after")
     def _pin_eval_dataset(self):
         self.qualityGate._eval_dataset_etag = self.evalDatasetEtag  # type: ignore[attr-defined]
+        self.qualityGate._adapters = tuple(self.adapters or ())  # type: ignore[attr-defined]
         return self
 
 _DATA_FREE = ", ".join(f"'{f.value}'" for f in QuantFormat

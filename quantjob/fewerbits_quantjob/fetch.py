@@ -112,3 +112,39 @@ def _fetch_pvc(rest: str, mount: str | None) -> FetchedModel:
         raise JobError(errors.SOURCE_NOT_FOUND, f"pvc://{rest}: {path} is not a directory in the mounted claim",
                        permanent=True)
     return FetchedModel(path, None)
+
+
+ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def fetch_adapter(adapter, index: int, contract: QuantJobContract, env: Mapping[str, str], dest: Path) -> Path:
+    """One LoRA adapter's files (``adapter``: a contract ``AdapterEvaluation`` at ``index``) into
+    ``dest``, with its own credentials (``adapter_env``); a JobError naming it when they cannot be read."""
+    from fewerbits_api.adapters import adapter_env
+    from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
+
+    from .storage import classify_client_error, download_prefix, s3_client
+
+    scheme, _, rest = adapter.uri.partition("://")
+    where = f"adapter {adapter.name!r} ({adapter.uri})"
+    dest.mkdir(parents=True, exist_ok=True)
+    if scheme == "hf":
+        from huggingface_hub import snapshot_download
+
+        try:
+            snapshot_download(rest, revision=adapter.revision, token=env.get(adapter_env(index, SECRET_HF_TOKEN)) or None,
+                              local_dir=str(dest), allow_patterns=ADAPTER_FILES)
+        except Exception as e:  # noqa: BLE001 — one line naming the adapter
+            raise JobError(errors.SOURCE_FETCH_FAILED, f"{where}: {type(e).__name__}: {e}") from e
+        return dest
+    bucket, prefix = split_s3_uri(adapter.uri)
+    client = s3_client(adapter.endpoint or contract.storage.endpoint, adapter.region or contract.storage.region,
+                       env.get(adapter_env(index, SECRET_ACCESS_KEY_ID)), env.get(adapter_env(index, SECRET_SECRET_ACCESS_KEY)))
+    try:
+        download_prefix(client, bucket, prefix.rstrip("/") + "/" if prefix else "", dest)
+    except JobError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise classify_client_error(e, f"reading {where}") from e
+    return dest
+

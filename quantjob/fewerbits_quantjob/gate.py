@@ -48,15 +48,18 @@ def thresholds(gate) -> dict[str, float]:
 
 def measure(base: Path, quantized: Path, tokenizer, texts: list[str], eval_source: str, eval_sha256: str | None,
             gate, max_seq_length: int, trust_remote_code: bool, prepared: lmeval.Prepared,
-            on_progress=None, note=None) -> QualityReport:
+            on_progress=None, note=None, also=None) -> QualityReport:
     """Every metric of ``gate`` on ``base`` against ``quantized``; ``prepared`` is
-    :func:`lmeval.prepare`'s (made before any model was loaded)."""
+    :func:`lmeval.prepare`'s (made before any model was loaded). ``also(which, model)`` runs on each
+    loaded model after the benchmarks (the LoRA adapters' meter, adapters.py)."""
     scores: dict[str, dict[str, lmeval.Score]] = {}
 
     def with_model(which: str, model) -> None:
         if prepared:
             scores[which] = lmeval.score(model, tokenizer, prepared, max_length=max_seq_length,
                                          on_task=(lambda name: note(f"{which} model: {name}")) if note else None)
+        if also is not None:
+            also(which, model)
 
     ppl = evaluate.evaluate_pair(base, quantized, tokenizer, texts, max_seq_length, gate.evalSamples,
                                  trust_remote_code, on_progress=on_progress, with_model=with_model)

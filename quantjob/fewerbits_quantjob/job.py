@@ -49,7 +49,7 @@ from fewerbits_api.jobcontract import (
     QuantJobContract,
 )
 
-from . import errors, recipes, storage
+from . import adapters, errors, recipes, storage
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_PERMANENT, JobError
 from .report import Progress, configure_logging, log, one_line, redact, secret_values, termination_message
 
@@ -422,7 +422,8 @@ def _quantize_and_evaluate(contract: QuantJobContract, env, progress: Progress, 
 
 def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, workdir: Path):
     """The evaluation text, benchmark tasks and custom set, read and checked before any model is
-    loaded: bad input fails here, naming the field, before GPU time is spent."""
+    loaded: bad input fails here, naming the field, before GPU time is spent; and the LoRA
+    adapters' files and texts (adapters.prepare: one that cannot be read is its own failure)."""
     from . import lmeval, textdata
 
     gate = contract.qualityGate
@@ -431,18 +432,34 @@ def _prepare_evaluation(contract: QuantJobContract, env, progress: Progress, wor
         eval_set = textdata.load_texts(gate.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
         verify_eval_etag(contract.evalDatasetEtag, eval_set, gate.evalDataset)
         prepared = lmeval.prepare(gate, workdir, s3_factory)
-        st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks))
-    return eval_set, prepared
+        adapter_inputs = adapters.prepare(contract, env, workdir, s3_factory, note=progress.note)
+        st.summary.update(evalSamples=len(eval_set.texts), tasks=len(prepared.tasks),
+                          adapters=len(contract.adapters or ()))
+    return eval_set, (prepared, adapter_inputs)
 
 
 def _evaluate(contract: QuantJobContract, progress: Progress, st, source: Path, out: Path, tokenizer, eval_set,
-              prepared):
+              inputs):
     from . import gate as quality_gate
 
     gate = contract.qualityGate
+    prepared, (specs, failures) = inputs
+    meter = None
+    if specs:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=contract.source.trustRemoteCode)
+        meter = adapters.AdapterMeter.for_config(tokenizer, contract.evalMaxSeqLength, config, specs, note=progress.note)
     quality = quality_gate.measure(source, out, tokenizer, eval_set.texts, gate.evalDataset, eval_set.sha256, gate,
                                    contract.evalMaxSeqLength, contract.source.trustRemoteCode, prepared,
-                                   on_progress=lambda f: st.report(f), note=progress.note)
+                                   on_progress=lambda f: st.report(f), note=progress.note,
+                                   also=meter.hook if meter is not None else None)
+    if contract.adapters:
+        quality = quality.model_copy(update={"adapters": adapters.report(contract, meter, failures)})
+        for a in quality.adapters:
+            progress.note(f"adapter={a.name} base={a.baselinePerplexity} quantized={a.perplexity} "
+                          f"increase={a.increasePercent} max={a.maxIncreasePercent} passed={str(a.passed).lower()}"
+                          + (f" error={a.error}" if a.error else ""))
     for m in quality.metrics:
         progress.note(f"metric={m.name} base={m.base:.4f} quantized={m.quantized:.4f} "
                       f"recovery={m.recoveryPercent:.2f}% min={m.minRecoveryPercent:.2f}% "

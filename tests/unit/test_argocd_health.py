@@ -158,6 +158,7 @@ REASONS: dict[str, tuple[str, str | None]] = {
     Reason.ADAPTER_INVALID: ("AdaptersServed", "Degraded"),
     Reason.ADAPTERS_NOT_PLANNED: ("AdaptersServed", "Degraded"),
     Reason.AWAITING_ADAPTER_GATE: ("AdaptersServed", "Healthy"),
+    Reason.ADAPTERS_JUDGED: ("AdaptersServed", "Healthy"),
 }
 ORDER = ["Accepted", "Planned", "Quantized", "QualityGatePassed", "ServingQualityPassed", "Deployed", "Ready"]
 

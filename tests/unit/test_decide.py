@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import pytest
 
+from fewerbits_api.adapters import AdapterQuality
 from fewerbits_api.artifact import CalibrationUsed, Manifest, QualityReport
+from fewerbits_api.quality import eval_identity
 from fewerbits_api.conditions import ADAPTERS_SERVED, CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
 from fewerbits_api.quantizedmodel import ArtifactStatus, QuantizedModelStatus
@@ -622,7 +624,25 @@ CASES = [
          and o.actions[1].job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
          and o.status.artifacts[0].queue.reason == "Kueue" and o.status.artifacts[0].queue.position is None),
 ]
-# ---- LoRA adapters (more in test_adapters_decide.py)
+def _contract(job: dict[str, Any]) -> dict[str, Any]:
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+    return json.loads(next(e["value"] for e in env if e["name"] == "FEWERBITS_JOB_CONTRACT"))
+
+
+def _adapter_results(increase: dict[str, float]):
+    """The published manifests' quality reports measured with the model's adapters (the Job's figures)."""
+    def build(w: World) -> None:
+        gate = effective_for(w.observed(), SETTINGS).effective.gate()
+        for key, facts in w.artifacts.items():
+            q = facts.manifest.quality.model_copy(update={"evalIdentity": eval_identity(gate), "adapters": [
+                AdapterQuality(name=n, baselinePerplexity=100.0, perplexity=100.0 * (1 + x / 100), increasePercent=x,
+                               maxIncreasePercent=3.0, passed=x <= 3.0, windows=16, tokens=2032)
+                for n, x in increase.items()]})
+            w.artifacts[key] = replace(facts, manifest=facts.manifest.model_copy(update={"quality": q}))
+    return build
+
+
+# ---- LoRA adapters
 PLAYS = {"name": "plays", "source": {"uri": "hf://org/plays-lora", "revision": "v1"}}
 CASES += [
     Case("adapters whose configs fit: each pool holds them, each waits for its gate there; the base goes on",
@@ -645,6 +665,23 @@ CASES += [
                    adapters=(AdapterFacts(NAME, 16, ("q_proj",)),)), lambda w: w.no_job()),
          {"AdaptersServed": ("False", "AdapterInvalid")}, actions=[ClaimArtifact, CreateJob, CreateService],
          message={"AdaptersServed": "spec.adapters[0].name"}),
+    Case("adapters added to a model whose artifact serves: an evaluation Job measures them, nothing re-quantizes",
+         _seq(_set(spec=base_spec(adapters=[PLAYS]), adapters=(AdapterFacts("plays", 16, ("q_proj",)),)),
+              lambda w: w.publish()),
+         {"QualityGatePassed": ("True", "GatePassed"), "AdaptersServed": ("False", "AwaitingAdapterGate")},
+         actions=[CreateJob, CreateDeployment, CreateService],
+         check=lambda o: o.actions[0].job["metadata"]["name"].startswith("fewerbits-evaluate-")
+         and [a["name"] for a in _contract(o.actions[0].job)["adapters"]] == ["plays"]
+         and o.status.adapters[0].pools[0].state == "Pending"),
+    Case("adapters measured on the base artifact: each judged with the model's threshold, a failure is an event",
+         _seq(_set(spec=base_spec(adapters=[PLAYS, {**PLAYS, "name": "chat"}]),
+                   adapters=(AdapterFacts("plays", 16, ("q_proj",)), AdapterFacts("chat", 8, ("q_proj",)))),
+              lambda w: w.publish(), _adapter_results({"plays": 0.4, "chat": 6.3})),
+         {"QualityGatePassed": ("True", "GatePassed"), "AdaptersServed": ("False", "AdaptersJudged")},
+         actions=[CreateDeployment, CreateService], events={"AdapterGateFailed"},
+         message={"AdaptersServed": "refused by its gate: chat on h100-80gb-hbm3-x1 (+6.30%)"},
+         check=lambda o: [p.state for s in o.status.adapters for p in s.pools] == ["Passed", "Failed"]
+         and "above 5%" in o.status.adapters[1].pools[0].reason),
     Case("adapters no pool can hold: AdaptersNotPlanned with the figures, the base served without LoRA",
          _seq(_set(spec=base_spec(adapters=[PLAYS], serving={"maxModelLen": 4208, "minConcurrentSequences": 1024,
                                                               "canary": {"enabled": False}}),

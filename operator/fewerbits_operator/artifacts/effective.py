@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fewerbits_api.adapters import adapter_evaluations
 from fewerbits_api.datasets import BUILTIN_DATASETS, CALIBRATION_DATASETS
 from fewerbits_api.endpoints import endpoint_matches, endpoint_refusal
 from fewerbits_api.errors import format_validation_error
@@ -287,7 +288,13 @@ class Effective:
         return self.spec is not None and not self.errors and not self.violations
 
     def gate(self) -> QualityGateSpec:
-        """The model's gate; without one, the default 3% lowered to the policies' ceiling."""
+        """The model's gate (without one, the default 3% lowered to the policies' ceiling), with
+        the model's LoRA adapters measured beside it (docs/adapters.md)."""
+        assert self.spec is not None
+        gate = self._model_gate()
+        return gate.with_adapters(adapter_evaluations(self.spec.adapters, gate)) if self.spec.adapters else gate
+
+    def _model_gate(self) -> QualityGateSpec:
         assert self.spec is not None
         if self.spec.quantization.qualityGate is not None:
             gate = self.spec.quantization.qualityGate

@@ -97,4 +97,6 @@ def needs_evaluation(q: QualityReport | None, gate: QualityGateSpec) -> bool:
         return False
     if q.evalIdentity is not None and q.evalIdentity != eval_identity(gate):
         return True
+    if gate.adapters and q.evalIdentity is None:  # LoRA adapters are measured under an identity naming them
+        return True
     return bool(judge_quality(q, gate).missing)

@@ -1,5 +1,7 @@
 """What is decided of a model's LoRA adapters in one pass (pure): ``status.adapters`` and the
-``AdaptersServed`` condition, from the adapters' configs (observe) and the plan (planner/lora.py).
+``AdaptersServed`` condition, from the adapters' configs (observe), the plan (planner/lora.py) and
+each base artifact's quality report (the Job measures every adapter on the 16-bit base and on the
+artifact: quantjob/adapters.py).
 
 An adapter is served on a pool only where its config fits the base, the pool holds LoRA
 buffers for it, and it passed its gate on that pool's base (docs/adapters.md). The base does not
@@ -9,40 +11,91 @@ wait for its adapters: AdaptersServed stands beside the chain that ends in Ready
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from fewerbits_api.adapters import AdapterPoolStatus, AdapterSpec, AdapterStatus
+from fewerbits_api.adapters import AdapterEvaluation, AdapterPoolStatus, AdapterQuality, AdapterSpec, AdapterStatus
+from fewerbits_api.artifact import QualityReport
 from fewerbits_api.conditions import Reason
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant
 from fewerbits_operator.planner.lora import AdapterFacts
 
 
-def adapter_statuses(adapters: list[AdapterSpec], facts: tuple[AdapterFacts, ...], problems: Mapping[str, str],
-                     the_plan: PlanStatus, artifact_keys: Mapping[str, str], served_name: str) -> list[AdapterStatus]:
-    """Each adapter of the spec, in its order: its config's facts or its problem, and per variant
-    whether the pool can hold it (``artifact_keys``: the base artifact of each variant)."""
-    by_name = {f.name: f for f in facts}
-    out = []
-    for i, a in enumerate(adapters):
-        fact = by_name.get(a.name)
-        if a.name == served_name:  # the API server refuses it when servedModelName is written out
-            out.append(AdapterStatus(name=a.name, problem=(
-                f"spec.adapters[{i}].name: {a.name!r} is the name the base is served under (the model's name, "
-                "as spec.serving.servedModelName is unset): a request naming it would reach the base; rename the adapter")))
-            continue
-        if fact is None:
-            out.append(AdapterStatus(name=a.name, problem=problems.get(a.name, "its adapter_config.json was not read")))
-            continue
-        pools = [_on_pool(a.name, v, artifact_keys.get(v.pool)) for v in the_plan.variants]
-        out.append(AdapterStatus(name=a.name, rank=fact.rank, targetModules=list(fact.target_modules), pools=pools))
-    return out
+@dataclass(frozen=True)
+class AdapterInputs:
+    """What the adapters' step reads."""
+
+    adapters: list[AdapterSpec]
+    plan: PlanStatus
+    evaluations: tuple[AdapterEvaluation, ...]
+    """Each adapter's gate resolved against the model's (its threshold)."""
+    facts: tuple[AdapterFacts, ...]
+    problems: Mapping[str, str]
+    served_name: str
+    identity: str
+    """The evaluation identity of the current gate with the adapters: a report of another one did
+    not measure these adapters (an evaluation Job is on its way)."""
+    artifact_keys: Mapping[str, str] = field(default_factory=dict)
+    """By variant: its base artifact's key."""
+    reports: Mapping[str, QualityReport | None] = field(default_factory=dict)
+    """By artifact key: the quality report that answers its gate (None: not measured yet)."""
 
 
-def _on_pool(name: str, variant: PlanVariant, artifact_key: str | None) -> AdapterPoolStatus:
+@dataclass(frozen=True)
+class AdapterOutcome:
+    statuses: list[AdapterStatus]
+    condition: tuple[bool, str, str] | None
+    """AdaptersServed (None: the model has no adapters)."""
+    failed: list[str]
+    """One line per adapter and pool newly refused by its gate (for the events), with the figures."""
+
+
+def adapters_step(inp: AdapterInputs, old: list[AdapterStatus]) -> AdapterOutcome:
+    """The adapters' status, their condition, and the gate failures new since ``old``."""
+    if not inp.adapters:
+        return AdapterOutcome([], None, [])
+    statuses = [_status(i, a, inp) for i, a in enumerate(inp.adapters)]
+    before = {(s.name, p.variant, p.artifactKey) for s in old for p in s.pools if p.state == "Failed"}
+    failed = [f"adapter {s.name} on pool {p.variant}: {p.reason}" for s in statuses for p in s.pools
+              if p.state == "Failed" and (s.name, p.variant, p.artifactKey) not in before]
+    return AdapterOutcome(statuses, adapters_condition(statuses), failed)
+
+
+def _status(i: int, a: AdapterSpec, inp: AdapterInputs) -> AdapterStatus:
+    fact = next((f for f in inp.facts if f.name == a.name), None)
+    if a.name == inp.served_name:  # the API server refuses it when servedModelName is written out
+        return AdapterStatus(name=a.name, problem=(
+            f"spec.adapters[{i}].name: {a.name!r} is the name the base is served under (the model's name, "
+            "as spec.serving.servedModelName is unset): a request naming it would reach the base; rename the adapter"))
+    if fact is None:
+        return AdapterStatus(name=a.name, problem=inp.problems.get(a.name, "its adapter_config.json was not read"))
+    threshold = next(e.maxIncreasePercent for e in inp.evaluations if e.name == a.name)
+    pools = [_on_pool(a.name, v, inp.artifact_keys.get(v.pool), inp, threshold) for v in inp.plan.variants]
+    return AdapterStatus(name=a.name, rank=fact.rank, targetModules=list(fact.target_modules), pools=pools)
+
+
+def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInputs, threshold: float) -> AdapterPoolStatus:
     if variant.lora is None or name not in variant.lora.adapters:
         reason = variant.adaptersRefused or "this pool's plan holds no LoRA buffers"
-        return AdapterPoolStatus(variant=variant.pool, artifactKey=artifact_key, state="NotPlanned", reason=reason)
-    return AdapterPoolStatus(variant=variant.pool, artifactKey=artifact_key, state="Pending",
-                             reason="not judged on this pool's base yet")
+        return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="NotPlanned", reason=reason)
+    report = inp.reports.get(key) if key else None
+    measured = (next((q for q in report.adapters if q.name == name), None)
+                if report is not None and report.evalIdentity == inp.identity else None)
+    if measured is None:
+        return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Pending",
+                                 reason="being measured on this pool's base" if key else "its base artifact is not planned yet")
+    return _judged(variant.pool, key, measured, threshold)
+
+
+def _judged(pool: str, key: str | None, q: AdapterQuality, threshold: float) -> AdapterPoolStatus:
+    """The model's threshold on the Job's figures (a changed threshold is judged again, no Job)."""
+    figures = dict(baselinePerplexity=q.baselinePerplexity, perplexity=q.perplexity, increasePercent=q.increasePercent,
+                   maxIncreasePercent=threshold)
+    if q.error is not None or q.increasePercent is None:
+        return AdapterPoolStatus(variant=pool, artifactKey=key, state="Failed", reason=f"not measured: {q.error}", **figures)
+    ok = q.increasePercent <= threshold
+    text = (f"perplexity {q.perplexity:.3f} on this base against {q.baselinePerplexity:.3f} on the 16-bit base: "
+            f"{q.increasePercent:+.2f}% ({'within' if ok else 'above'} {threshold:g}%)")
+    return AdapterPoolStatus(variant=pool, artifactKey=key, state="Passed" if ok else "Failed", reason=text, **figures)
 
 
 def adapters_condition(statuses: list[AdapterStatus]) -> tuple[bool, str, str]:
@@ -50,23 +103,19 @@ def adapters_condition(statuses: list[AdapterStatus]) -> tuple[bool, str, str]:
     invalid = [f"{s.name}: {s.problem}" for s in statuses if s.problem]
     if invalid:
         return False, Reason.ADAPTER_INVALID, "; ".join(invalid)
-    refused = sorted({f"{p.variant}: {p.reason}" for s in statuses for p in s.pools if p.state == "NotPlanned"})
-    if refused and all(p.state == "NotPlanned" for s in statuses for p in s.pools):
+    pools = [(s.name, p) for s in statuses for p in s.pools]
+    refused = sorted({f"{p.variant}: {p.reason}" for _, p in pools if p.state == "NotPlanned"})
+    if refused and all(p.state == "NotPlanned" for _, p in pools):
         return False, Reason.ADAPTERS_NOT_PLANNED, "no pool holds the adapters: " + "; ".join(refused)
-    pending = [s.name for s in statuses if any(p.state == "Pending" for p in s.pools)]
-    message = (f"{len(pending)} adapter(s) ({', '.join(pending)}) await their gate on each pool's base; "
-               "none is served before it passes there")
+    parts = []
+    for state, word in (("Passed", "passed"), ("Failed", "refused by its gate"), ("Pending", "being measured")):
+        named = [f"{n} on {p.variant}" + (f" ({p.increasePercent:+.2f}%)" if p.increasePercent is not None else "")
+                 for n, p in pools if p.state == state]
+        if named:
+            parts.append(f"{word}: {', '.join(named)}")
     if refused:
-        message += "; not planned on " + "; ".join(refused)
-    return False, Reason.AWAITING_ADAPTER_GATE, message
-
-
-def adapters_step(adapters: list[AdapterSpec], facts: tuple[AdapterFacts, ...], problems: Mapping[str, str],
-                  the_plan: PlanStatus, artifact_keys: Mapping[str, str], served_name: str
-                  ) -> tuple[list[AdapterStatus], tuple[bool, str, str] | None]:
-    """The adapters' status and their condition (None: the model has no adapters, no condition)."""
-    if not adapters:
-        return [], None
-    statuses = adapter_statuses(adapters, facts, problems, the_plan, artifact_keys, served_name)
-    return statuses, adapters_condition(statuses)
-
+        parts.append("not planned on " + "; ".join(refused))
+    pending = any(p.state == "Pending" for _, p in pools)
+    reason = Reason.AWAITING_ADAPTER_GATE if pending else Reason.ADAPTERS_JUDGED
+    tail = "" if pending else "; each is served where it passed once serving pods load adapters (not in this version)"
+    return False, reason, "; ".join(parts) + tail

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from fewerbits_api import conditions as C
+from fewerbits_api.quality import eval_identity
 from fewerbits_api.conditions import Condition, Reason, set_condition
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
@@ -47,7 +48,7 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from fewerbits_operator.core.adapters import adapters_step
+from fewerbits_operator.core.adapters import AdapterInputs, adapters_step
 from fewerbits_operator.artifacts.keys import (
     PlannedArtifact,
     artifact_format,
@@ -1317,17 +1318,26 @@ def quantized_step(obs: Observed, acc: Acceptance, the_plan: PlanStatus, sizing:
     return verdicts
 
 
-def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, st: StatusBuilder,
-                       status: QuantizedModelStatus) -> None:
-    """status.adapters and AdaptersServed (core/adapters.py); the condition goes with the adapters."""
-    assert acc.spec is not None
-    keys = {v: a.key for a in status.artifacts for v in a.variants}
-    status.adapters, condition = adapters_step(acc.spec.adapters, obs.adapters, obs.adapter_problems, the_plan, keys,
-                                               served_model_name(acc.spec, obs.name))
-    if condition is None:
+def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdicts: list[ArtifactVerdict],
+                       st: StatusBuilder, status: QuantizedModelStatus) -> None:
+    """status.adapters and AdaptersServed (core/adapters.py), judged on each base artifact's quality
+    report; the condition goes with the adapters."""
+    spec = acc.spec
+    assert spec is not None
+    gate = acc.effective.gate()
+    outcome = adapters_step(AdapterInputs(
+        adapters=spec.adapters, plan=the_plan, evaluations=gate.adapters, facts=obs.adapters,
+        problems=obs.adapter_problems, served_name=served_model_name(spec, obs.name), identity=eval_identity(gate),
+        artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
+        reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
+    ), obs.old_status.adapters)
+    status.adapters = outcome.statuses
+    if outcome.condition is None:
         st.conditions = [c for c in st.conditions if c.type != C.ADAPTERS_SERVED]
-    else:
-        st.set(C.ADAPTERS_SERVED, *condition)
+        return
+    st.set(C.ADAPTERS_SERVED, *outcome.condition)
+    for line in outcome.failed:
+        st.note("Warning", "AdapterGateFailed", line)
 
 
 def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
@@ -1353,6 +1363,6 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
         return done()
     the_plan, gone, sizing = planned
     verdicts = quantized_step(obs, acc, the_plan, sizing, settings, st, status, actions)
-    adapters_in_status(obs, acc, the_plan, st, status)
+    adapters_in_status(obs, acc, the_plan, verdicts, st, status)
     decide_serving(obs, acc, the_plan, verdicts, gone, settings, st, status, actions)
     return done()

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from fewerbits_api.adapters import adapter_env
 from fewerbits_api.base import API_VERSION, GROUP
 from fewerbits_api.endpoints import ALLOW_PRIVATE_ENV
 from fewerbits_api.jobcontract import (
@@ -138,6 +139,18 @@ def source_credential_env(source: SourceSpec) -> list[dict[str, Any]]:
     return []
 
 
+def adapter_credential_env(spec: QuantizedModelSpec) -> list[dict[str, Any]]:
+    """Each adapter's Secret keys, under its index in the contract's ``adapters`` (adapter_env)."""
+    out: list[dict[str, Any]] = []
+    for i, a in enumerate(spec.adapters):
+        secret = a.source.credentialsSecret
+        if not secret:
+            continue
+        keys = (SECRET_HF_TOKEN,) if a.source.scheme == "hf" else (SECRET_ACCESS_KEY_ID, SECRET_SECRET_ACCESS_KEY)
+        out += [_secret_env(adapter_env(i, k), secret, k) for k in keys]
+    return out
+
+
 def endpoint_rule_env(settings: OperatorSettings) -> list[dict[str, Any]]:
     """The operator's allowPrivateEndpoints setting, for the Job's and the fetcher's connection
     guard (fewerbits_api.endpoints); nothing when private addresses are refused (the default)."""
@@ -173,6 +186,7 @@ def render_job(
                          trustRemoteCode=spec.source.trustRemoteCode, mountPath=source_mount),
         qualityGate=gate,
         evalDatasetEtag=gate.eval_dataset_etag,
+        adapters=list(gate.adapters) or None,
         evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         storage=spec.storage,
         mode=mode,
@@ -249,6 +263,7 @@ def _job_pod_spec(spec: QuantizedModelSpec, settings: OperatorSettings, contract
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 *source_credential_env(spec.source),
                 *storage_credential_env(spec.storage),
+                *adapter_credential_env(spec),
                 *endpoint_rule_env(settings),
             ],
             "resources": resources,
