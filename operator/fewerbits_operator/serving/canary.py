@@ -185,7 +185,8 @@ def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVaria
     contract = CanaryContract(
         key=artifact_key, configHash=chash, variant=variant.pool, kvCacheDtype=variant.kvCacheDtype,
         endpoint=f"http://{pod_ip}:{VLLM_PORT}", servedModelName=served_model_name(spec, owner.name),
-        storage=spec.storage, qualityGate=gate, evalDatasetEtag=gate.eval_dataset_etag, evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
+        storage=spec.storage, qualityGate=gate, evalDatasetEtag=gate.eval_dataset_etag, adapters=list(gate.adapters) or None,
+        evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
         limits=spec.serving.canary.limits)
     labels = {**MANAGED_BY, LABEL_COMPONENT: EVAL_COMPONENT, LABEL_CANARY: owner.name, LABEL_VARIANT: variant.pool}
     name = canary_job_name(owner.name, variant.pool, chash)
