@@ -17,6 +17,7 @@ import pytest
 
 from fewerbits_api.adapters import AdapterQuality
 from fewerbits_api.artifact import CalibrationUsed, Manifest, QualityReport
+from fewerbits_api.jobcontract import QuantJobContract
 from fewerbits_api.quality import eval_identity
 from fewerbits_api.conditions import ADAPTERS_SERVED, CONDITION_TYPES, Condition
 from fewerbits_api.policy import QuantizationPolicy
@@ -672,6 +673,8 @@ CASES += [
          actions=[CreateJob, CreateDeployment, CreateService],
          check=lambda o: o.actions[0].job["metadata"]["name"].startswith("fewerbits-evaluate-")
          and [a["name"] for a in _contract(o.actions[0].job)["adapters"]] == ["plays"]
+         and [a.name for a in QuantJobContract.model_validate(_contract(o.actions[0].job)).qualityGate.adapters]
+         == ["plays"]
          and o.status.adapters[0].pools[0].state == "Pending"),
     Case("adapters measured on the base artifact: each judged with the model's threshold, a failure is an event",
          _seq(_set(spec=base_spec(adapters=[PLAYS, {**PLAYS, "name": "chat"}]),
