@@ -23,6 +23,7 @@ from .validation import (
     REVISION,
     S3_BUCKET,
     SAFE_PATH,
+    UriSource,
     check_no_path_tricks,
 )
 
@@ -49,7 +50,7 @@ _NAMES_UNIQUE_CEL = {"x-kubernetes-validations": [{
 }]}
 
 
-class AdapterSourceSpec(ApiModel):
+class AdapterSourceSpec(UriSource):
     """Where a LoRA adapter comes from (a peft adapter: adapter_config.json and its weights)."""
 
     uri: Annotated[str, Field(max_length=512, pattern=ADAPTER_SOURCE_URI, json_schema_extra=PATH_TRICKS_CEL)]
@@ -71,14 +72,6 @@ class AdapterSourceSpec(ApiModel):
     """A Secret in the same namespace with credentials for the adapter, keyed as for
     `spec.source.credentialsSecret`. Never copied anywhere else."""
 
-    @field_validator("uri")
-    @classmethod
-    def _uri_has_no_path_tricks(cls, v: str) -> str:
-        return check_no_path_tricks(v, "uri")
-
-    @property
-    def scheme(self) -> str:
-        return self.uri.split("://", 1)[0]
 
 
 class AdapterGateSpec(ApiModel):

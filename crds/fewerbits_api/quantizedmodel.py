@@ -36,6 +36,7 @@ from .validation import (
     REVISION,
     SOURCE_URI,
     STORAGE_URI,
+    UriSource,
     check_no_path_tricks,
 )
 
@@ -57,7 +58,7 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-
 ExtraArg = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\s\x00-\x1f\x7f]+$")]
 
 
-class SourceSpec(ApiModel):
+class SourceSpec(UriSource):
     """Where the base (unquantized) model comes from."""
 
     uri: Annotated[str, Field(max_length=512, pattern=SOURCE_URI, json_schema_extra=PATH_TRICKS_CEL)]
@@ -84,14 +85,6 @@ class SourceSpec(ApiModel):
     """Allow the model's own Python code from its repository to run (`trust_remote_code`).
     Refused unless a policy allows it (`rules.allowTrustRemoteCode`)."""
 
-    @field_validator("uri")
-    @classmethod
-    def _uri_has_no_path_tricks(cls, v: str) -> str:
-        return check_no_path_tricks(v, "uri")
-
-    @property
-    def scheme(self) -> str:
-        return self.uri.split("://", 1)[0]
 
 
 class CalibrationSpec(ApiModel):

@@ -11,6 +11,10 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+from pydantic import field_validator
+
+from .base import ApiModel
+
 # RFC 1123 DNS label / subdomain, as Kubernetes names use them.
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -63,3 +67,20 @@ def check_pattern(value: str, pattern: str, field: str, what: str) -> str:
     if not re.fullmatch(pattern.removeprefix("^").removesuffix("$"), value):
         raise ValueError(f"{field}: {value!r} is not {what}")
     return value
+
+
+class UriSource(ApiModel):
+    """A source named by ``uri`` (``scheme://...``): its path checked for tricks, its scheme at hand.
+    The subclass declares ``uri`` with the schemes it takes."""
+
+    uri: str
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_has_no_path_tricks(cls, v: str) -> str:
+        return check_no_path_tricks(v, "uri")
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+

@@ -122,10 +122,11 @@ def build_quantized_test_model(fmt: str) -> Path:
     return _cached(cache_root() / f"{src.name}-{fmt}", lambda out: quantize(src, QuantFormat(fmt), ["lm_head"], out))
 
 
-def _cached(cached: Path, build) -> Path:
-    """``cached``, built by ``build(staging)`` into a fresh folder and renamed into place when missing
-    (atomic: a half-built folder never counts; another process winning the race is harmless)."""
-    if not (cached / "config.json").exists():
+def _cached(cached: Path, build, mark: str = "config.json") -> Path:
+    """``cached``, built by ``build(staging)`` into a fresh folder and renamed into place when its
+    ``mark`` file is missing (atomic: a half-built folder never counts; another process winning the
+    race is harmless)."""
+    if not (cached / mark).exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}.tmp.", dir=cached.parent))
         try:
@@ -133,7 +134,7 @@ def _cached(cached: Path, build) -> Path:
             try:
                 os.rename(staging, cached)
             except OSError:
-                if not (cached / "config.json").exists():
+                if not (cached / mark).exists():
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -46,13 +46,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
+import tests.testmodel as testmodel
 from tests.testmodel import build_test_model, cache_root, heldout_text, paragraphs, recipe_hash
 
 ADAPTER_BUILDER_VERSION = 2
@@ -154,20 +153,8 @@ def build_adapter(kind: str, dest: str | Path | None = None) -> Path:
 
 
 def _cached(cached: Path, build) -> Path:
-    """As tests.testmodel._cached, for a folder whose finished mark is adapter_config.json."""
-    if not (cached / "adapter_config.json").exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{cached.name}.tmp.", dir=cached.parent))
-        try:
-            build(staging)
-            try:
-                os.rename(staging, cached)
-            except OSError:
-                if not (cached / "adapter_config.json").exists():
-                    raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    return cached
+    """tests.testmodel._cached, for a folder whose finished mark is adapter_config.json."""
+    return testmodel._cached(cached, build, mark="adapter_config.json")
 
 
 def _token_stream(tokenizer, text: str):
