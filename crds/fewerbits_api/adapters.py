@@ -59,8 +59,7 @@ class AdapterSourceSpec(UriSource):
 
     revision: Annotated[str, Field(max_length=255, pattern=REVISION)] | None = None
     """The revision to serve: a commit hash (best: immutable), tag or branch. Part of the adapter's
-    identity, as `spec.source.revision` is of the base's; a policy's `rules.requireRevisionPin`
-    requires it here too."""
+    identity, as `spec.source.revision` is of the base's."""
 
     endpoint: Annotated[str, Field(max_length=512, pattern=HTTP_ENDPOINT)] | None = None
     """For `s3://` adapters on an S3-compatible store: its endpoint URL. Empty: AWS S3."""
@@ -241,8 +240,9 @@ class AdapterPoolStatus(ApiModel):
     """The base artifact the adapter was judged on."""
 
     state: Literal["Pending", "Passed", "Failed", "NotPlanned"]
-    """Pending: not judged on this base yet; Passed: served; Failed: its gate failed, not served on
-    this pool; NotPlanned: the pool cannot hold it (see `reason`)."""
+    """Pending: not judged on this base yet; Passed: its gate passed here (it may be served here);
+    Failed: its gate failed, never served on this pool; NotPlanned: the pool cannot hold it or
+    there is no 16-bit base to judge it against (see `reason`)."""
 
     reason: str = ""
     """Why it is not served here, with the figures."""

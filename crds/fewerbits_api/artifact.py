@@ -167,6 +167,9 @@ class QualityReport(ManifestModel):
     """Hash of the evaluation text as read (S3 ETag-independent)."""
     adapters: list[AdapterQuality] = Field(default_factory=list)
     """Each LoRA adapter of the model measured on the 16-bit base and on this artifact."""
+    baseEvalIdentity: str | None = None
+    """With adapters: the identity of the base's own figures (``quality.base_eval_identity``), which
+    answer a gate without those adapters."""
 
 
 class CalibrationUsed(ManifestModel):

@@ -36,7 +36,8 @@ from .datasets import (
 from .validation import PATH_TRICKS_CEL, S3_BUCKET, SAFE_PATH, check_no_path_tricks
 
 __all__ = ["BENCHMARK_SEED", "BENCHMARKS_UNIQUE_CEL", "CUSTOM_EVAL_METRICS", "BenchmarkSpec", "CustomEvalSpec",
-           "MetricResult", "QUALITY_DIR", "duplicate_benchmarks", "eval_identity", "eval_overlaps_calibration",
+           "MetricResult", "QUALITY_DIR", "answers", "base_eval_identity", "duplicate_benchmarks", "eval_identity",
+           "eval_overlaps_calibration",
            "quality_result_key", "recovery_percent"]
 
 QUALITY_DIR = "quality"
@@ -279,6 +280,20 @@ def eval_identity(gate) -> str:
         # the identity it had; adding or changing one re-evaluates, never re-quantizes.
         doc["adapters"] = [a.identity_doc() for a in adapters]
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def base_eval_identity(gate) -> str:
+    """The identity of the base's own figures under ``gate``: its adapters left out. A report
+    measured with adapters answers a gate without them (models sharing an artifact, one of them
+    with adapters, one without), and the canary's base scores are the base's."""
+    return eval_identity(gate.with_adapters([]) if getattr(gate, "adapters", ()) else gate)
+
+
+def answers(q, gate) -> bool:
+    """Whether the report ``q`` was measured under ``gate``: its identity, or, for a gate without
+    adapters, the base identity of a report measured with some."""
+    identity = eval_identity(gate)
+    return q.evalIdentity == identity or (not getattr(gate, "adapters", ()) and q.baseEvalIdentity == identity)
 
 
 def quality_result_key(storage_prefix: str, identity: str) -> str:

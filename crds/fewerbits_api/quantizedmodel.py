@@ -965,8 +965,9 @@ class QuantizedModelStatus(ApiModel):
     """The policies governing the model and the effective values they set, each with its source."""
     calibrationData: CalibrationDataStatus | None = None
     """The calibration data in use and its pin (absent when no artifact uses calibration data)."""
-    adapters: list[AdapterStatus] = Field(default_factory=list)
-    """Each of `spec.adapters`: its rank and modules, and its verdict on every pool's base."""
+    adapters: list[AdapterStatus] | None = None
+    """Each of `spec.adapters`: its rank and modules, and its verdict on every pool's base (absent
+    without adapters)."""
 
 
 class ObjectMeta(ApiModel):

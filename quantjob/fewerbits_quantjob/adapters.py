@@ -443,8 +443,9 @@ def _one_line(e: Exception) -> str:
 def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None] | None = None
             ) -> tuple[list[AdapterSpec], dict[str, str]]:
     """Every adapter of the contract fetched (``workdir/adapters/<index>``) and its evaluation text
-    read, before any model loads. An adapter that cannot be read is recorded as its failure (its
-    figures: none, its verdict: not passed); the base's gate goes on."""
+    read, before any model loads. An adapter that is not there or refused is recorded as its
+    failure (its figures: none, its verdict: not passed) and the base's gate goes on; a transient
+    error fails the Job, which is retried."""
     from fewerbits_api.datasets import EVALUATION_SPLITS
 
     from . import textdata
@@ -457,6 +458,8 @@ def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None
             path = fetch_adapter(a, i, contract, env, workdir / "adapters" / str(i))
             texts = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS).texts
         except JobError as e:
+            if not e.permanent:
+                raise  # a transient read: the Job is retried, nothing is recorded against the adapter
             failures[a.name] = e.message
             if note:
                 note(f"adapter {a.name}: not measured: {e.message}")

@@ -65,7 +65,7 @@ from fewerbits_api.canary import (
 from fewerbits_api.datasets import EVALUATION_SPLITS
 from fewerbits_api.endpoints import EndpointRefused, allow_private_from_env, guard_endpoint
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT, TERMINATION_LOG_ENV
-from fewerbits_api.quality import MetricResult, eval_identity, quality_result_key
+from fewerbits_api.quality import MetricResult, base_eval_identity, eval_identity, quality_result_key
 from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_PERMANENT, JobError
@@ -263,25 +263,27 @@ def base_report(client, contract: CanaryContract):
     from, the manifest); CanaryError when there is none (fail closed)."""
     from . import storage
 
-    identity = eval_identity(contract.qualityGate)
+    # The canary judges the base as vLLM serves it: the base's own figures, measured with the
+    # model's adapters or without (fewerbits_api.quality.base_eval_identity).
+    gate = contract.qualityGate
+    identity = base_eval_identity(gate)
     bucket, prefix = artifact_prefix(contract.storage.uri, contract.key)
     manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
     if manifest is None:
         raise CanaryError(f"no artifact at s3://{bucket}/{prefix} ({why})")
-    key = quality_result_key(prefix, identity)
-    try:
-        body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        return QualityReport.model_validate_json(body), f"s3://{bucket}/{key}", manifest
-    except ValidationError as e:
-        raise CanaryError(f"s3://{bucket}/{key}: not a quality result ({one_line(str(e), 200)})") from None
-    except Exception as e:  # noqa: BLE001 — only "not there" falls back to the manifest
-        if classify_s3_error(e).kind is not S3ErrorKind.NOT_FOUND:
-            raise CanaryError(f"reading s3://{bucket}/{key}: {type(e).__name__} {classify_s3_error(e).code}") from None
+    for key in dict.fromkeys((quality_result_key(prefix, eval_identity(gate)), quality_result_key(prefix, identity))):
+        try:
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            return QualityReport.model_validate_json(body), f"s3://{bucket}/{key}", manifest
+        except ValidationError as e:
+            raise CanaryError(f"s3://{bucket}/{key}: not a quality result ({one_line(str(e), 200)})") from None
+        except Exception as e:  # noqa: BLE001 — only "not there" falls back to the next place
+            if classify_s3_error(e).kind is not S3ErrorKind.NOT_FOUND:
+                raise CanaryError(f"reading s3://{bucket}/{key}: {type(e).__name__} {classify_s3_error(e).code}") from None
     q = manifest.quality
-    gate = contract.qualityGate
     legacy_same = (q is not None and q.evalIdentity is None and not gate.benchmarks and gate.customEval is None
                    and q.evalDataset == gate.evalDataset and q.evalWindows == gate.evalSamples)
-    if q is not None and (q.evalIdentity == identity or legacy_same):
+    if q is not None and (identity in (q.evalIdentity, q.baseEvalIdentity) or legacy_same):
         return q, f"s3://{bucket}/{prefix}manifest.json", manifest
     measured = q.evalIdentity[:12] if q is not None and q.evalIdentity else "none"
     raise CanaryError(f"no base scores for the gate's evaluation identity {identity[:12]} (the manifest's figures "

@@ -118,33 +118,44 @@ ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"]
 
 
 def fetch_adapter(adapter, index: int, contract: QuantJobContract, env: Mapping[str, str], dest: Path) -> Path:
-    """One LoRA adapter's files (``adapter``: a contract ``AdapterEvaluation`` at ``index``) into
-    ``dest``, with its own credentials (``adapter_env``); a JobError naming it when they cannot be read."""
+    """One LoRA adapter's two files (``adapter``: a contract ``AdapterEvaluation`` at ``index``) into
+    ``dest``, with its own credentials (``adapter_env``) and never another's: without a Secret it
+    is read anonymously. A JobError naming it when they cannot be read (permanent when they are
+    not there; a transient one makes the Job retry)."""
     from fewerbits_api.adapters import adapter_env
     from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
+    from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
-    from .storage import classify_client_error, download_prefix, s3_client
-
-    scheme, _, rest = adapter.uri.partition("://")
     where = f"adapter {adapter.name!r} ({adapter.uri})"
     dest.mkdir(parents=True, exist_ok=True)
-    if scheme == "hf":
-        from huggingface_hub import snapshot_download
-
-        try:
-            snapshot_download(rest, revision=adapter.revision, token=env.get(adapter_env(index, SECRET_HF_TOKEN)) or None,
-                              local_dir=str(dest), allow_patterns=ADAPTER_FILES)
-        except Exception as e:  # noqa: BLE001 — one line naming the adapter
-            raise JobError(errors.SOURCE_FETCH_FAILED, f"{where}: {type(e).__name__}: {e}") from e
+    if adapter.uri.startswith("hf://"):
+        _fetch_hf_adapter(adapter, env.get(adapter_env(index, SECRET_HF_TOKEN)) or False, dest, where)
         return dest
+    from .storage import classify_client_error, s3_client
+
     bucket, prefix = split_s3_uri(adapter.uri)
-    client = s3_client(adapter.endpoint or contract.storage.endpoint, adapter.region or contract.storage.region,
-                       env.get(adapter_env(index, SECRET_ACCESS_KEY_ID)), env.get(adapter_env(index, SECRET_SECRET_ACCESS_KEY)))
-    try:
-        download_prefix(client, bucket, prefix.rstrip("/") + "/" if prefix else "", dest)
-    except JobError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise classify_client_error(e, f"reading {where}") from e
+    keys = (env.get(adapter_env(index, SECRET_ACCESS_KEY_ID)), env.get(adapter_env(index, SECRET_SECRET_ACCESS_KEY)))
+    client = s3_client(adapter.endpoint, adapter.region, *keys, unsigned=not all(keys))  # no endpoint: AWS S3
+    for name in ADAPTER_FILES:
+        key = f"{prefix.strip('/')}/{name}" if prefix.strip("/") else name
+        try:
+            client.download_file(bucket, key, str(dest / name))
+        except Exception as e:  # noqa: BLE001
+            if classify_s3_error(e).kind is S3ErrorKind.NOT_FOUND:
+                raise JobError(errors.SOURCE_NOT_FOUND, f"{where}: no {name} there", permanent=True) from e
+            raise classify_client_error(e, f"reading {where}: {name}") from e
     return dest
 
+
+def _fetch_hf_adapter(adapter, token, dest: Path, where: str) -> None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        snapshot_download(adapter.uri.removeprefix("hf://"), revision=adapter.revision, token=token,
+                          local_dir=str(dest), allow_patterns=ADAPTER_FILES)
+    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise JobError(errors.SOURCE_NOT_FOUND, f"{where}: {type(e).__name__} (gated, private without its "
+                       "Secret, or not there)", permanent=True) from e
+    except Exception as e:  # noqa: BLE001 — network errors: one line, retryable
+        raise JobError(errors.SOURCE_FETCH_FAILED, f"{where}: {type(e).__name__}: {e}") from e

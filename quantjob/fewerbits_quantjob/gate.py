@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from fewerbits_api.artifact import QualityReport
-from fewerbits_api.quality import MetricResult, eval_identity, recovery_percent
+from fewerbits_api.quality import MetricResult, base_eval_identity, eval_identity, recovery_percent
 
 from . import errors, evaluate, lmeval
 from .errors import JobError
@@ -76,6 +76,7 @@ def measure(base: Path, quantized: Path, tokenizer, texts: list[str], eval_sourc
         baselinePerplexity=ppl.baseline, perplexity=ppl.quantized, increasePercent=ppl.increase_percent,
         maxIncreasePercent=gate.maxPerplexityIncreasePercent, passed=all(m.passed for m in metrics),
         evalDataset=eval_source, evalWindows=ppl.windows, evalTokens=ppl.tokens, metrics=metrics,
-        evalIdentity=eval_identity(gate), increaseCI95=[low, high] if low is not None else None,
+        evalIdentity=eval_identity(gate), baseEvalIdentity=base_eval_identity(gate) if gate.adapters else None,
+        increaseCI95=[low, high] if low is not None else None,
         noiseFloorPercent=ppl.noise_floor_percent, evalDatasetSha256=eval_sha256,
     )

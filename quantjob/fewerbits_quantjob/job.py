@@ -121,9 +121,10 @@ def verify_endpoints(contract: QuantJobContract, env: Mapping[str, str], resolve
     """Refuse a link-local or cloud metadata endpoint, or a private one unless the operator allows
     them (the name as resolved here), before any connection, and pin what was checked for every
     connection the Job makes to it (fewerbits_api.endpoints.guard_endpoint). ``resolve``: tests."""
+    adapters = [(f"adapters[{i}].endpoint", a.endpoint) for i, a in enumerate(contract.adapters or ())]
     for field, url in (("source.endpoint", contract.source.endpoint),
                        ("FEWERBITS_SOURCE_S3_ENDPOINT", env.get("FEWERBITS_SOURCE_S3_ENDPOINT")),
-                       ("storage.endpoint", contract.storage.endpoint)):
+                       ("storage.endpoint", contract.storage.endpoint), *adapters):
         try:
             guard_endpoint(url, field, allow_private_from_env(env), resolve)
         except EndpointRefused as e:

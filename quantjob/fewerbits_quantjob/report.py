@@ -34,6 +34,8 @@ from fewerbits_api.jobcontract import (
 
 log = logging.getLogger("fewerbits-quantjob")
 
+ADAPTER_SECRET_PREFIX = "FEWERBITS_ADAPTER_"
+"""Each LoRA adapter's Secret keys (fewerbits_api.adapters.adapter_env): every one is a secret."""
 SECRET_ENV_NAMES = (ENV_HF_TOKEN, ENV_SOURCE_ACCESS_KEY, ENV_SOURCE_SECRET_KEY, ENV_STORAGE_ACCESS_KEY,
                     ENV_STORAGE_SECRET_KEY, "AWS_SESSION_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
@@ -72,7 +74,7 @@ def redact(text: str, secrets: Mapping[str, str] | None = None) -> str:
 
 def secret_values(env: Mapping[str, str]) -> dict[str, str]:
     """The credential values present in ``env`` (to mask them, never to print them)."""
-    return {k: env[k] for k in SECRET_ENV_NAMES if env.get(k)}
+    return {k: env[k] for k in env if env.get(k) and (k in SECRET_ENV_NAMES or k.startswith(ADAPTER_SECRET_PREFIX))}
 
 
 def one_line(text: str, limit: int = 600) -> str:

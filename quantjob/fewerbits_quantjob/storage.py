@@ -63,14 +63,17 @@ the S3 server during the pause). Unset: pause until killed."""
 
 
 def s3_client(endpoint: str | None, region: str | None, access_key: str | None, secret_key: str | None,
-              max_pool: int = 32):
+              max_pool: int = 32, unsigned: bool = False):
     """A boto3 S3 client. Path-style addressing when an endpoint is given (MinIO, Ceph: bucket
     names as DNS labels rarely resolve there). Without keys, boto3's default chain applies (IRSA,
-    workload identity, instance profile)."""
+    workload identity, instance profile), unless ``unsigned``: anonymous requests (a LoRA adapter
+    without a Secret never borrows the Job's other credentials)."""
     import boto3
+    from botocore import UNSIGNED
     from botocore.config import Config
 
     config = Config(
+        signature_version=UNSIGNED if unsigned else None,
         s3={"addressing_style": "path"} if endpoint else {},
         retries={"max_attempts": 8, "mode": "standard"},
         max_pool_connections=max_pool,

@@ -652,7 +652,7 @@ CASES += [
          {"Quantized": ("False", "JobPending"), "AdaptersServed": ("False", "AwaitingAdapterGate")},
          actions=[ClaimArtifact, CreateJob, CreateService], message={"AdaptersServed": "plays"},
          check=lambda o: o.status.plan.variants[0].lora.maxLoraRank == 16
-         and "--enable-lora" in o.status.plan.variants[0].vllmArgs
+         and "--enable-lora" not in o.status.plan.variants[0].vllmArgs
          and [p.state for p in o.status.adapters[0].pools] == ["Pending"]),
     Case("an adapter whose config does not fit the base: AdaptersServed names its field",
          _seq(_set(spec=base_spec(adapters=[PLAYS]), adapter_problems={
@@ -691,7 +691,7 @@ CASES += [
                    adapters=(AdapterFacts("plays", 512, ("q_proj",)),)), lambda w: w.no_job()),
          {"Planned": ("True", "Planned"), "AdaptersServed": ("False", "AdaptersNotPlanned")},
          actions=[ClaimArtifact, CreateJob, CreateService], message={"AdaptersServed": "GiB per GPU"},
-         check=lambda o: "--enable-lora" not in o.status.plan.variants[0].vllmArgs),
+         check=lambda o: o.status.plan.variants[0].lora is None and o.status.plan.variants[0].adaptersRefused),
 ]
 CASES[1].build = lambda w: None  # uses a long name: see test_decide_table
 

@@ -389,6 +389,7 @@ def endpoints(spec: QuantizedModelSpec) -> list[tuple[str, str]]:
     out = [("spec.source.endpoint", spec.source.endpoint)]
     if spec.storage is not None:
         out.append(("spec.storage.endpoint", spec.storage.endpoint))
+    out += [(f"spec.adapters[{i}].source.endpoint", a.source.endpoint) for i, a in enumerate(spec.adapters)]
     return [(f, e) for f, e in out if e]
 
 
@@ -435,9 +436,12 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
     if rules.allowedFormats and fmt is not QuantFormat.AUTO and fmt not in rules.allowedFormats:
         broke("allowedFormats", f"spec.quantization.format {fmt.value} is not one of "
                                 f"{', '.join(f.value for f in rules.allowedFormats)}")
+    sources = [("spec.source.uri", spec.source.uri)] + [
+        (f"spec.adapters[{i}].source.uri", a.source.uri) for i, a in enumerate(spec.adapters)]
     for name, patterns in policy.source_patterns:
-        if not any(fnmatch.fnmatchcase(spec.source.uri, p) for p in patterns):
-            broke("allowedSources", f"spec.source.uri {spec.source.uri} matches none of {', '.join(patterns)}", name)
+        for field_name, uri in sources:
+            if not any(fnmatch.fnmatchcase(uri, p) for p in patterns):
+                broke("allowedSources", f"{field_name} {uri} matches none of {', '.join(patterns)}", name)
     if spec.serving.image is not None:
         for name, patterns in policy.image_patterns:
             if not any(fnmatch.fnmatchcase(spec.serving.image, p) for p in patterns):
@@ -449,6 +453,9 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
                 broke("allowedEndpoints", f"{field_name} {endpoint} matches none of {', '.join(patterns)}", name)
     if rules.requireRevisionPin and not spec.source.revision:
         broke("requireRevisionPin", "spec.source.revision must pin the revision to quantize")
+    for i, a in enumerate(spec.adapters if rules.requireRevisionPin else []):
+        if not a.source.revision:
+            broke("requireRevisionPin", f"spec.adapters[{i}].source.revision must pin the adapter's revision")
     if rules.requirePinnedData:
         for what in unpinned_data(spec):
             broke("requirePinnedData", what)

@@ -10,7 +10,7 @@ measured under another identity, so the gate fails closed naming what was not me
 from __future__ import annotations
 
 from fewerbits_api.artifact import QualityReport
-from fewerbits_api.quality import MetricResult, eval_identity, recovery_percent
+from fewerbits_api.quality import MetricResult, answers, eval_identity, recovery_percent
 from fewerbits_api.quantizedmodel import QualityGateSpec, QualityStatus
 
 
@@ -55,8 +55,9 @@ def judge_quality(q: QualityReport, gate: QualityGateSpec) -> QualityStatus:
 
 def identity_matches(q: QualityReport, gate: QualityGateSpec) -> bool:
     """Whether ``q`` was measured under ``gate``'s evaluation identity (None: an older manifest,
-    which measured perplexity only on its own evaluation set)."""
-    return q.evalIdentity == eval_identity(gate)
+    which measured perplexity only on its own evaluation set; a report measured with adapters
+    answers a gate without them: fewerbits_api.quality.answers)."""
+    return answers(q, gate)
 
 
 def metric_text(m: MetricResult) -> str:
@@ -95,7 +96,7 @@ def needs_evaluation(q: QualityReport | None, gate: QualityGateSpec) -> bool:
     perplexity-only gate: an upgrade starts no Job."""
     if q is None:
         return False
-    if q.evalIdentity is not None and q.evalIdentity != eval_identity(gate):
+    if q.evalIdentity is not None and not answers(q, gate):
         return True
     if gate.adapters and q.evalIdentity is None:  # LoRA adapters are measured under an identity naming them
         return True

@@ -31,6 +31,7 @@ from fewerbits_api.formats import KVCacheSetting, QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus
 
 from fewerbits_operator.planner.lora import AdapterConfigError, AdapterFacts, adapter_facts
+from fewerbits_operator.planner.vllm_args import lora_args
 from fewerbits_operator.planner import (
     GPUPool,
     ModelConfigError,
@@ -350,8 +351,8 @@ def plan_table(status: PlanStatus, header: str, note: str | None = None, width: 
         out += ["", "LoRA adapters:"]
         for v in with_lora:
             text = v.adaptersRefused or (
-                f"{', '.join(v.lora.adapters)}: --max-loras {v.lora.maxLoras}, --max-lora-rank {v.lora.maxLoraRank}, "
-                f"--max-cpu-loras {v.lora.maxCpuLoras}; {v.lora.gpuMemoryGiB:.2f} GiB per GPU of buffers")
+                f"{', '.join(v.lora.adapters)}: {' '.join(lora_args(v.lora))}; {v.lora.gpuMemoryGiB:.2f} GiB per GPU "
+                "of buffers (flags for when pods serve adapters: not in this version)")
             out += _wrap(f"  {v.pool + ':':<{pad + 1}} ", text, width)
     if status.rejected:
         out += ["", "Rejected pools:"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fewerbits_api.adapters import AdapterEvaluation, AdapterPoolStatus, AdapterQuality, AdapterSpec, AdapterStatus
 from fewerbits_api.artifact import QualityReport
 from fewerbits_api.conditions import Reason
+from fewerbits_api.formats import QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant
 from fewerbits_operator.planner.lora import AdapterFacts
 
@@ -77,6 +78,13 @@ def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInput
     if variant.lora is None or name not in variant.lora.adapters:
         reason = variant.adaptersRefused or "this pool's plan holds no LoRA buffers"
         return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="NotPlanned", reason=reason)
+    if variant.servedAsIs:
+        return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="NotPlanned", reason=(
+            "the source is already quantized and served as it is: there is no 16-bit base here to judge the "
+            "adapter against"))
+    if variant.format is QuantFormat.NONE:
+        return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Passed", increasePercent=0.0,
+                                 reason="served on the 16-bit base it was trained on: nothing to judge")
     report = inp.reports.get(key) if key else None
     measured = (next((q for q in report.adapters if q.name == name), None)
                 if report is not None and report.evalIdentity == inp.identity else None)

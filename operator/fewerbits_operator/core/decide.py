@@ -1330,8 +1330,8 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
         problems=obs.adapter_problems, served_name=served_model_name(spec, obs.name), identity=eval_identity(gate),
         artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
         reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
-    ), obs.old_status.adapters)
-    status.adapters = outcome.statuses
+    ), obs.old_status.adapters or [])
+    status.adapters = outcome.statuses or None
     if outcome.condition is None:
         st.conditions = [c for c in st.conditions if c.type != C.ADAPTERS_SERVED]
         return

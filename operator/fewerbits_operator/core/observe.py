@@ -193,6 +193,8 @@ class Observer:
                 facts.append(adapter_facts(a.name, cfg, shape, field_name))
             except (ModelConfigError, AdapterConfigError) as e:
                 problems[a.name] = str(e)
+            except Exception as e:  # noqa: BLE001 — a config no check foresaw is the adapter's problem, not a crash
+                problems[a.name] = f"{field_name}: adapter_config.json cannot be understood ({type(e).__name__})"
         return {"adapters": tuple(facts), "adapter_problems": _freeze(problems)}
 
     def _data_pin(self, md: Mapping[str, Any], spec, old: QuantizedModelStatus, the_plan, creds) -> dict[str, Any]:

@@ -10,7 +10,6 @@ would get; adapters beyond ``--max-loras`` wait in host memory (``--max-cpu-lora
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,9 +92,9 @@ PlanOne = Callable[[LoraSizing | None], PlanVariant | RejectedPool]
 
 def plan_with_adapters(plan_one: PlanOne, adapters: tuple[AdapterFacts, ...], shape: ModelShape) -> PlanVariant | RejectedPool:
     """One pool's variant with room for the adapters: the base is planned as without them (the
-    adapters never change its format); then as many adapters per batch as fit at that format, the
-    KV cache giving up what their buffers take; with none fitting, the variant serves the base
-    alone and says why no adapter is served there."""
+    adapters never change its format, tensor parallelism or nodes); then as many adapters per batch
+    as fit in that layout, the KV cache (and an automatic maxModelLen) giving up what their buffers
+    take; with none fitting, the variant serves the base alone and says why no adapter is served there."""
     bare = plan_one(None)
     if not adapters or isinstance(bare, RejectedPool):
         return bare
@@ -104,11 +103,17 @@ def plan_with_adapters(plan_one: PlanOne, adapters: tuple[AdapterFacts, ...], sh
     for slots in slot_candidates(len(adapters)):
         lora = sizing(adapters, slots)
         outcome = plan_one(lora)
-        if isinstance(outcome, PlanVariant) and outcome.format is bare.format:
+        if isinstance(outcome, PlanVariant) and _same_layout(outcome, bare):
             return _with_lora(outcome, lora, full)
         last = outcome
     one = lora_bytes_per_gpu(shape, sizing(adapters, 1), bare.tensorParallelSize, bare.nodesPerReplica)
     return bare.model_copy(update={"adaptersRefused": _refusal(bare, last, full, one)})
+
+
+def _same_layout(v: PlanVariant, bare: PlanVariant) -> bool:
+    """Adapters never change the base's format or the GPUs and nodes a replica takes."""
+    return (v.format, v.tensorParallelSize, v.nodesPerReplica) == (bare.format, bare.tensorParallelSize,
+                                                                   bare.nodesPerReplica)
 
 
 def _with_lora(variant: PlanVariant, lora: LoraSizing, full: LoraSizing) -> PlanVariant:
@@ -122,7 +127,8 @@ def _with_lora(variant: PlanVariant, lora: LoraSizing, full: LoraSizing) -> Plan
 
 def _refusal(bare: PlanVariant, last: PlanVariant | RejectedPool, full: LoraSizing, one_bytes: float) -> str:
     why = last.reason if isinstance(last, RejectedPool) else (
-        f"it then needs {last.format.value} instead of {bare.format.value}")
+        f"it then needs {last.format.value} on {last.tensorParallelSize} GPU(s) × {last.nodesPerReplica} node(s) "
+        f"instead of {bare.format.value} on {bare.tensorParallelSize} × {bare.nodesPerReplica}")
     return (f"no adapter is served on this pool: the buffers of even one adapter at rank {full.rank} "
             f"({one_bytes / GIB:.2f} GiB per GPU) do not fit beside {bare.format.value} weights and the KV cache "
             f"({why}); serve the adapters on a pool with more "
@@ -156,7 +162,10 @@ def adapter_facts(name: str, config: Mapping[str, Any], shape: ModelShape, field
 
 
 def _rank(config: Mapping[str, Any], where: str) -> int:
-    ranks = [config.get("r")] + list((config.get("rank_pattern") or {}).values())
+    pattern = config.get("rank_pattern") or {}
+    if not isinstance(pattern, dict):
+        raise AdapterConfigError(f"{where}: rank_pattern must be an object of module patterns to ranks")
+    ranks = [config.get("r")] + list(pattern.values())
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
         raise AdapterConfigError(f"{where}: r (and rank_pattern) must be positive integers, got {ranks}")
     rank = max(ranks)
@@ -170,13 +179,13 @@ def _targets(config: Mapping[str, Any], shape: ModelShape, where: str) -> tuple[
     modules = [g.name for g in shape.linear_groups if g.in_features]
     kinds = sorted({m.rsplit(".", 1)[-1] for m in modules})
     raw = config.get("target_modules")
+    if raw == "all-linear":
+        return tuple(kinds)
     if isinstance(raw, str):
-        if raw == "all-linear":
-            return tuple(kinds)
-        if not any(re.fullmatch(raw, m) for m in modules):
-            raise AdapterConfigError(f"{where}: target_modules {raw!r} matches no linear layer of this "
-                                     f"{shape.model_type} base (its layers: {', '.join(kinds)})")
-        return (raw,)
+        # A pattern is not run here (a hostile one could hold a reconcile): name the modules.
+        raise AdapterConfigError(f"{where}: target_modules is a pattern ({raw[:80]!r}); fewerbits checks named "
+                                 f"modules: list them (this {shape.model_type} base's layers: {', '.join(kinds)}) "
+                                 "or use 'all-linear'")
     if not isinstance(raw, list) or not raw or not all(isinstance(t, str) for t in raw):
         raise AdapterConfigError(f"{where}: target_modules must be a list of module names or a pattern, got {raw!r}")
     unknown = [t for t in raw if not any(m == t or m.endswith("." + t) for m in modules)]
@@ -185,7 +194,10 @@ def _targets(config: Mapping[str, Any], shape: ModelShape, where: str) -> tuple[
                                  f"{shape.model_type} base (its layers: {', '.join(kinds)}); the adapter was trained "
                                  "for another architecture")
     layers = config.get("layers_to_transform")
-    bad = [i for i in ([layers] if isinstance(layers, int) else layers or []) if not 0 <= i < shape.num_layers]
+    layers = [layers] if isinstance(layers, int) else layers or []
+    if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise AdapterConfigError(f"{where}: layers_to_transform must be layer numbers, got {layers!r:.80}")
+    bad = [i for i in layers if not 0 <= i < shape.num_layers]
     if bad:
         raise AdapterConfigError(f"{where}: layers_to_transform {bad} are not layers of this base "
                                  f"({shape.num_layers} layers)")

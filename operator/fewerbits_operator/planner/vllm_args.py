@@ -186,12 +186,14 @@ def plan_args(variant: Any, served_model_name: str | None) -> list[str]:
         "--tensor-parallel-size", str(variant.tensorParallelSize),
         "--max-model-len", str(variant.maxModelLen),
         "--gpu-memory-utilization", f"{variant.gpuMemoryUtilization:g}",
-    ] + multinode_args(variant) + lora_args(getattr(variant, "lora", None))
+    ] + multinode_args(variant)
 
 
 def lora_args(lora: Any) -> list[str]:
-    """The flags that size a variant's LoRA adapters (a ``LoraPlan``; none without adapters).
-    Which adapters a pod loads is the renderer's (``--lora-modules``, from what passed its gate)."""
+    """The flags that would size a variant's LoRA adapters (a ``LoraPlan``; none without adapters),
+    shown by ``fewerbits plan``. Not in ``plan_args`` yet: no pod serves an adapter in this version
+    (docs/adapters.md), so no pod pays for LoRA buffers, and a model that passes these flags through
+    ``serving.extraArgs`` keeps doing so."""
     if lora is None:
         return []
     return ["--enable-lora", "--max-loras", str(lora.maxLoras), "--max-lora-rank", str(lora.maxLoraRank),
@@ -210,11 +212,10 @@ def multinode_args(variant: Any) -> list[str]:
 
 RENDERER_FLAGS = frozenset({
     "--model", "--host", "--port", "--load-format", "--quantization", "--revision", "--tokenizer",
-    "--node-rank", "--master-addr", "--master-port", "--headless", "--lora-modules",
+    "--node-rank", "--master-addr", "--master-port", "--headless",
 })
 """vLLM flags the renderers set or that the artifact decides: the model path, ``--host``/``--port``
-(render.py), ``--load-format`` (streaming), each pod's rendezvous in a multi-node group (lws.py), the
-adapters a pod loads (``--lora-modules``: only those that passed their gate on its base);
+(render.py), ``--load-format`` (streaming), each pod's rendezvous in a multi-node group (lws.py);
 the artifact's checkpoint carries its quantization, revision and tokenizer."""
 
 
@@ -222,8 +223,7 @@ def _every_plan_flag() -> frozenset[str]:
     """Every flag ``plan_args`` emits: asked of a variant that takes every branch (a served name,
     several nodes per replica)."""
     probe = SimpleNamespace(dtype="bfloat16", kvCacheDtype="auto", tensorParallelSize=8, maxModelLen=4096,
-                            gpuMemoryUtilization=0.9, nodesPerReplica=2,
-                            lora=SimpleNamespace(maxLoras=1, maxLoraRank=8, maxCpuLoras=1))
+                            gpuMemoryUtilization=0.9, nodesPerReplica=2)
     return frozenset(a for a in plan_args(probe, "served") if a.startswith("--"))
 
 
