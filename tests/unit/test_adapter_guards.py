@@ -93,3 +93,16 @@ def test_a_policys_source_rules_apply_to_each_adapter():
     assert accepted.status == "False"
     assert "spec.adapters[0].source.uri hf://elsewhere/plays matches none of s3://models/*" in accepted.message
     assert "spec.adapters[0].source.revision must pin the adapter's revision" in accepted.message
+
+
+def test_removing_the_adapters_removes_their_condition_and_status():
+    from fewerbits_operator.planner.lora import AdapterFacts
+
+    w = World(spec=base_spec(adapters=[PLAYS]), adapters=(AdapterFacts("plays", 16, ("q_proj",)),))
+    w.publish()
+    w.settle()
+    assert any(c["type"] == "AdaptersServed" for c in w.status["conditions"]) and w.status["adapters"]
+    w.spec = base_spec()
+    w.adapters = ()
+    out = decide(w.observed(), SETTINGS)
+    assert out.status.adapters is None and all(c.type != "AdaptersServed" for c in out.status.conditions)

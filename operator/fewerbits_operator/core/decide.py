@@ -1324,6 +1324,10 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
     report; the condition goes with the adapters."""
     spec = acc.spec
     assert spec is not None
+    if not spec.adapters:  # the common case: no gate, identity or report lookups on every pass
+        status.adapters = None
+        st.conditions = [c for c in st.conditions if c.type != C.ADAPTERS_SERVED]
+        return
     gate = acc.effective.gate()
     outcome = adapters_step(AdapterInputs(
         adapters=spec.adapters, plan=the_plan, evaluations=gate.adapters, facts=obs.adapters,
@@ -1331,10 +1335,8 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
         artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
         reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
     ), obs.old_status.adapters or [])
-    status.adapters = outcome.statuses or None
-    if outcome.condition is None:
-        st.conditions = [c for c in st.conditions if c.type != C.ADAPTERS_SERVED]
-        return
+    status.adapters = outcome.statuses
+    assert outcome.condition is not None
     st.set(C.ADAPTERS_SERVED, *outcome.condition)
     for line in outcome.failed:
         st.note("Warning", "AdapterGateFailed", line)
