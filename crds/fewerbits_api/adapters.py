@@ -200,6 +200,12 @@ class AdapterQuality(ApiModel):
     """95% interval of the increase, percent (paired per window)."""
     error: str | None = None
     """Why it could not be measured (its files unreadable, its modules not the base's): not passed."""
+    adapterKey: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """Where the Job published the adapter's files as it measured them, in the model's storage
+    (``<storage.uri>/<adapterKey>/``, a manifest like an artifact's): the key is the SHA-256 of its
+    source and the files' own digests, so the same files have the same key whichever Job read them."""
+    sizeBytes: int | None = None
+    """The published files' total size."""
 
 
 # ---------------------------------------------------------------- plan
@@ -258,6 +264,13 @@ class AdapterPoolStatus(ApiModel):
 
     maxIncreasePercent: float | None = None
     """The threshold it was held to."""
+
+    adapterKey: str | None = None
+    """The adapter's published files (`<storage.uri>/<adapterKey>/`), where known: a `Passed`
+    adapter with a key is loaded by this pool's pods (`--lora-modules`)."""
+
+    served: bool = False
+    """Whether this pool's pods are rendered to load it."""
 
 
 class AdapterStatus(ApiModel):

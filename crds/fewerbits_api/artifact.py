@@ -93,6 +93,20 @@ class ArtifactKeyInputs(ApiModel):
 KEY_FIELDS_OMITTED_WHEN_UNSET = ("tools", "rebuild")
 
 
+LORA_ADAPTER_RECIPE = "loraAdapter"
+"""The recipe entry that marks a published LoRA adapter (its files' digests), not a model."""
+
+
+def adapter_key_inputs(uri: str, revision: str | None, digests: dict[str, str]) -> ArtifactKeyInputs:
+    """What a published LoRA adapter's key is computed from: its source and the SHA-256 of each of
+    its files, so the key names these bytes (content-addressed: the same files read by any Job of
+    any pool give the same key; changed files a new one). Published like an artifact of format
+    ``none`` (``<storage>/<key>/files/``, a manifest written last), so the serving pod's fetcher and
+    node cache verify it as they verify a model."""
+    return ArtifactKeyInputs(sourceUri=uri, sourceRevision=revision, format=QuantFormat.NONE,
+                             recipe={LORA_ADAPTER_RECIPE: dict(sorted(digests.items()))})
+
+
 def auto_fallback_inputs(inputs: ArtifactKeyInputs) -> ArtifactKeyInputs | None:
     """The key inputs of the artifact an ``auto`` calibration makes on the built-in fallback: the
     planned inputs (which name the Hub set) with the fallback's hash. The Job that cannot read the

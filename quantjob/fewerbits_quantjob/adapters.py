@@ -440,6 +440,11 @@ def _one_line(e: Exception) -> str:
 # ------------------------------------------------------------------ the Job's side
 
 
+def adapter_dir(workdir: Path, index: int) -> Path:
+    """Where the Job keeps ``contract.adapters[index]``'s files (prepare fetches, publish uploads)."""
+    return workdir / "adapters" / str(index)
+
+
 def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None] | None = None
             ) -> tuple[list[AdapterSpec], dict[str, str]]:
     """Every adapter of the contract fetched (``workdir/adapters/<index>``) and its evaluation text
@@ -455,7 +460,7 @@ def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None
     failures: dict[str, str] = {}
     for i, a in enumerate(contract.adapters or ()):
         try:
-            path = fetch_adapter(a, i, contract, env, workdir / "adapters" / str(i))
+            path = fetch_adapter(a, i, contract, env, adapter_dir(workdir, i))
             texts = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS).texts
         except JobError as e:
             if not e.permanent:
@@ -490,3 +495,41 @@ def report(contract, meter: AdapterMeter | None, failures: dict[str, str]):
             error=None if finite else "its perplexity is not finite on one of the bases"))
     return out
 
+
+
+def publish(client, contract, workdir: Path, quality, stage):
+    """Every measured adapter's files published to the model's storage under their content key
+    (``fewerbits_api.artifact.adapter_key_inputs``), so serving pods fetch and verify them as they
+    do an artifact; ``quality`` (a QualityReport) comes back with each adapter's ``adapterKey``. An
+    adapter already published under its key is left as it is (the key names its bytes); the
+    manifest is written after its files, as an artifact's."""
+    from datetime import datetime, timezone
+
+    from fewerbits_api.artifact import Manifest, adapter_key_inputs
+
+    from . import storage
+
+    if quality is None or not quality.adapters:
+        return quality
+    storage_uri = contract.storage.uri
+    paths = {a.name: adapter_dir(workdir, i) for i, a in enumerate(contract.adapters or ())}
+    sources = {a.name: a for a in contract.adapters or ()}
+    out = []
+    for q in quality.adapters:
+        path = paths.get(q.name)
+        if path is None or q.error is not None:
+            out.append(q)
+            continue
+        digests = {rel.as_posix(): storage.sha256_file(path / rel) for rel in storage.list_artifact_files(path)}
+        inputs = adapter_key_inputs(sources[q.name].uri, sources[q.name].revision, digests)
+        key = inputs.key()
+        manifest, _why = storage.read_manifest(client, storage_uri, key)
+        if manifest is None:
+            uploaded = storage.upload_directory(client, path, storage_uri, key, stage)
+            manifest = Manifest(key=key, keyInputs=inputs, format=inputs.format, files=uploaded.files,
+                                totalBytes=uploaded.total_bytes,
+                                createdAt=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            storage.write_manifest(client, storage_uri, manifest)
+        stage.progress.note(f"adapter {q.name}: published as {key} ({manifest.totalBytes} bytes)")
+        out.append(q.model_copy(update={"adapterKey": key, "sizeBytes": manifest.totalBytes}))
+    return quality.model_copy(update={"adapters": out})

@@ -341,6 +341,7 @@ def _produce_and_publish(contract, env, progress: Progress, installed, specs, cl
 
     with progress.stage("upload") as st:
         uploaded = storage.upload_directory(client, out, contract.storage.uri, contract.key, st, env)
+        quality = adapters.publish(client, contract, workdir, quality, st)
 
     with progress.stage("manifest"):
         tools = dict(installed)
@@ -494,7 +495,8 @@ def _evaluate_only(contract: QuantJobContract, env, progress: Progress, client, 
 
             tokenizer = AutoTokenizer.from_pretrained(fetched.path, trust_remote_code=contract.source.trustRemoteCode)
             quality = _evaluate(contract, progress, st, fetched.path, out, tokenizer, eval_set, prepared)
-        with progress.stage("manifest"):
+        with progress.stage("manifest") as st:
+            quality = adapters.publish(client, contract, workdir, quality, st)
             body = json.dumps(quality.to_wire(), indent=2, sort_keys=True).encode()
             client.put_object(Bucket=bucket, Key=result_key, Body=body, ContentType="application/json")
     finally:

@@ -326,6 +326,20 @@ def test_lora_adapters_are_judged_on_the_quantized_base_against_the_16_bit_one(s
     assert not missing.passed and missing.perplexity is None and "missing" in missing.error
     assert "adapter=damaged" in run.log and s3.secret_key not in run.log
     assert q.evalIdentity == eval_identity(contract.qualityGate) != eval_identity(contract.qualityGate.with_adapters([]))
+    # Each adapter read is published under its content key, beside the artifact, for the serving
+    # pods to fetch and verify like an artifact; one that was not read is not.
+    import hashlib
+
+    from fewerbits_api.artifact import adapter_key_inputs
+
+    assert missing.adapterKey is None
+    for a, kind in ((sound, "sound"), (damaged, "damaged")):
+        files = {n: hashlib.sha256((build_adapter(kind) / n).read_bytes()).hexdigest()
+                 for n in ("adapter_config.json", "adapter_model.safetensors")}
+        assert a.adapterKey == adapter_key_inputs(f"s3://{s3_bucket}/adapters/{kind}", None, files).key()
+        published = read_manifest(s3, storage_uri, a.adapterKey)
+        assert {f.path: f.sha256 for f in published.files} == files and published.totalBytes == a.sizeBytes
+    assert sound.adapterKey != damaged.adapterKey
 
 
 def test_failures_end_with_a_reason_and_no_secret(s3, s3_bucket, model_dir, tmp_path):
