@@ -106,3 +106,15 @@ def test_removing_the_adapters_removes_their_condition_and_status():
     w.adapters = ()
     out = decide(w.observed(), SETTINGS)
     assert out.status.adapters is None and all(c.type != "AdaptersServed" for c in out.status.conditions)
+
+
+def test_a_policys_quality_ceiling_caps_each_adapters_own_threshold():
+    from tests.unit.test_decide import policy
+
+    w = World(spec=base_spec(adapters=[{**PLAYS, "gate": {"maxPerplexityIncreasePercent": 8}},
+                                       {**PLAYS, "name": "chat", "gate": {"maxPerplexityIncreasePercent": 1}}]),
+              policies=[policy(rules={"maxPerplexityIncreasePercent": 2})])
+    accepted = next(c for c in decide(w.observed(), SETTINGS).status.conditions if c.type == "Accepted")
+    assert accepted.status == "False"
+    assert "spec.adapters[0].gate.maxPerplexityIncreasePercent 8 exceeds the ceiling 2" in accepted.message
+    assert "spec.adapters[1]" not in accepted.message

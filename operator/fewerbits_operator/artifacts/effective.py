@@ -471,6 +471,11 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
         broke("maxPerplexityIncreasePercent",
               f"spec.quantization.qualityGate.maxPerplexityIncreasePercent {gate.maxPerplexityIncreasePercent:g} "
               f"exceeds the ceiling {rules.maxPerplexityIncreasePercent:g}")
+    for i, a in enumerate(spec.adapters if rules.maxPerplexityIncreasePercent is not None else []):
+        own = a.gate.maxPerplexityIncreasePercent
+        if own is not None and own > rules.maxPerplexityIncreasePercent:
+            broke("maxPerplexityIncreasePercent", f"spec.adapters[{i}].gate.maxPerplexityIncreasePercent {own:g} "
+                                                  f"exceeds the ceiling {rules.maxPerplexityIncreasePercent:g}")
     if rules.maxReplicas is not None and spec.autoscaling.enabled and spec.autoscaling.maxReplicas > rules.maxReplicas:
         broke("maxReplicas", f"spec.autoscaling.maxReplicas {spec.autoscaling.maxReplicas} exceeds {rules.maxReplicas}")
     if rules.maxReplicas is not None and not spec.autoscaling.enabled and spec.serving.replicas > rules.maxReplicas:
