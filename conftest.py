@@ -12,7 +12,7 @@ _QUICK = _ROOT / "tests" / "unit"
 _LONGEST = tuple(_ROOT / f for f in (
     "tests/integration/test_autoscaling_vllm.py", "tests/integration/test_canary.py",
     "e2e/tests/test_vllm_cpu_serve.py", "tests/integration/test_load_small.py",
-    "tests/integration/test_autoscaling.py"))
+    "tests/integration/test_autoscaling.py", "tests/integration/test_adapters_served.py"))
 
 
 def _rank(item) -> int:

@@ -47,6 +47,8 @@ ENV = {
     "node_cache_budget": "FEWERBITS_NODE_CACHE_BUDGET",
     "referenced_keys": "FEWERBITS_REFERENCED_KEYS",
     "manifest_only": "FEWERBITS_MANIFEST_ONLY",
+    "adapters": "FEWERBITS_ADAPTER_KEYS",
+    "adapters_dir": "FEWERBITS_ADAPTERS_DIR",
 }
 
 _SIZE_SUFFIX = {"": 1, "k": 1024, "ki": 1024, "m": 1024**2, "mi": 1024**2, "g": 1024**3, "gi": 1024**3}
@@ -115,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read and check the manifest only (a streamed load): storage reachable, credentials "
                         f"accepted, artifact published; writes the manifest to --dest [{ENV['manifest_only']}=true]")
 
+    f.add_argument("--adapter", dest="adapters", action="append", metavar="KEY",
+                   help="also fetch this published LoRA adapter (its key, as the quality report gives it), "
+                        "verified like the artifact, into --adapters-dir/KEY or the node cache; repeatable "
+                        f"[{ENV['adapters']}: keys separated by commas]")
+    f.add_argument("--adapters-dir", type=Path,
+                   help=f"where adapters go without --node-cache, e.g. /adapters [{ENV['adapters_dir']}]")
+
     la = sub.add_parser("launch", help="check the GPU against the artifact format, then run the command after -- (its root cause becomes the termination message)")
     la.add_argument("--format", help=f"artifact format (default: read from the fetched manifest) [{ENV['format']}]")
     la.add_argument("--manifest", help=f"path of the fetched manifest [{ENV['manifest']}]")
@@ -131,6 +140,44 @@ def _setup_logging(level: str) -> None:
 
 
 def _run_fetch(a: argparse.Namespace) -> int:
+    """The adapters first (small), then the artifact, whose success ends the container."""
+    keys = a.adapters or [k.strip() for k in (_env_default("adapters") or "").split(",") if k.strip()]
+    for key in keys:
+        _fetch_adapter(a, key)
+    return _fetch_artifact(a)
+
+
+def _fetch_adapter(a: argparse.Namespace, key: str) -> None:
+    """One LoRA adapter published under ``key`` (the Job's ``adapterKey``): into the node cache when
+    the artifact goes there (verified once per node, evicted by the same rules), else into
+    ``--adapters-dir/KEY``."""
+    from .fetch import FetchOptions, fetch
+
+    storage_uri = a.storage_uri or _env_default("storage_uri")
+    node_cache = a.node_cache or _env_default("node_cache", Path)
+    endpoint = a.endpoint or _env_default("endpoint")
+    if not storage_uri or not storage_uri.startswith("s3://"):
+        raise UsageError(f"--storage-uri must be s3://bucket[/prefix], got {storage_uri!r}")
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise UsageError(f"--adapter must be a sha256 hex digest (64 lowercase hex characters), got {key!r}")
+    adapters_dir = a.adapters_dir or _env_default("adapters_dir", Path)
+    if not node_cache and not adapters_dir:
+        raise UsageError("--adapter needs --adapters-dir (or --node-cache)")
+    opts = FetchOptions(storage_uri=storage_uri, key=key,
+                        dest=Path(node_cache) / "artifacts" / key if node_cache else Path(adapters_dir) / key,
+                        endpoint=endpoint, region=a.region or _env_default("region") or os.environ.get("AWS_REGION") or None)
+    if node_cache:
+        from .nodecache import NodeCache, read_referenced
+
+        cache = NodeCache(Path(node_cache), a.node_cache_budget or _env_default("node_cache_budget", parse_size),
+                          read_referenced(a.referenced_keys or _env_default("referenced_keys", Path)))
+        stats = cache.hit(key, storage_uri, endpoint) or cache.fetch(opts).to_dict()
+    else:
+        stats = fetch(opts).to_dict()
+    log.info("adapter %s ready: %s", key, " ".join(f"{k}={v}" for k, v in stats.items()))
+
+
+def _fetch_artifact(a: argparse.Namespace) -> int:
     storage_uri = a.storage_uri or _env_default("storage_uri")
     key = a.key or _env_default("key")
     node_cache = a.node_cache or _env_default("node_cache", Path)
@@ -230,7 +277,8 @@ def _check_manifest(opts, a: argparse.Namespace) -> int:
 
 
 def _run_launch(a: argparse.Namespace) -> int:
-    from .launch import check_stream_source, detect_gpu, hold_in_use, model_dir_from_args, prepare, resolve_format, supervise
+    from .launch import (check_stream_source, detect_gpu, hold_in_use, lora_paths, model_dir_from_args, prepare,
+                         resolve_format, supervise)
 
     cmd = list(a.cmd)
     if cmd and cmd[0] == "--":
@@ -243,6 +291,8 @@ def _run_launch(a: argparse.Namespace) -> int:
     prepare(fmt, gpu, allow_unknown_gpu=not require)
     check_stream_source(cmd)
     hold_in_use(model_dir_from_args(cmd))
+    for path in lora_paths(cmd):  # the adapters vLLM loads stay in the node cache while it runs
+        hold_in_use(path)
     return supervise(cmd)
 
 

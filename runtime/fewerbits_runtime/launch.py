@@ -157,6 +157,21 @@ def model_dir_from_args(cmd: list[str]) -> str | None:
     return None
 
 
+def lora_paths(cmd: list[str]) -> list[str]:
+    """The adapter directories of ``--lora-modules NAME=PATH ...`` (the values up to the next flag)."""
+    paths: list[str] = []
+    taking = False
+    for a in cmd:
+        if a.startswith("--"):
+            taking = a == "--lora-modules"
+            if a.startswith("--lora-modules="):
+                paths.append(a.split("=", 1)[1].partition("=")[2])
+            continue
+        if taking and "=" in a:
+            paths.append(a.partition("=")[2])
+    return [p for p in paths if p]
+
+
 def format_from_manifest(path: Path) -> QuantFormat:
     try:
         doc = json.loads(path.read_text())

@@ -8,6 +8,8 @@ needs (a manifest published, a Job failed, a Deployment rolled out...) and names
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -625,19 +627,30 @@ CASES = [
          and o.actions[1].job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
          and o.status.artifacts[0].queue.reason == "Kueue" and o.status.artifacts[0].queue.position is None),
 ]
+def _pod(o) -> dict[str, Any]:
+    """The pod template of the Deployment a pass creates."""
+    return next(a.deployment for a in o.actions if isinstance(a, CreateDeployment))["spec"]["template"]["spec"]
+
+
 def _contract(job: dict[str, Any]) -> dict[str, Any]:
     env = job["spec"]["template"]["spec"]["containers"][0]["env"]
     return json.loads(next(e["value"] for e in env if e["name"] == "FEWERBITS_JOB_CONTRACT"))
 
 
-def _adapter_results(increase: dict[str, float]):
-    """The published manifests' quality reports measured with the model's adapters (the Job's figures)."""
+def adapter_key(name: str) -> str:
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def _adapter_results(increase: dict[str, float], published: bool = False):
+    """The published manifests' quality reports measured with the model's adapters (the Job's figures;
+    ``published``: with the keys the Job published each adapter's files under)."""
     def build(w: World) -> None:
         gate = effective_for(w.observed(), SETTINGS).effective.gate()
         for key, facts in w.artifacts.items():
             q = facts.manifest.quality.model_copy(update={"evalIdentity": eval_identity(gate), "adapters": [
                 AdapterQuality(name=n, baselinePerplexity=100.0, perplexity=100.0 * (1 + x / 100), increasePercent=x,
-                               maxIncreasePercent=3.0, passed=x <= 3.0, windows=16, tokens=2032)
+                               maxIncreasePercent=3.0, passed=x <= 3.0, windows=16, tokens=2032,
+                               adapterKey=adapter_key(n) if published else None)
                 for n, x in increase.items()]})
             w.artifacts[key] = replace(facts, manifest=facts.manifest.model_copy(update={"quality": q}))
     return build
@@ -685,6 +698,20 @@ CASES += [
          message={"AdaptersServed": "refused by its gate: chat on h100-80gb-hbm3-x1 (+6.30%)"},
          check=lambda o: [p.state for s in o.status.adapters for p in s.pools] == ["Passed", "Failed"]
          and "above 5%" in o.status.adapters[1].pools[0].reason),
+    Case("adapters published by the Job: the pool's pods fetch and load those that passed there, not the others",
+         _seq(_set(spec=base_spec(adapters=[PLAYS, {**PLAYS, "name": "chat"}]),
+                   adapters=(AdapterFacts("plays", 16, ("q_proj",)), AdapterFacts("chat", 8, ("q_proj",)))),
+              lambda w: w.publish(), _adapter_results({"plays": 0.4, "chat": 6.3}, published=True)),
+         {"AdaptersServed": ("True", "AdaptersJudged")}, actions=[CreateDeployment, CreateService],
+         message={"AdaptersServed": "served: plays on h100-80gb-hbm3-x1 (+0.40%); refused by its gate: chat"},
+         check=lambda o: _pod(o)["containers"][0]["command"][-9:] == [
+             "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--max-cpu-loras", "2",
+             "--lora-modules", f"plays=/adapters/{adapter_key('plays')}"]
+         and _pod(o)["initContainers"][0]["args"][5:10] == ["--dest", f"/models/{_pod(o)['initContainers'][0]['args'][4]}",
+                                                            "--adapter", adapter_key("plays"), "--adapters-dir"]
+         and {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in _pod(o)["containers"][0]["volumeMounts"]
+         and [(p.served, p.adapterKey) for s in o.status.adapters for p in s.pools]
+         == [(True, adapter_key("plays")), (False, None)]),
     Case("adapters no pool can hold: AdaptersNotPlanned with the figures, the base served without LoRA",
          _seq(_set(spec=base_spec(adapters=[PLAYS], serving={"maxModelLen": 4208, "minConcurrentSequences": 1024,
                                                               "canary": {"enabled": False}}),

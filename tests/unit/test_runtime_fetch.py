@@ -17,6 +17,7 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from fewerbits_api.artifact import FILES_DIR, MANIFEST_NAME, artifact_prefix
+from fewerbits_api.formats import QuantFormat
 from fewerbits_runtime import fetch as fetch_mod
 from fewerbits_runtime import partfile
 from fewerbits_runtime.partfile import PartFile
@@ -469,3 +470,43 @@ def test_memory_is_bounded_by_chunks_not_parts():
     # A part is streamed in CHUNK-sized reads; a 32 MiB part never sits in memory whole.
     assert partfile.CHUNK <= 1 << 20 < fetch_mod.DEFAULT_PART_SIZE
     assert os.path  # keep the import honest
+
+
+def test_cli_fetches_each_adapter_before_the_artifact_and_verifies_it(s3, published, tmp_path, monkeypatch):
+    """Issue 43: a pool's adapters (published by the Job like an artifact of format none) are fetched
+    into the adapters' folder, verified against their manifest, then the artifact; one missing
+    fails the container before the artifact is fetched, with the fetcher's own reason."""
+    manifest, files = published
+    adapter_files = {"adapter_config.json": b'{"peft_type": "LORA", "r": 8}', "adapter_model.safetensors": b"w" * 999}
+    adapter = publish_bytes(s3, URI, adapter_files, name="plays", fmt=QuantFormat.NONE)
+    monkeypatch.setattr(fetch_mod, "make_client", lambda *a: s3)
+    term = tmp_path / "t"
+    monkeypatch.setenv("FEWERBITS_TERMINATION_LOG", str(term))
+    base = ["fetch", "--storage-uri", URI, "--key", manifest.key, "--dest", str(tmp_path / "m")]
+    assert main([*base, "--adapter", adapter.key]) == 2  # nowhere to put it
+    assert "--adapters-dir" in json.loads(term.read_text())["message"]
+    assert main([*base, "--adapter", "nothex", "--adapters-dir", str(tmp_path / "a")]) == 2
+    assert main([*base, "--adapter", adapter.key, "--adapters-dir", str(tmp_path / "a")]) == 0
+    _assert_copy(tmp_path / "a" / adapter.key, adapter_files)
+    _assert_copy(tmp_path / "m", files)
+    assert json.loads(term.read_text())["reason"] == "Fetched"
+    s3.gets.clear()
+    assert main([*base, "--adapter", "e" * 64, "--adapters-dir", str(tmp_path / "a")]) == EXIT_ARTIFACT_MISSING
+    assert "manifest.json missing" in json.loads(term.read_text())["message"]
+    assert not s3.file_gets()  # the artifact was not fetched after the adapter failed
+
+
+def test_cli_puts_adapters_in_the_node_cache_with_the_artifact_and_reuses_them(s3, published, tmp_path, monkeypatch):
+    manifest, files = published
+    adapter_files = {"adapter_config.json": b'{"peft_type": "LORA", "r": 8}', "adapter_model.safetensors": b"w" * 999}
+    adapter = publish_bytes(s3, URI, adapter_files, name="plays", fmt=QuantFormat.NONE)
+    monkeypatch.setattr(fetch_mod, "make_client", lambda *a: s3)
+    monkeypatch.setenv("FEWERBITS_TERMINATION_LOG", str(tmp_path / "t"))
+    root = tmp_path / "node-cache"
+    argv = ["fetch", "--storage-uri", URI, "--key", manifest.key, "--node-cache", str(root), "--adapter", adapter.key]
+    assert main(argv) == 0
+    _assert_copy(root / "artifacts" / adapter.key, adapter_files)
+    _assert_copy(root / "artifacts" / manifest.key, files)
+    s3.gets.clear()
+    assert main(argv) == 0  # a second pod on the node: both verified copies are hits, nothing is read
+    assert s3.gets == []

@@ -19,6 +19,7 @@ from fewerbits_api.conditions import Reason
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant
 from fewerbits_operator.planner.lora import AdapterFacts
+from fewerbits_operator.serving.serving_load import ServedAdapter
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,38 @@ def _status(i: int, a: AdapterSpec, inp: AdapterInputs) -> AdapterStatus:
     if fact is None:
         return AdapterStatus(name=a.name, problem=inp.problems.get(a.name, "its adapter_config.json was not read"))
     threshold = next(e.maxIncreasePercent for e in inp.evaluations if e.name == a.name)
-    pools = [_on_pool(a.name, v, inp.artifact_keys.get(v.pool), inp, threshold) for v in inp.plan.variants]
+    pools = [_served(_on_pool(a.name, v, inp.artifact_keys.get(v.pool), inp, threshold),
+                     _adapter_key(inp, inp.artifact_keys.get(v.pool), a.name)) for v in inp.plan.variants]
     return AdapterStatus(name=a.name, rank=fact.rank, targetModules=list(fact.target_modules), pools=pools)
+
+
+def _measured(inp: AdapterInputs, key: str | None, name: str) -> AdapterQuality | None:
+    report = inp.reports.get(key) if key else None
+    if report is None or report.evalIdentity != inp.identity:
+        return None
+    return next((q for q in report.adapters if q.name == name), None)
+
+
+def _adapter_key(inp: AdapterInputs, artifact_key: str | None, name: str) -> str | None:
+    """Where a Job published the adapter's files: the files judged on this pool's base, else (a
+    16-bit pool, judged without a Job) the one key every other pool's Job published (its content
+    key: the same files give the same key; two keys mean its files changed between two Jobs)."""
+    own = _measured(inp, artifact_key, name)
+    if own is not None:
+        return own.adapterKey
+    keys = {q.adapterKey for k in inp.artifact_keys.values() if (q := _measured(inp, k, name)) and q.adapterKey}
+    return keys.pop() if len(keys) == 1 else None
+
+
+def _served(pool: AdapterPoolStatus, key: str | None) -> AdapterPoolStatus:
+    """A passed adapter is served where its files are published; a 16-bit pool takes them from
+    another pool's Job (a model served at 16 bits only runs no Job to publish them)."""
+    if pool.state != "Passed":
+        return pool
+    if key is None:
+        return pool.model_copy(update={"reason": pool.reason + "; not served until a Job has published its files "
+                                       "(a model served only at 16 bits runs none: not in this version)"})
+    return pool.model_copy(update={"adapterKey": key, "served": True})
 
 
 def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInputs, threshold: float) -> AdapterPoolStatus:
@@ -85,9 +116,7 @@ def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInput
     if variant.format is QuantFormat.NONE:
         return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Passed", increasePercent=0.0,
                                  reason="served on the 16-bit base it was trained on: nothing to judge")
-    report = inp.reports.get(key) if key else None
-    measured = (next((q for q in report.adapters if q.name == name), None)
-                if report is not None and report.evalIdentity == inp.identity else None)
+    measured = _measured(inp, key, name)
     if measured is None:
         return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Pending",
                                  reason="being measured on this pool's base" if key else "its base artifact is not planned yet")
@@ -116,14 +145,26 @@ def adapters_condition(statuses: list[AdapterStatus]) -> tuple[bool, str, str]:
     if refused and all(p.state == "NotPlanned" for _, p in pools):
         return False, Reason.ADAPTERS_NOT_PLANNED, "no pool holds the adapters: " + "; ".join(refused)
     parts = []
-    for state, word in (("Passed", "passed"), ("Failed", "refused by its gate"), ("Pending", "being measured")):
+    for word, test in (("served", lambda p: p.served), ("passed, not served", lambda p: p.state == "Passed" and not p.served),
+                       ("refused by its gate", lambda p: p.state == "Failed"),
+                       ("being measured", lambda p: p.state == "Pending")):
         named = [f"{n} on {p.variant}" + (f" ({p.increasePercent:+.2f}%)" if p.increasePercent is not None else "")
-                 for n, p in pools if p.state == state]
+                 for n, p in pools if test(p)]
         if named:
             parts.append(f"{word}: {', '.join(named)}")
     if refused:
         parts.append("not planned on " + "; ".join(refused))
-    pending = any(p.state == "Pending" for _, p in pools)
-    reason = Reason.AWAITING_ADAPTER_GATE if pending else Reason.ADAPTERS_JUDGED
-    tail = "" if pending else "; each is served where it passed once serving pods load adapters (not in this version)"
-    return False, reason, "; ".join(parts) + tail
+    partial = sorted({n for n, p in pools if p.served} & {n for n, p in pools if not p.served})
+    if partial:
+        parts.append(f"{', '.join(partial)} not on every pool: a request through the model's Service can reach a pod "
+                     "without it and get 404 (routing by adapter name is not built)")
+    if any(p.state == "Pending" for _, p in pools):
+        return False, Reason.AWAITING_ADAPTER_GATE, "; ".join(parts)
+    served = any(p.served for _, p in pools) and not any(p.state == "Passed" and not p.served for _, p in pools)
+    return served, Reason.ADAPTERS_JUDGED, "; ".join(parts)
+
+
+def served_on(statuses: list[AdapterStatus] | None, pool: str) -> tuple[ServedAdapter, ...]:
+    """The adapters a pool's pods load (by name): those served there in ``status.adapters``."""
+    return tuple(sorted((ServedAdapter(s.name, p.adapterKey) for s in statuses or () for p in s.pools
+                         if p.variant == pool and p.served and p.adapterKey), key=lambda a: a.name))

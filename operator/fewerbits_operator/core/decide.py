@@ -48,7 +48,7 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from fewerbits_operator.core.adapters import AdapterInputs, adapters_step
+from fewerbits_operator.core.adapters import AdapterInputs, adapters_step, served_on
 from fewerbits_operator.artifacts.keys import (
     PlannedArtifact,
     artifact_format,
@@ -85,6 +85,7 @@ from fewerbits_operator.base.actions import (  # noqa: F401  (re-exported: the w
 )
 from fewerbits_operator.serving import canary as canary_mod
 from fewerbits_operator.serving.canary import CanaryDecision
+from fewerbits_operator.serving.serving_load import ServedAdapter
 from fewerbits_operator.serving.render import (
     ANNOTATION_ARTIFACT_KEY,
     ANNOTATION_SPEC_HASH,
@@ -949,7 +950,7 @@ def rollout(namespace: str, pv: PlanVariant, art: ArtifactVerdict, desired: dict
 
 
 def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict,
-                     settings: OperatorSettings) -> VariantWorkload:
+                     settings: OperatorSettings, adapters: tuple[ServedAdapter, ...] = ()) -> VariantWorkload:
     """One planned variant: refused (no LeaderWorkerSet), kept as it serves (no deployable artifact,
     its pool gone, its canary without a verdict), or rolled out."""
     spec = acc.spec
@@ -965,7 +966,7 @@ def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: Artif
     replicas = replicas_for(spec, current)
     desired = RENDERERS[kind](Owner(obs.name, obs.namespace, obs.uid), spec, pv, dict(pool.node_selector),
                               pool.cc_str, art.planned.key, art.manifest.totalBytes if art.manifest else None,
-                              replicas, settings)
+                              replicas, settings, adapters)
     gate = canary_gate(obs, acc, pv, art, desired, current, settings)
     judged = VariantWorkload(pv, dname, current, canary=gate) if gate is None else VariantWorkload(
         pv, dname, current, canary=gate, deletes=tuple(gate.deletes), creates=tuple(gate.creates),
@@ -1203,8 +1204,8 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     spec = acc.spec
     assert spec is not None
     by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
-    workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings)
-                 for pv in the_plan.variants]
+    workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings,
+                                  served_on(status.adapters, pv.pool)) for pv in the_plan.variants]
     creates: list[Action] = []
     for w in workloads:
         for e in w.events:

@@ -123,11 +123,12 @@ RetentionAction = Union[MarkUnreferenced, ClearMark, DeleteArtifact]
 
 
 def referenced_keys(statuses: list[QuantizedModelStatus]) -> frozenset[str]:
-    """Every key any model's status names (in use, in the making, or still served)."""
+    """Every key any model's status names (in use, in the making, or still served; its adapters' too)."""
     keys: set[str] = set()
     for s in statuses:
         keys |= {a.key for a in s.artifacts}
         keys |= {v.artifactKey for v in s.serving if v.artifactKey}
+        keys |= {p.adapterKey for a in s.adapters or () for p in a.pools if p.adapterKey}  # LoRA adapters' files
     return frozenset(keys)
 
 

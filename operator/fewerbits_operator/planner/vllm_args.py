@@ -190,10 +190,9 @@ def plan_args(variant: Any, served_model_name: str | None) -> list[str]:
 
 
 def lora_args(lora: Any) -> list[str]:
-    """The flags that would size a variant's LoRA adapters (a ``LoraPlan``; none without adapters),
-    shown by ``fewerbits plan``. Not in ``plan_args`` yet: no pod serves an adapter in this version
-    (docs/adapters.md), so no pod pays for LoRA buffers, and a model that passes these flags through
-    ``serving.extraArgs`` keeps doing so."""
+    """The flags that size a variant's LoRA adapters (a ``LoraPlan``; none without adapters), shown
+    by ``fewerbits plan``. Not in ``plan_args``: a pool's pods carry them (render.adapter_args)
+    only while some adapter passed its gate there, so no pod pays for LoRA buffers it does not use."""
     if lora is None:
         return []
     return ["--enable-lora", "--max-loras", str(lora.maxLoras), "--max-lora-rank", str(lora.maxLoraRank),

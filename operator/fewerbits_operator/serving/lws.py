@@ -100,13 +100,14 @@ def render_lws(
     artifact_bytes: int | None,
     replicas: int,
     settings: OperatorSettings,
+    adapters: tuple = (),
 ) -> dict[str, Any]:
     """The LeaderWorkerSet of a multi-node variant (``replicas`` = groups)."""
     nodes = variant.nodesPerReplica
     assert nodes > 1, "single-node variants are Deployments"
     # The single-node pod is the base: same fetch init container, launcher, security, volumes.
     base = render_deployment(owner, spec, variant, node_selector, compute_capability, artifact_key,
-                             artifact_bytes, replicas, settings)
+                             artifact_bytes, replicas, settings, adapters)
     template = base["spec"]["template"]
     budget = startup_budget_multinode(variant.weightsGiB, nodes)
     pod = template["spec"]

@@ -43,8 +43,9 @@ from fewerbits_api.quantizedmodel import (
 
 from fewerbits_operator.artifacts.keys import PlannedArtifact
 from fewerbits_operator.artifacts.jobresources import job_resources, pool_placement
-from fewerbits_operator.serving.serving_load import MODELS_DIR, secret_env, serving_load, storage_credential_env, stream_model_uri
-from fewerbits_operator.planner.vllm_args import plan_args, served_model_name
+from fewerbits_operator.serving.serving_load import (MODELS_DIR, ServedAdapter, secret_env, serving_load,
+                                                     storage_credential_env, stream_model_uri)
+from fewerbits_operator.planner.vllm_args import lora_args, plan_args, served_model_name
 from fewerbits_operator.base.queueing import kueue_labels
 from fewerbits_operator.base.settings import OperatorSettings
 
@@ -304,10 +305,18 @@ def startup_budget_seconds(weights_gib: float) -> int:
     return int(180 + math.ceil(weights_gib / 0.5))
 
 
+def adapter_args(variant: PlanVariant, adapters: tuple[ServedAdapter, ...]) -> list[str]:
+    """vLLM's LoRA flags, sized by the pool's plan, and ``--lora-modules`` for the adapters that
+    passed on this pool's base (none: no flag, no LoRA buffers paid for)."""
+    if not adapters or variant.lora is None:
+        return []
+    return [*lora_args(variant.lora), "--lora-modules", *(f"{a.name}={a.path}" for a in adapters)]
+
+
 def _serve_command(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, compute_capability: str,
-                   artifact_key: str, model_dir: str) -> list[str]:
+                   artifact_key: str, model_dir: str, adapters: tuple[ServedAdapter, ...] = ()) -> list[str]:
     """The launcher, then `vllm serve` with the plan's arguments (plan_args owns them, from the
-    plan's typed fields, never from the display copy in status) and the model's extras."""
+    plan's typed fields, never from the display copy in status), the adapters, and the model's extras."""
     return [
         "python3", "-m", "fewerbits_runtime", "launch",
         "--manifest", f"{model_dir}/{DEST_MANIFEST_NAME}",
@@ -316,6 +325,7 @@ def _serve_command(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant,
         "vllm", "serve", stream_model_uri(spec, artifact_key) or model_dir,
         "--host", "0.0.0.0", "--port", str(VLLM_PORT),
         *plan_args(variant, served_model_name(spec, owner.name)),
+        *adapter_args(variant, adapters),
         *(["--load-format", "runai_streamer"] if spec.serving.loadFormat == "stream" else []),
         *spec.serving.extraArgs,
     ]
@@ -376,6 +386,7 @@ def _vllm_container(spec: QuantizedModelSpec, variant: PlanVariant, settings: Op
         "livenessProbe": {**probe, "periodSeconds": 15, "failureThreshold": 4, "timeoutSeconds": 5},
         "volumeMounts": [
             load.serving_mount(model_dir),
+            *load.adapter_mounts(),
             {"name": "launcher", "mountPath": "/fewerbits", "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
@@ -410,14 +421,16 @@ def render_deployment(
     artifact_bytes: int | None,
     replicas: int,
     settings: OperatorSettings,
+    adapters: tuple[ServedAdapter, ...] = (),
 ) -> dict[str, Any]:
-    """One vLLM Deployment per planned variant."""
+    """One vLLM Deployment per planned variant (loading ``adapters`` where its plan holds LoRA)."""
     assert spec.storage is not None
     name = deployment_name(owner.name, variant.pool)
     labels = {**model_labels(owner.name), LABEL_VARIANT: variant.pool, LABEL_COMPONENT: "server"}
     model_dir = f"{MODELS_DIR}/{artifact_key}"
-    load = serving_load(spec, artifact_key, settings)
-    command = _serve_command(owner, spec, variant, compute_capability, artifact_key, model_dir)
+    adapters = adapters if variant.lora is not None else ()
+    load = serving_load(spec, artifact_key, settings, adapters)
+    command = _serve_command(owner, spec, variant, compute_capability, artifact_key, model_dir, adapters)
     template = {
         "metadata": {
             "labels": dict(labels),

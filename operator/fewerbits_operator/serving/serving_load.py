@@ -29,6 +29,8 @@ from fewerbits_api.quantizedmodel import QuantizedModelSpec, StorageSpec
 
 from fewerbits_operator.base.settings import OperatorSettings
 
+ADAPTERS_DIR = "/adapters"
+"""Where the serving container sees the LoRA adapters it loads (``/adapters/<adapterKey>``)."""
 MODELS_DIR = "/models"
 """Where the serving container (and the fetch init container) sees the artifact."""
 NODE_CACHE_MOUNT = "/node-cache"
@@ -66,32 +68,61 @@ def stream_model_uri(spec: QuantizedModelSpec, key: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class ServedAdapter:
+    """A LoRA adapter a pool's pods load: it passed its gate on that pool's base, and its files are
+    published under ``key`` (core/adapters.py decides which)."""
+
+    name: str
+    key: str
+
+    @property
+    def path(self) -> str:
+        return f"{ADAPTERS_DIR}/{self.key}"
+
+
+@dataclass(frozen=True)
 class ServingLoad:
     mode: str
     """``pod``, ``node`` or ``stream``."""
     key: str
     spec: QuantizedModelSpec
     settings: OperatorSettings
+    adapters: tuple[ServedAdapter, ...] = ()
+    """Fetched like the artifact: into the node cache with it, else into their own emptyDir (a
+    streamed load streams the base only)."""
 
     def fetch_args(self, model_dir: str) -> list[str]:
+        adapters = [a for ad in self.adapters for a in ("--adapter", ad.key)]
+        if adapters and self.mode != "node":
+            adapters += ["--adapters-dir", ADAPTERS_DIR]
         if self.mode == "node":
             budget = self.settings.node_cache_budget
             return ["--node-cache", NODE_CACHE_MOUNT, *(["--node-cache-budget", budget] if budget else []),
-                    "--referenced-keys", f"{REFERENCES_MOUNT}/{REFERENCES_FILE}"]
+                    "--referenced-keys", f"{REFERENCES_MOUNT}/{REFERENCES_FILE}", *adapters]
         if self.mode == "stream":
-            return ["--dest", model_dir, "--manifest-only"]
-        return ["--dest", model_dir]
+            return ["--dest", model_dir, "--manifest-only", *adapters]
+        return ["--dest", model_dir, *adapters]
 
     def fetch_mounts(self) -> list[dict[str, Any]]:
         if self.mode == "node":
             return [{"name": "models", "mountPath": NODE_CACHE_MOUNT},
                     {"name": REFERENCES_VOLUME, "mountPath": REFERENCES_MOUNT, "readOnly": True}]
-        return [{"name": "models", "mountPath": MODELS_DIR}]
+        own = [{"name": "adapters", "mountPath": ADAPTERS_DIR}] if self.adapters else []
+        return [{"name": "models", "mountPath": MODELS_DIR}, *own]
 
     def serving_mount(self, model_dir: str) -> dict[str, Any]:
         if self.mode == "node":
             return {"name": "models", "mountPath": model_dir, "subPath": f"artifacts/{self.key}", "readOnly": True}
         return {"name": "models", "mountPath": MODELS_DIR, "readOnly": True}
+
+    def adapter_mounts(self) -> list[dict[str, Any]]:
+        """The adapters, read-only: each node-cache entry by its own subPath, else their emptyDir."""
+        if not self.adapters:
+            return []
+        if self.mode == "node":
+            return [{"name": "models", "mountPath": a.path, "subPath": f"artifacts/{a.key}", "readOnly": True}
+                    for a in self.adapters]
+        return [{"name": "adapters", "mountPath": ADAPTERS_DIR, "readOnly": True}]
 
     def volume(self, empty_dir: dict[str, Any]) -> dict[str, Any]:
         if self.mode == "node":
@@ -104,7 +135,7 @@ class ServingLoad:
         """The referenced-keys ConfigMap for the node cache's eviction order (optional: absent
         until the operator's first sync, and then every entry counts as unreferenced)."""
         if self.mode != "node":
-            return []
+            return [{"name": "adapters", "emptyDir": {}}] if self.adapters else []
         return [{"name": REFERENCES_VOLUME, "configMap": {"name": REFERENCES_CONFIGMAP, "optional": True}}]
 
     def serving_env(self) -> list[dict[str, Any]]:
@@ -123,11 +154,12 @@ class ServingLoad:
         return env
 
 
-def serving_load(spec: QuantizedModelSpec, key: str, settings: OperatorSettings) -> ServingLoad:
+def serving_load(spec: QuantizedModelSpec, key: str, settings: OperatorSettings,
+                 adapters: tuple[ServedAdapter, ...] = ()) -> ServingLoad:
     if spec.serving.loadFormat == "stream":
         mode = "stream"
     elif spec.serving.artifactCache == "Node":
         mode = "node"
     else:
         mode = "pod"
-    return ServingLoad(mode, key, spec, settings)
+    return ServingLoad(mode, key, spec, settings, adapters)
