@@ -148,14 +148,20 @@ class AdapterEvaluation(ApiModel):
     """Largest allowed increase over the same adapter on the 16-bit base (the verdict only)."""
     hasCredentials: bool = False
     """Whether the Job's environment carries its Secret's keys (``adapter_env``)."""
+    evalDatasetEtag: str | None = None
+    """The ETag the operator read of an S3 evaluation set: the Job refuses other content, and the
+    identity names it (a changed set is measured again)."""
 
     def identity_doc(self) -> dict:
         """What decides its figures (not its verdict), for the evaluation identity."""
         from .datasets import BUILTIN_DATASET_SHA256
 
-        return {"name": self.name, "uri": self.uri, "revision": self.revision, "endpoint": self.endpoint,
-                "evalDataset": self.evalDataset, "evalDatasetSha256": BUILTIN_DATASET_SHA256.get(self.evalDataset),
-                "evalSamples": self.evalSamples}
+        doc = {"name": self.name, "uri": self.uri, "revision": self.revision, "endpoint": self.endpoint,
+               "evalDataset": self.evalDataset, "evalDatasetSha256": BUILTIN_DATASET_SHA256.get(self.evalDataset),
+               "evalSamples": self.evalSamples}
+        if self.evalDatasetEtag:  # absent when unpinned: identities made before pins are unchanged
+            doc["evalDatasetEtag"] = self.evalDatasetEtag
+        return doc
 
 
 def adapter_env(index: int, key: str) -> str:
@@ -164,13 +170,17 @@ def adapter_env(index: int, key: str) -> str:
     return f"FEWERBITS_ADAPTER_{index}_{key}"
 
 
-def adapter_evaluations(adapters: list[AdapterSpec], gate) -> list[AdapterEvaluation]:
-    """Each adapter with its gate's unset fields taken from the model's ``gate`` (a QualityGateSpec)."""
+def adapter_evaluations(adapters: list[AdapterSpec], gate, etags: dict[str, str] | None = None
+                        ) -> list[AdapterEvaluation]:
+    """Each adapter with its gate's unset fields taken from the model's ``gate`` (a QualityGateSpec),
+    and its S3 evaluation set pinned to the ETag ``etags`` gives it (by URI)."""
+    etags = etags or {}
     return [AdapterEvaluation(
         name=a.name, uri=a.source.uri, revision=a.source.revision, endpoint=a.source.endpoint,
         region=a.source.region, hasCredentials=a.source.credentialsSecret is not None,
         evalDataset=a.gate.evalDataset or gate.evalDataset, evalSamples=a.gate.evalSamples or gate.evalSamples,
-        maxIncreasePercent=a.gate.maxPerplexityIncreasePercent or gate.maxPerplexityIncreasePercent)
+        maxIncreasePercent=a.gate.maxPerplexityIncreasePercent or gate.maxPerplexityIncreasePercent,
+        evalDatasetEtag=etags.get(a.gate.evalDataset or gate.evalDataset))
         for a in adapters]
 
 

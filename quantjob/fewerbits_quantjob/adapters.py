@@ -461,7 +461,11 @@ def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None
     for i, a in enumerate(contract.adapters or ()):
         try:
             path = fetch_adapter(a, i, contract, env, adapter_dir(workdir, i))
-            texts = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS).texts
+            loaded = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
+            if a.evalDatasetEtag and loaded.details.get("etag") != a.evalDatasetEtag.strip('"'):
+                raise JobError(errors.DATASET_CHANGED, f"its evaluation set {a.evalDataset} differs from the ETag the "
+                               f"operator read ({a.evalDatasetEtag}); the next reconcile reads it again", permanent=True)
+            texts = loaded.texts
         except JobError as e:
             if not e.permanent:
                 raise  # a transient read: the Job is retried, nothing is recorded against the adapter

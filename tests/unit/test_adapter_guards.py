@@ -118,3 +118,50 @@ def test_a_policys_quality_ceiling_caps_each_adapters_own_threshold():
     assert accepted.status == "False"
     assert "spec.adapters[0].gate.maxPerplexityIncreasePercent 8 exceeds the ceiling 2" in accepted.message
     assert "spec.adapters[1]" not in accepted.message
+
+
+def test_an_adapters_s3_evaluation_set_is_pinned_by_its_etag():
+    """Its ETag enters the evaluation identity (a changed set is measured again) and the Job refuses
+    other content; unpinned, the identity is the one made before pins existed."""
+    from fewerbits_api.adapters import adapter_evaluations
+    from fewerbits_api.quantizedmodel import QuantizedModelSpec
+
+    spec = QuantizedModelSpec.model_validate({**base_spec(), "adapters": [
+        {**PLAYS, "gate": {"evalDataset": "s3://evals/plays.jsonl"}}]})
+    gate = QualityGateSpec()
+    (unpinned,) = adapter_evaluations(spec.adapters, gate)
+    (pinned,) = adapter_evaluations(spec.adapters, gate, {"s3://evals/plays.jsonl": "e1"})
+    (other,) = adapter_evaluations(spec.adapters, gate, {"s3://evals/plays.jsonl": "e2"})
+    assert "evalDatasetEtag" not in unpinned.identity_doc() and pinned.evalDatasetEtag == "e1"
+    identities = {eval_identity(gate.with_adapters([e])) for e in (unpinned, pinned, other)}
+    assert len(identities) == 3
+
+
+def test_the_job_refuses_an_adapters_evaluation_set_changed_since_the_operator_read_it(tmp_path, monkeypatch):
+    from fewerbits_quantjob import adapters, fetch, textdata
+
+    monkeypatch.setattr(fetch, "fetch_adapter", lambda a, i, c, env, dest: dest)
+    monkeypatch.setattr(textdata, "load_texts", lambda *a, **k: textdata.TextSet(
+        ["text"], "s3://evals/plays.jsonl", "0" * 64, details={"etag": "now"}))
+    evaluation = PLAYS_EVAL.model_copy(update={"endpoint": None, "evalDataset": "s3://evals/plays.jsonl"})
+    specs, failures = adapters.prepare(contract(adapters=[evaluation.model_copy(update={"evalDatasetEtag": '"then"'})]),
+                                       {}, tmp_path, lambda: None)
+    assert specs == [] and "differs from the ETag the operator read" in failures["plays"]
+    specs, failures = adapters.prepare(contract(adapters=[evaluation.model_copy(update={"evalDatasetEtag": '"now"'})]),
+                                       {}, tmp_path, lambda: None)
+    assert [s.name for s in specs] == ["plays"] and failures == {}
+
+
+def test_the_etag_observe_read_reaches_the_jobs_contract():
+    from dataclasses import replace
+
+    from fewerbits_operator.base.datapins import DataPin
+    from fewerbits_operator.planner.lora import AdapterFacts
+    from tests.unit.test_decide import _contract
+
+    w = World(spec=base_spec(adapters=[{**PLAYS, "gate": {"evalDataset": "s3://evals/plays.jsonl"}}]),
+              adapters=(AdapterFacts("plays", 16, ("q_proj",)),))
+    w.publish()
+    obs = replace(w.observed(), adapter_eval_pins=(DataPin("s3://evals/plays.jsonl", "e1"),))
+    job = next(a.job for a in decide(obs, SETTINGS).actions if hasattr(a, "job"))
+    assert [a["evalDatasetEtag"] for a in _contract(job)["adapters"]] == ["e1"]

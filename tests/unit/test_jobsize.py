@@ -384,3 +384,16 @@ def test_a_policy_caps_the_copy_and_the_refusal_names_the_figures(tmp_path, caps
     assert main(["plan", "--model-config", str(CONFIGS / "deepseek-v3.json"), "--gpu", "NVIDIA-H200:8",
                  "--policy", str(policy)]) == 0
     assert "no Job for none: the source is already fp8-block" in capsys.readouterr().out
+
+
+def test_the_adapters_windows_count_in_the_jobs_estimate_and_deadline():
+    """Each LoRA adapter's gate scores its windows on both models, in the Job's evaluation pass."""
+    adapters = [{"name": f"a{i}", "source": {"uri": f"s3://adapters/a{i}"}, "gate": {"evalSamples": 512}}
+                for i in range(8)]
+    with_adapters = SPEC.model_copy(update={"adapters": QuantizedModelSpec.model_validate(
+        {**SPEC.model_dump(mode="json", exclude_none=True), "adapters": adapters}).adapters})
+    inputs = inputs_from(with_adapters)
+    assert inputs.adapter_eval_samples == 8 * 512 and inputs_from(SPEC).adapter_eval_samples == 0
+    (_, _, (plain,)), (_, _, (more,)) = _sized_70b(), _sized_70b(inputs=inputs)
+    assert more.estimatedMinutes > plain.estimatedMinutes
+    assert deadline_seconds(more) >= deadline_seconds(plain)

@@ -282,6 +282,8 @@ class Effective:
     eval_pin: DataPin | None = None
     """The ETag observe read of an S3 evaluation set (datapins): ``gate()`` carries it, so the
     evaluation identity names the set's content."""
+    adapter_eval_pins: tuple[DataPin, ...] = ()
+    """The same for the adapters' own S3 evaluation sets."""
 
     @property
     def accepted(self) -> bool:
@@ -292,7 +294,10 @@ class Effective:
         the model's LoRA adapters measured beside it (docs/adapters.md)."""
         assert self.spec is not None
         gate = self._model_gate()
-        return gate.with_adapters(adapter_evaluations(self.spec.adapters, gate)) if self.spec.adapters else gate
+        if not self.spec.adapters:
+            return gate
+        etags = {p.uri: p.etag for p in (*self.adapter_eval_pins, *([self.eval_pin] if self.eval_pin else []))}
+        return gate.with_adapters(adapter_evaluations(self.spec.adapters, gate, etags))
 
     def _model_gate(self) -> QualityGateSpec:
         assert self.spec is not None

@@ -227,6 +227,8 @@ class Observed:
     """By variant, for variants short of ready replicas: their pods' failed containers."""
     data_pin: DataPin | None = None
     eval_pin: DataPin | None = None
+    adapter_eval_pins: tuple[DataPin, ...] = ()
+    """The ETags of the adapters' own S3 evaluation sets (the model's is eval_pin)."""
     """The S3 evaluation set's ETag (datapins.s3_eval_uri), when the gate names one."""
     """The S3 calibration object's ETag (and VersionId), read when the plan uses it (datapins.py)."""
     data_error: str | None = None

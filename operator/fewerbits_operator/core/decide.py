@@ -242,6 +242,7 @@ def effective_for(obs: Observed, settings: OperatorSettings) -> Acceptance:
                                       credentialsSecret=settings.default_storage_credentials_secret)
     eff = effective_spec(dict(obs.spec), policy, default_storage)
     eff.eval_pin = obs.eval_pin
+    eff.adapter_eval_pins = obs.adapter_eval_pins
     if not eff.accepted or obs.secrets is None:
         return Acceptance(eff)
     assert eff.spec is not None

@@ -136,7 +136,8 @@ class Observer:
         facts["planning"] = Planning(the_plan, verdict)  # decide reuses it: the planner runs once a pass
         facts.update(self._data_pin(md, spec, old, the_plan, storage_creds))
         facts.update(self._eval_pin(md, spec, storage_creds))
-        if "eval_pin" in facts:  # the pin enters the evaluation identity: effective_for applies it
+        facts.update(self._adapter_eval_pins(md, spec, storage_creds))
+        if "eval_pin" in facts or facts.get("adapter_eval_pins"):  # the pin enters the evaluation identity: effective_for applies it
             eff = effective_for(Observed(**facts), self.settings)
         wanted = planned_artifacts(spec, the_plan, facts.get("data_pin"))  # once per pass: reused below
         artifacts = {p.key: self._artifact_facts(ns, spec, p, old, eff, storage_creds) for p in wanted}
@@ -222,6 +223,19 @@ class Observer:
         except StorageError:
             return {}
         return {"eval_pin": pin}
+
+    def _adapter_eval_pins(self, md: Mapping[str, Any], spec, creds) -> dict[str, Any]:
+        """The adapters' own S3 evaluation sets' ETags, as ``_eval_pin`` reads the model's (read with
+        the storage's credentials, as the Job reads them); one unreadable stays unpinned."""
+        uris = sorted({a.gate.evalDataset for a in spec.adapters if (a.gate.evalDataset or "").startswith("s3://")})
+        pins = []
+        for uri in uris:
+            try:
+                pins.append(self.pins.pin(PinKey.of(md["uid"], md.get("generation"), spec.storage, uri), REUSE,
+                                          lambda uri=uri: DataPin(uri, *self.store.head_object(spec.storage, uri, creds))))
+            except StorageError:
+                continue
+        return {"adapter_eval_pins": tuple(pins)} if pins else {}
 
     def _artifact_facts(self, ns: str, spec, planned, old: QuantizedModelStatus, eff, creds) -> ArtifactFacts:
         """One planned artifact: its manifest (or a legacy key's, or the fallback key's its own Job

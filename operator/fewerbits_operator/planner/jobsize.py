@@ -154,6 +154,8 @@ class JobInputs:
     calibration_seq_len: int = 2048
     eval_samples: int = 64
     eval_seq_len: int = 2048
+    adapter_eval_samples: int = 0
+    """Windows the LoRA adapters' gates score, all adapters together (each on both models)."""
     gpus: int | None = None
     """The policy's `quantizationJob.gpus` when it sets it (None: sized here)."""
     max_gpus: int | None = None
@@ -370,7 +372,7 @@ def estimate_minutes(shape: ModelShape, fmt: QuantFormat, src: float, out: float
         rate = CPU_CALIBRATION_FLOPS
         if FORMAT_FACTS[fmt].needs_calibration_data:
             minutes += tokens * flops_per_token / rate * (1 + GPTQ_SOLVE_FACTOR) / 60
-    eval_tokens = 2 * inputs.eval_samples * min(inputs.eval_seq_len, 512)
+    eval_tokens = 2 * (inputs.eval_samples + inputs.adapter_eval_samples) * min(inputs.eval_seq_len, 512)
     minutes += eval_tokens * flops_per_token / rate / 60
     if choice.offload:
         # Every evaluation batch streams the offloaded layers from host memory.
@@ -459,6 +461,7 @@ def inputs_from(spec, placement=None, rules=None, volume_threshold_gib: int = 10
     return JobInputs(
         calibration_samples=calib.samples, calibration_seq_len=calib.maxSeqLength,
         eval_samples=gate.evalSamples, eval_seq_len=calib.maxSeqLength,
+        adapter_eval_samples=sum(a.gate.evalSamples or gate.evalSamples for a in getattr(spec, "adapters", None) or ()),
         gpus=placement.gpus if placement is not None and "gpus" in placement.model_fields_set else None,
         max_gpus=rules.maxQuantizationJobGPUs if rules is not None else None,
         node_selector=dict(placement.nodeSelector) if placement is not None and placement.nodeSelector else None,
