@@ -274,6 +274,10 @@ class Manifest(ManifestModel):
         if total != manifest.totalBytes:
             raise ManifestError(f"totalBytes {manifest.totalBytes} is not the sum of its file sizes ({total})",
                                 field="totalBytes")
+        named = manifest.keyInputs.recipe.get(LORA_ADAPTER_RECIPE)
+        if named is not None and named != {f.path: f.sha256 for f in manifest.files}:
+            raise ManifestError("lists files other than the ones its key names (a LoRA adapter's key is its files' "
+                                "digests)", field="files")
         return manifest
 
 

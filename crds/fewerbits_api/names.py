@@ -29,3 +29,7 @@ TERMINATION_LOG_ENV = "FEWERBITS_TERMINATION_LOG"
 """Overrides where a process writes its termination message (for running outside a kubelet)."""
 TERMINATION_MESSAGE_MAX_BYTES = 4096
 """The kubelet keeps at most this much of a termination message."""
+
+UNREFERENCED_MARKER = ".unreferenced"
+"""Under a key's prefix: written by the operator's retention sweep when it first sees the key
+unreferenced (core/retention.py); a Job that reuses the key (a LoRA adapter's files) removes it."""

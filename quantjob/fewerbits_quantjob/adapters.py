@@ -527,13 +527,19 @@ def publish(client, contract, workdir: Path, quality, stage):
         digests = {rel.as_posix(): storage.sha256_file(path / rel) for rel in storage.list_artifact_files(path)}
         inputs = adapter_key_inputs(sources[q.name].uri, sources[q.name].revision, digests)
         key = inputs.key()
-        manifest, _why = storage.read_manifest(client, storage_uri, key)
+        manifest, _why = storage.read_manifest(client, storage_uri, key)  # parsed: its files are the key's
         if manifest is None:
             uploaded = storage.upload_directory(client, path, storage_uri, key, stage)
             manifest = Manifest(key=key, keyInputs=inputs, format=inputs.format, files=uploaded.files,
                                 totalBytes=uploaded.total_bytes,
                                 createdAt=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
             storage.write_manifest(client, storage_uri, manifest)
+        else:  # published before, maybe since unreferenced: its sweep mark goes, as the report names it again
+            from fewerbits_api.artifact import artifact_prefix
+            from fewerbits_api.names import UNREFERENCED_MARKER
+
+            bucket, prefix = artifact_prefix(storage_uri, key)
+            client.delete_object(Bucket=bucket, Key=prefix + UNREFERENCED_MARKER)
         stage.progress.note(f"adapter {q.name}: published as {key} ({manifest.totalBytes} bytes)")
         out.append(q.model_copy(update={"adapterKey": key, "sizeBytes": manifest.totalBytes}))
     return quality.model_copy(update={"adapters": out})

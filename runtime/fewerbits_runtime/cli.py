@@ -292,7 +292,11 @@ def _run_launch(a: argparse.Namespace) -> int:
     check_stream_source(cmd)
     hold_in_use(model_dir_from_args(cmd))
     for path in lora_paths(cmd):  # the adapters vLLM loads stay in the node cache while it runs
-        hold_in_use(path)
+        if hold_in_use(path) is None:
+            from .errors import ArtifactMissing
+
+            raise ArtifactMissing(f"LoRA adapter {path}: no verified copy there (evicted from the node cache, or "
+                                  "never fetched): the pod's fetch runs again when it is recreated")
     return supervise(cmd)
 
 

@@ -148,8 +148,8 @@ def _run(cluster, core, namespace, models, model_spec, s3_secret, targets, gptq)
                           lambda pool=pool, loads=loads: _serving_pod(core, namespace, "tales", pool, loads),
                           timeout=600, namespace=namespace, name="tales")
         fetch = pod.spec.init_containers[0].args
-        assert [fetch[i + 1] for i, a in enumerate(fetch) if a == "--adapter"] == \
-            [next(iter(keys[n])) for n in loads]
+        assert sorted(fetch[i + 1] for i, a in enumerate(fetch) if a == "--adapter") == \
+            sorted(next(iter(keys[n])) for n in loads)
         command = pod.spec.containers[0].command
         assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "8"
         ip = pod.status.pod_ip

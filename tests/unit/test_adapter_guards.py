@@ -165,3 +165,36 @@ def test_the_etag_observe_read_reaches_the_jobs_contract():
     obs = replace(w.observed(), adapter_eval_pins=(DataPin("s3://evals/plays.jsonl", "e1"),))
     job = next(a.job for a in decide(obs, SETTINGS).actions if hasattr(a, "job"))
     assert [a["evalDatasetEtag"] for a in _contract(job)["adapters"]] == ["e1"]
+
+
+def test_lora_flags_in_extra_args_are_refused_when_the_operator_sets_them_from_the_adapters():
+    w = World(spec=base_spec(adapters=[PLAYS], serving={"extraArgs": ["--lora-modules", "x=/tmp/x", "--max-loras=4"],
+                                                         "canary": {"enabled": False}}))
+    accepted = next(c for c in decide(w.observed(), SETTINGS).status.conditions if c.type == "Accepted")
+    assert accepted.status == "False"
+    assert "spec.serving.extraArgs[0]: --lora-modules is set from spec.adapters" in accepted.message
+    assert "spec.serving.extraArgs[2]: --max-loras is set from spec.adapters" in accepted.message
+    without = World(spec=base_spec(serving={"extraArgs": ["--max-loras=4"], "canary": {"enabled": False}}))
+    assert "spec.adapters" not in next(c for c in decide(without.observed(), SETTINGS).status.conditions
+                                       if c.type == "Accepted").message
+
+
+def test_adapters_served_once_the_pods_that_load_them_are_rolled_out():
+    from tests.unit.test_decide import CreateDeployment, _adapter_results
+    from fewerbits_operator.planner.lora import AdapterFacts
+
+    w = World(spec=base_spec(adapters=[PLAYS]), adapters=(AdapterFacts("plays", 16, ("q_proj",)),))
+    w.publish()
+    _adapter_results({"plays": 0.4}, published=True)(w)
+    first = decide(w.observed(), SETTINGS)
+    served = next(c for c in first.status.conditions if c.type == "AdaptersServed")
+    assert (served.status, served.reason) == ("False", "AdaptersJudged")
+    d = dict(next(a.deployment for a in first.actions if isinstance(a, CreateDeployment)))
+    d["metadata"] = {**d["metadata"], "resourceVersion": "5", "generation": 1}
+    d["status"] = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}
+    w.deployments[d["metadata"]["name"]] = d
+    second = decide(w.observed(), SETTINGS)
+    served = next(c for c in second.status.conditions if c.type == "AdaptersServed")
+    assert (served.status, served.reason) == ("True", "AdaptersJudged") and "served: plays" in served.message
+    assert not [a for a in second.actions if isinstance(a, CreateDeployment)]
+    assert second.status.adapters[0].pools[0].served

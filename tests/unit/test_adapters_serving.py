@@ -29,7 +29,7 @@ def _report(key: str | None, increase: float = 0.5) -> QualityReport:
                                             increasePercent=increase, maxIncreasePercent=3, passed=True, adapterKey=key)])
 
 
-def _inputs(reports: dict[str, QualityReport | None]) -> AdapterInputs:
+def _inputs(reports: dict[str, QualityReport | None], old=()) -> AdapterInputs:
     """Two pools: w4a16-gptq on the A100s (artifact A), 16-bit on the H100s (no Job, no report)."""
     sixteen = VARIANT.model_copy(update={"pool": "h100", "format": QuantFormat.NONE, "lora": LORA})
     plan = PlanStatus(variants=[VARIANT.model_copy(update={"lora": LORA}), sixteen])
@@ -40,11 +40,11 @@ def _inputs(reports: dict[str, QualityReport | None]) -> AdapterInputs:
         evaluations=(AdapterEvaluation(name="plays", uri="s3://adapters/plays", evalDataset="general-en-heldout",
                                        evalSamples=8, maxIncreasePercent=3.0),),
         facts=(AdapterFacts("plays", 8, ("q_proj",)),), problems={}, served_name="llama", identity="id",
-        artifact_keys={VARIANT.pool: A, "h100": B}, reports=reports)
+        artifact_keys={VARIANT.pool: A, "h100": B}, reports=reports, old=list(old))
 
 
 def test_a_16_bit_pool_loads_the_files_another_pools_job_published():
-    out = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None}), [])
+    out = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None}))
     (plays,) = out.statuses
     assert [(p.state, p.served, p.adapterKey) for p in plays.pools] == [("Passed", True, PLAYS_KEY)] * 2
     assert out.condition[0] is True and "served: plays on a100-sxm4-80gb-x8 (+0.50%), plays on h100" in out.condition[2]
@@ -52,18 +52,86 @@ def test_a_16_bit_pool_loads_the_files_another_pools_job_published():
 
 
 def test_an_adapter_judged_but_not_published_is_not_served_and_the_condition_says_so():
-    out = adapters_step(_inputs({A: _report(None), B: None}), [])  # a report from a Job before publication
+    out = adapters_step(_inputs({A: _report(None), B: None}))  # a report from a Job before publication
     assert [(p.state, p.served) for p in out.statuses[0].pools] == [("Passed", False)] * 2
     assert out.condition[0] is False and "passed, not served" in out.condition[2]
-    assert "not served until a Job has published its files" in out.statuses[0].pools[0].reason
+    assert "did not publish adapters (an older release): measured again" in out.statuses[0].pools[0].reason
+    assert "no Job has published its files yet" in out.statuses[0].pools[1].reason
     assert served_on(out.statuses, VARIANT.pool) == ()
+    # ... and such a report asks for the evaluation Job that publishes them (an upgrade is no dead end).
+    from fewerbits_api.adapters import AdapterEvaluation
+    from fewerbits_api.quality import eval_identity
+    from fewerbits_api.quantizedmodel import QualityGateSpec
+    from fewerbits_operator.artifacts.quality_gate import needs_evaluation
+
+    gate = QualityGateSpec().with_adapters([AdapterEvaluation(name="plays", uri="s3://adapters/plays",
+                                                              evalDataset="general-en-heldout", evalSamples=8,
+                                                              maxIncreasePercent=3.0)])
+    older = _report(None).model_copy(update={"evalIdentity": eval_identity(gate)})
+    assert needs_evaluation(older, gate)
+    assert not needs_evaluation(_report(PLAYS_KEY).model_copy(update={"evalIdentity": eval_identity(gate)}), gate)
 
 
 def test_a_failed_adapter_is_never_loaded_even_with_its_files_published():
-    out = adapters_step(_inputs({A: _report(PLAYS_KEY, increase=7.0), B: None}), [])
+    out = adapters_step(_inputs({A: _report(PLAYS_KEY, increase=7.0), B: None}))
     a100, h100 = out.statuses[0].pools
     assert (a100.state, a100.served, h100.state, h100.served) == ("Failed", False, "Passed", True)
     assert served_on(out.statuses, VARIANT.pool) == () and out.failed
+    assert a100.adapterKey == PLAYS_KEY  # named whatever the verdict: retention keeps the files a new threshold may pass
+
+
+def test_while_the_adapters_are_measured_again_the_files_that_passed_keep_serving():
+    """Adding an adapter (or changing one, or the evaluation set) changes the evaluation identity:
+    until the new report, each pool keeps loading what passed there, so nothing rolls twice."""
+    served = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None})).statuses
+    remeasured = adapters_step(_inputs({A: _report(PLAYS_KEY).model_copy(update={"evalIdentity": "older"}), B: None},
+                                       old=served))
+    assert [(p.state, p.served, p.adapterKey) for p in remeasured.statuses[0].pools] == \
+        [("Pending", True, PLAYS_KEY), ("Passed", True, PLAYS_KEY)]
+    assert "serve meanwhile" in remeasured.statuses[0].pools[0].reason
+    assert remeasured.condition[1] == "AwaitingAdapterGate"
+    # Never the files of another base: a pool whose artifact changed waits for its own verdict.
+    moved = [s.model_copy(update={"pools": [p.model_copy(update={"artifactKey": "c" * 64}) for p in s.pools]})
+             for s in served]
+    fresh = adapters_step(_inputs({A: None, B: None}, old=moved)).statuses[0].pools
+    assert [p.served for p in fresh] == [False, False]
+
+
+def test_served_is_what_the_rolled_out_pods_load():
+    from fewerbits_operator.core.adapters import confirm_served
+
+    statuses = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None})).statuses
+    loaded = {VARIANT.pool: frozenset({f"plays=/adapters/{PLAYS_KEY}"}), "h100": frozenset()}
+    a100, h100 = confirm_served(statuses, loaded)[0].pools
+    assert a100.served and not h100.served and "rolling out to load it" in h100.reason
+
+
+def test_two_adapters_of_the_same_files_are_fetched_and_mounted_once():
+    spec = SPEC.model_copy(update={"serving": SPEC.serving.model_copy(update={"artifactCache": "Node"})})
+    pod = _pod(spec, (ServedAdapter("chat", PLAYS_KEY), ServedAdapter("plays", PLAYS_KEY)))
+    args = pod["initContainers"][0]["args"]
+    assert args.count("--adapter") == 1
+    mounts = [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+    assert len(mounts) == len(set(mounts))
+    command = pod["containers"][0]["command"]
+    assert f"chat=/adapters/{PLAYS_KEY}" in command and f"plays=/adapters/{PLAYS_KEY}" in command
+
+
+def test_an_adapters_manifest_must_list_the_files_its_key_names():
+    import json
+
+    import pytest
+
+    from fewerbits_api.artifact import Manifest, ManifestError, ManifestFile, adapter_key_inputs
+    from fewerbits_api.formats import QuantFormat as F
+
+    inputs = adapter_key_inputs("s3://adapters/plays", None, {"adapter_model.safetensors": "1" * 64})
+    files = [ManifestFile(path="adapter_model.safetensors", sizeBytes=9, sha256="2" * 64)]
+    forged = Manifest(key=inputs.key(), keyInputs=inputs, format=F.NONE, files=files, totalBytes=9, createdAt="x")
+    with pytest.raises(ManifestError, match="other than the ones its key names"):
+        Manifest.parse(json.dumps(forged.to_wire()), inputs.key())
+    good = forged.model_copy(update={"files": [files[0].model_copy(update={"sha256": "1" * 64})]})
+    assert Manifest.parse(json.dumps(good.to_wire()), inputs.key()).key == inputs.key()
 
 
 def _pod(spec, adapters):

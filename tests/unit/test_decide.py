@@ -692,7 +692,7 @@ CASES += [
     Case("adapters measured on the base artifact: each judged with the model's threshold, a failure is an event",
          _seq(_set(spec=base_spec(adapters=[PLAYS, {**PLAYS, "name": "chat"}]),
                    adapters=(AdapterFacts("plays", 16, ("q_proj",)), AdapterFacts("chat", 8, ("q_proj",)))),
-              lambda w: w.publish(), _adapter_results({"plays": 0.4, "chat": 6.3})),
+              lambda w: w.publish(), _adapter_results({"plays": 0.4, "chat": 6.3}, published=True)),
          {"QualityGatePassed": ("True", "GatePassed"), "AdaptersServed": ("False", "AdaptersJudged")},
          actions=[CreateDeployment, CreateService], events={"AdapterGateFailed"},
          message={"AdaptersServed": "refused by its gate: chat on h100-80gb-hbm3-x1 (+6.30%)"},
@@ -702,8 +702,8 @@ CASES += [
          _seq(_set(spec=base_spec(adapters=[PLAYS, {**PLAYS, "name": "chat"}]),
                    adapters=(AdapterFacts("plays", 16, ("q_proj",)), AdapterFacts("chat", 8, ("q_proj",)))),
               lambda w: w.publish(), _adapter_results({"plays": 0.4, "chat": 6.3}, published=True)),
-         {"AdaptersServed": ("True", "AdaptersJudged")}, actions=[CreateDeployment, CreateService],
-         message={"AdaptersServed": "served: plays on h100-80gb-hbm3-x1 (+0.40%); refused by its gate: chat"},
+         {"AdaptersServed": ("False", "AdaptersJudged")}, actions=[CreateDeployment, CreateService],
+         message={"AdaptersServed": "passed, not served: plays on h100-80gb-hbm3-x1 (+0.40%); refused by its gate: chat"},
          check=lambda o: _pod(o)["containers"][0]["command"][-9:] == [
              "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16", "--max-cpu-loras", "2",
              "--lora-modules", f"plays=/adapters/{adapter_key('plays')}"]
@@ -711,7 +711,8 @@ CASES += [
                                                             "--adapter", adapter_key("plays"), "--adapters-dir"]
          and {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in _pod(o)["containers"][0]["volumeMounts"]
          and [(p.served, p.adapterKey) for s in o.status.adapters for p in s.pools]
-         == [(True, adapter_key("plays")), (False, None)]),
+         == [(False, adapter_key("plays")), (False, adapter_key("chat"))]
+         and "its pods are rolling out to load it" in o.status.adapters[0].pools[0].reason),
     Case("adapters no pool can hold: AdaptersNotPlanned with the figures, the base served without LoRA",
          _seq(_set(spec=base_spec(adapters=[PLAYS], serving={"maxModelLen": 4208, "minConcurrentSequences": 1024,
                                                               "canary": {"enabled": False}}),

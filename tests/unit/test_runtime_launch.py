@@ -305,3 +305,20 @@ def test_launch_exec_failure_is_reported(tmp_path):
                  env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 127
     assert json.loads((tmp_path / "termination-log").read_text())["reason"] == "ExecFailed"
+
+
+def test_launch_refuses_an_adapter_with_no_verified_copy_and_holds_the_ones_it_has(tmp_path):
+    """An adapter evicted from the node cache before vLLM starts (or never fetched) fails the
+    container with a message naming it, instead of vLLM crash-looping on an empty folder."""
+    from fewerbits_runtime.layout import MARKER_NAME
+
+    present, gone = tmp_path / "present", tmp_path / "gone"
+    present.mkdir()
+    (present / MARKER_NAME).write_text("{}")
+    cmd = ["launch", "--format", "none", "--node-cc", "8.0", "--", "echo", "serving", "--lora-modules"]
+    ok = _run_cli([*cmd, f"a={present}"], tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert ok.returncode == 0 and ok.stdout.strip().startswith("serving"), ok.stderr
+    r = _run_cli([*cmd, f"a={present}", f"b={gone}"], tmp_path, env={"PATH": "/usr/bin:/bin"})
+    assert r.returncode != 0 and "serving" not in r.stdout
+    msg = json.loads((tmp_path / "termination-log").read_text())
+    assert msg["reason"] == "ArtifactMissing" and f"LoRA adapter {gone}" in msg["message"]

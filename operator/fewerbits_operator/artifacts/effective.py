@@ -49,6 +49,10 @@ TRUST_FLAGS = {
 }
 
 
+LORA_FLAGS = ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank", "--max-cpu-loras")
+"""vLLM's LoRA flags: with spec.adapters the operator renders them (render.adapter_args)."""
+
+
 @dataclass(frozen=True)
 class Conflict:
     """Settings of matching policies that cannot be combined: reported on each policy's status and
@@ -417,9 +421,14 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
     # `--trust_remote_code`, `-tp`, `--flag=value` or `--no-...` spellings name the same setting.
     plan_owned = {flag_dest(f) for f in PLAN_OWNED_FLAGS}
     trust = {flag_dest(f) for f in TRUST_FLAGS}
+    lora = {flag_dest(f) for f in LORA_FLAGS} if spec.adapters else set()
     for i, arg in _arg_flags(spec.serving.extraArgs):
         dest, flag = flag_dest(arg), arg.split("=", 1)[0]
         refusing = [n for n, dests, _ in policy.extra_args if dest not in dests]
+        if dest in lora:
+            out.append(f"spec.serving.extraArgs[{i}]: {flag} is set from spec.adapters (each pool loads the adapters "
+                       "that passed there): remove it")
+            continue
         if dest in plan_owned | trust and (refusing or not policy.extra_args):
             kind = "overrides the plan" if dest in plan_owned else "changes what the server trusts"
             msg = f"spec.serving.extraArgs[{i}]: {flag} {kind}; a policy must list it in rules.allowedExtraArgs"

@@ -100,4 +100,7 @@ def needs_evaluation(q: QualityReport | None, gate: QualityGateSpec) -> bool:
         return True
     if gate.adapters and q.evalIdentity is None:  # LoRA adapters are measured under an identity naming them
         return True
+    if gate.adapters and any(a.error is None and a.adapterKey is None for a in q.adapters):
+        return True  # measured by a Job that published no adapters (an older release): their files are needed
+
     return bool(judge_quality(q, gate).missing)

@@ -40,6 +40,8 @@ class AdapterInputs:
     """By variant: its base artifact's key."""
     reports: Mapping[str, QualityReport | None] = field(default_factory=dict)
     """By artifact key: the quality report that answers its gate (None: not measured yet)."""
+    old: list[AdapterStatus] = field(default_factory=list)
+    """The last pass's status.adapters: what served, kept while the adapters are measured again."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,13 @@ class AdapterOutcome:
     """One line per adapter and pool newly refused by its gate (for the events), with the figures."""
 
 
-def adapters_step(inp: AdapterInputs, old: list[AdapterStatus]) -> AdapterOutcome:
-    """The adapters' status, their condition, and the gate failures new since ``old``."""
+def adapters_step(inp: AdapterInputs) -> AdapterOutcome:
+    """The adapters' status (``served``: what the pods are to load), their condition, and the gate
+    failures new since the last pass."""
     if not inp.adapters:
         return AdapterOutcome([], None, [])
     statuses = [_status(i, a, inp) for i, a in enumerate(inp.adapters)]
-    before = {(s.name, p.variant, p.artifactKey) for s in old for p in s.pools if p.state == "Failed"}
+    before = {(s.name, p.variant, p.artifactKey) for s in inp.old for p in s.pools if p.state == "Failed"}
     failed = [f"adapter {s.name} on pool {p.variant}: {p.reason}" for s in statuses for p in s.pools
               if p.state == "Failed" and (s.name, p.variant, p.artifactKey) not in before]
     return AdapterOutcome(statuses, adapters_condition(statuses), failed)
@@ -71,9 +74,31 @@ def _status(i: int, a: AdapterSpec, inp: AdapterInputs) -> AdapterStatus:
     if fact is None:
         return AdapterStatus(name=a.name, problem=inp.problems.get(a.name, "its adapter_config.json was not read"))
     threshold = next(e.maxIncreasePercent for e in inp.evaluations if e.name == a.name)
-    pools = [_served(_on_pool(a.name, v, inp.artifact_keys.get(v.pool), inp, threshold),
-                     _adapter_key(inp, inp.artifact_keys.get(v.pool), a.name)) for v in inp.plan.variants]
+    before = {p.variant: p for s in inp.old if s.name == a.name for p in s.pools}
+    pools = [_pool(a.name, v, inp, threshold, before.get(v.pool)) for v in inp.plan.variants]
     return AdapterStatus(name=a.name, rank=fact.rank, targetModules=list(fact.target_modules), pools=pools)
+
+
+def _pool(name: str, variant: PlanVariant, inp: AdapterInputs, threshold: float,
+          old: AdapterPoolStatus | None) -> AdapterPoolStatus:
+    """The adapter's verdict on one pool, the files it names (kept for retention whatever the
+    verdict), and whether the pool's pods are to load them. While it is measured again (its source,
+    its evaluation set or another adapter changed), the files that passed here keep serving."""
+    artifact = inp.artifact_keys.get(variant.pool)
+    pool = _on_pool(name, variant, artifact, inp, threshold)
+    key, why_not = _adapter_key(inp, artifact, name)
+    if pool.state == "Failed" and key:
+        return pool.model_copy(update={"adapterKey": key})
+    if pool.state == "Passed" and key:
+        return pool.model_copy(update={"adapterKey": key, "served": True})
+    kept = old is not None and old.served and old.adapterKey and old.artifactKey == artifact
+    if pool.state == "Passed":
+        pool = pool.model_copy(update={"reason": f"{pool.reason}; not served: {why_not}"})
+    if kept and pool.state in ("Passed", "Pending"):
+        assert old is not None
+        return pool.model_copy(update={"adapterKey": old.adapterKey, "served": True, "reason": (
+            f"{pool.reason}; the files that passed here before ({old.adapterKey[:12]}) serve meanwhile")})
+    return pool
 
 
 def _measured(inp: AdapterInputs, key: str | None, name: str) -> AdapterQuality | None:
@@ -83,26 +108,21 @@ def _measured(inp: AdapterInputs, key: str | None, name: str) -> AdapterQuality 
     return next((q for q in report.adapters if q.name == name), None)
 
 
-def _adapter_key(inp: AdapterInputs, artifact_key: str | None, name: str) -> str | None:
-    """Where a Job published the adapter's files: the files judged on this pool's base, else (a
-    16-bit pool, judged without a Job) the one key every other pool's Job published (its content
-    key: the same files give the same key; two keys mean its files changed between two Jobs)."""
+def _adapter_key(inp: AdapterInputs, artifact_key: str | None, name: str) -> tuple[str | None, str]:
+    """Where a Job published the adapter's files, or why none is known: the files judged on this
+    pool's base, else (a 16-bit pool, judged without a Job) the one key every other pool's Job
+    published (its content key: the same files give the same key)."""
     own = _measured(inp, artifact_key, name)
     if own is not None:
-        return own.adapterKey
+        return own.adapterKey, "measured by a Job that did not publish adapters (an older release): measured again"
     keys = {q.adapterKey for k in inp.artifact_keys.values() if (q := _measured(inp, k, name)) and q.adapterKey}
-    return keys.pop() if len(keys) == 1 else None
-
-
-def _served(pool: AdapterPoolStatus, key: str | None) -> AdapterPoolStatus:
-    """A passed adapter is served where its files are published; a 16-bit pool takes them from
-    another pool's Job (a model served at 16 bits only runs no Job to publish them)."""
-    if pool.state != "Passed":
-        return pool
-    if key is None:
-        return pool.model_copy(update={"reason": pool.reason + "; not served until a Job has published its files "
-                                       "(a model served only at 16 bits runs none: not in this version)"})
-    return pool.model_copy(update={"adapterKey": key, "served": True})
+    if len(keys) > 1:
+        return None, (f"the quantized pools' Jobs read {len(keys)} different sets of its files (an unpinned source "
+                      "changed between them): pin its source.revision")
+    if keys:
+        return keys.pop(), ""
+    return None, ("no Job has published its files yet: a quantized pool's Job does (a model served only at 16 bits "
+                  "runs none: not in this version)")
 
 
 def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInputs, threshold: float) -> AdapterPoolStatus:
@@ -168,3 +188,13 @@ def served_on(statuses: list[AdapterStatus] | None, pool: str) -> tuple[ServedAd
     """The adapters a pool's pods load (by name): those served there in ``status.adapters``."""
     return tuple(sorted((ServedAdapter(s.name, p.adapterKey) for s in statuses or () for p in s.pools
                          if p.variant == pool and p.served and p.adapterKey), key=lambda a: a.name))
+
+
+def confirm_served(statuses: list[AdapterStatus], loaded: Mapping[str, frozenset[str]]) -> list[AdapterStatus]:
+    """``served`` as the cluster has it: what each pool's rolled-out pods load (``loaded``, by pool:
+    their ``--lora-modules`` entries, ``NAME=PATH``), not only what they are to load."""
+    def confirmed(name: str, p: AdapterPoolStatus) -> AdapterPoolStatus:
+        if not p.served or f"{name}={ServedAdapter(name, p.adapterKey or '').path}" in loaded.get(p.variant, ()):
+            return p
+        return p.model_copy(update={"served": False, "reason": f"{p.reason}; its pods are rolling out to load it"})
+    return [s.model_copy(update={"pools": [confirmed(s.name, p) for p in s.pools]}) for s in statuses]

@@ -48,7 +48,8 @@ from fewerbits_api.quantizedmodel import (
 )
 from fewerbits_api.validation import DNS1123_LABEL
 
-from fewerbits_operator.core.adapters import AdapterInputs, adapters_step, served_on
+from fewerbits_operator.core.adapters import (AdapterInputs, adapters_condition, adapters_step, confirm_served,
+                                              served_on)
 from fewerbits_operator.artifacts.keys import (
     PlannedArtifact,
     artifact_format,
@@ -94,6 +95,7 @@ from fewerbits_operator.serving.render import (
     deployment_name,
     endpoint,
     render_deployment,
+    lora_modules_in,
     render_job,
     render_service,
 )
@@ -1336,12 +1338,22 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
         problems=obs.adapter_problems, served_name=served_model_name(spec, obs.name), identity=eval_identity(gate),
         artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
         reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
-    ), obs.old_status.adapters or [])
-    status.adapters = outcome.statuses
-    assert outcome.condition is not None
-    st.set(C.ADAPTERS_SERVED, *outcome.condition)
+        old=obs.old_status.adapters or [],
+    ))
+    status.adapters = outcome.statuses  # served: what the pods are to load (decide_serving renders it)
     for line in outcome.failed:
         st.note("Warning", "AdapterGateFailed", line)
+
+
+def adapters_served(obs: Observed, st: StatusBuilder, status: QuantizedModelStatus) -> None:
+    """AdaptersServed on what the pools' rolled-out objects load (as observed), after serving rendered
+    what they are to load: True only once the pods load every adapter that passed."""
+    if status.adapters is None:
+        return
+    loaded = {(obj["metadata"].get("labels") or {}).get(LABEL_VARIANT, ""): lora_modules_in(obj)
+              for obj in obs.deployments.values() if rolled_out(obj, True)}
+    status.adapters = confirm_served(status.adapters, loaded)
+    st.set(C.ADAPTERS_SERVED, *adapters_condition(status.adapters))
 
 
 def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
@@ -1369,4 +1381,5 @@ def decide(obs: Observed, settings: OperatorSettings) -> Outcome:
     verdicts = quantized_step(obs, acc, the_plan, sizing, settings, st, status, actions)
     adapters_in_status(obs, acc, the_plan, verdicts, st, status)
     decide_serving(obs, acc, the_plan, verdicts, gone, settings, st, status, actions)
+    adapters_served(obs, st, status)
     return done()

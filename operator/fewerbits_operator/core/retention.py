@@ -32,6 +32,7 @@ from typing import Any, Iterator, Union
 from pydantic import ValidationError
 
 from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
+from fewerbits_api.names import UNREFERENCED_MARKER
 
 from fewerbits_operator.core.decide import effective_for
 from fewerbits_operator.core.observe import now_rfc3339, read_policies
@@ -39,7 +40,7 @@ from fewerbits_operator.base.observed import Observed
 
 log = logging.getLogger("fewerbits.retention")
 
-MARKER_NAME = ".unreferenced"
+MARKER_NAME = UNREFERENCED_MARKER
 """Under a key's prefix: written when the sweep first sees the key unreferenced."""
 DEFAULT_PERIOD_SECONDS = 7 * 86400
 """`rules.artifactRetentionPeriodSeconds` when no policy sets it."""

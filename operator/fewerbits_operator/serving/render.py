@@ -313,6 +313,24 @@ def adapter_args(variant: PlanVariant, adapters: tuple[ServedAdapter, ...]) -> l
     return [*lora_args(variant.lora), "--lora-modules", *(f"{a.name}={a.path}" for a in adapters)]
 
 
+def lora_modules_in(workload: Mapping[str, Any]) -> frozenset[str]:
+    """The ``--lora-modules`` entries (``NAME=PATH``) of a serving object's vLLM container: a
+    Deployment's pod template, or a LeaderWorkerSet's leader template."""
+    spec = workload.get("spec") or {}
+    lws = spec.get("leaderWorkerTemplate") or {}
+    template = lws.get("leaderTemplate") or lws.get("workerTemplate") or spec.get("template") or {}
+    containers = (template.get("spec") or {}).get("containers") or []
+    command = [str(a) for c in containers[:1] for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+    entries: set[str] = set()
+    taking = False
+    for a in command:
+        if a.startswith("--"):
+            taking = a == "--lora-modules"
+        elif taking:
+            entries.add(a)
+    return frozenset(entries)
+
+
 def _serve_command(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, compute_capability: str,
                    artifact_key: str, model_dir: str, adapters: tuple[ServedAdapter, ...] = ()) -> list[str]:
     """The launcher, then `vllm serve` with the plan's arguments (plan_args owns them, from the

@@ -91,8 +91,12 @@ class ServingLoad:
     """Fetched like the artifact: into the node cache with it, else into their own emptyDir (a
     streamed load streams the base only)."""
 
+    def keys(self) -> list[str]:
+        """The adapters' keys, each once (two adapters may name the same files)."""
+        return sorted({a.key for a in self.adapters})
+
     def fetch_args(self, model_dir: str) -> list[str]:
-        adapters = [a for ad in self.adapters for a in ("--adapter", ad.key)]
+        adapters = [a for key in self.keys() for a in ("--adapter", key)]
         if adapters and self.mode != "node":
             adapters += ["--adapters-dir", ADAPTERS_DIR]
         if self.mode == "node":
@@ -120,8 +124,8 @@ class ServingLoad:
         if not self.adapters:
             return []
         if self.mode == "node":
-            return [{"name": "models", "mountPath": a.path, "subPath": f"artifacts/{a.key}", "readOnly": True}
-                    for a in self.adapters]
+            return [{"name": "models", "mountPath": f"{ADAPTERS_DIR}/{key}", "subPath": f"artifacts/{key}",
+                     "readOnly": True} for key in self.keys()]
         return [{"name": "adapters", "mountPath": ADAPTERS_DIR, "readOnly": True}]
 
     def volume(self, empty_dir: dict[str, Any]) -> dict[str, Any]:
