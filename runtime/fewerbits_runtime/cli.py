@@ -140,11 +140,25 @@ def _setup_logging(level: str) -> None:
 
 
 def _run_fetch(a: argparse.Namespace) -> int:
-    """The adapters first (small), then the artifact, whose success ends the container."""
-    keys = a.adapters or [k.strip() for k in (_env_default("adapters") or "").split(",") if k.strip()]
-    for key in keys:
-        _fetch_adapter(a, key)
+    for key in _adapter_keys(a):  # usage errors before anything is read
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise UsageError(f"--adapter must be a sha256 hex digest (64 lowercase hex characters), got {key!r}")
+    if _adapter_keys(a) and not (a.node_cache or _env_default("node_cache", Path)) \
+            and not (a.adapters_dir or _env_default("adapters_dir", Path)):
+        raise UsageError("--adapter needs --adapters-dir (or --node-cache)")
     return _fetch_artifact(a)
+
+
+def _adapter_keys(a: argparse.Namespace) -> list[str]:
+    return a.adapters or [k.strip() for k in (_env_default("adapters") or "").split(",") if k.strip()]
+
+
+def _fetch_adapters(a: argparse.Namespace) -> None:
+    """The adapters, after the artifact (they are small, and room made for them in the node cache
+    goes to the least recently used entries, the artifact just verified last), before the container
+    reports success."""
+    for key in _adapter_keys(a):
+        _fetch_adapter(a, key)
 
 
 def _fetch_adapter(a: argparse.Namespace, key: str) -> None:
@@ -156,13 +170,7 @@ def _fetch_adapter(a: argparse.Namespace, key: str) -> None:
     storage_uri = a.storage_uri or _env_default("storage_uri")
     node_cache = a.node_cache or _env_default("node_cache", Path)
     endpoint = a.endpoint or _env_default("endpoint")
-    if not storage_uri or not storage_uri.startswith("s3://"):
-        raise UsageError(f"--storage-uri must be s3://bucket[/prefix], got {storage_uri!r}")
-    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
-        raise UsageError(f"--adapter must be a sha256 hex digest (64 lowercase hex characters), got {key!r}")
     adapters_dir = a.adapters_dir or _env_default("adapters_dir", Path)
-    if not node_cache and not adapters_dir:
-        raise UsageError("--adapter needs --adapters-dir (or --node-cache)")
     opts = FetchOptions(storage_uri=storage_uri, key=key,
                         dest=Path(node_cache) / "artifacts" / key if node_cache else Path(adapters_dir) / key,
                         endpoint=endpoint, region=a.region or _env_default("region") or os.environ.get("AWS_REGION") or None)
@@ -233,6 +241,7 @@ def _fetch_artifact(a: argparse.Namespace) -> int:
 
 
 def _fetch_done(a: argparse.Namespace, key: str, dest: Path, summary: dict, cache_hit: bool) -> int:
+    _fetch_adapters(a)
     log.info("fetch done: %s", " ".join(f"{k}={v}" for k, v in summary.items()))
     stats_file = a.stats_file or _env_default("stats_file", Path)
     if stats_file:
@@ -264,6 +273,7 @@ def _check_manifest(opts, a: argparse.Namespace) -> int:
     manifest, raw = fetcher.read_manifest()
     opts.dest.mkdir(parents=True, exist_ok=True)
     atomic_write(opts.dest / DEST_MANIFEST_NAME, raw)
+    _fetch_adapters(a)
     launcher_dir = a.launcher_dir or _env_default("launcher_dir", Path)
     if launcher_dir:
         from .install import install_launcher
