@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -302,11 +303,12 @@ def _run_launch(a: argparse.Namespace) -> int:
     check_stream_source(cmd)
     hold_in_use(model_dir_from_args(cmd))
     for path in lora_paths(cmd):  # the adapters vLLM loads stay in the node cache while it runs
-        if hold_in_use(path) is None:
+        fetched = re.fullmatch(r"[0-9a-f]{64}", os.path.basename(path.rstrip("/"))) is not None
+        if hold_in_use(path) is None and fetched:  # one the fetcher put there (a content key): must be verified
             from .errors import ArtifactMissing
 
-            raise ArtifactMissing(f"LoRA adapter {path}: no verified copy there (evicted from the node cache, or "
-                                  "never fetched): the pod's fetch runs again when it is recreated")
+            raise ArtifactMissing(f"LoRA adapter {path}: no verified copy there (evicted from the node cache since "
+                                  "the fetch, or never fetched): delete the pod, its fetch runs again")
     return supervise(cmd)
 
 

@@ -29,7 +29,7 @@ def _report(key: str | None, increase: float = 0.5) -> QualityReport:
                                             increasePercent=increase, maxIncreasePercent=3, passed=True, adapterKey=key)])
 
 
-def _inputs(reports: dict[str, QualityReport | None], old=()) -> AdapterInputs:
+def _inputs(reports: dict[str, QualityReport | None], old=(), loaded=None) -> AdapterInputs:
     """Two pools: w4a16-gptq on the A100s (artifact A), 16-bit on the H100s (no Job, no report)."""
     sixteen = VARIANT.model_copy(update={"pool": "h100", "format": QuantFormat.NONE, "lora": LORA})
     plan = PlanStatus(variants=[VARIANT.model_copy(update={"lora": LORA}), sixteen])
@@ -40,7 +40,7 @@ def _inputs(reports: dict[str, QualityReport | None], old=()) -> AdapterInputs:
         evaluations=(AdapterEvaluation(name="plays", uri="s3://adapters/plays", evalDataset="general-en-heldout",
                                        evalSamples=8, maxIncreasePercent=3.0),),
         facts=(AdapterFacts("plays", 8, ("q_proj",)),), problems={}, served_name="llama", identity="id",
-        artifact_keys={VARIANT.pool: A, "h100": B}, reports=reports, old=list(old))
+        artifact_keys={VARIANT.pool: A, "h100": B}, reports=reports, old=list(old), loaded=loaded or {})
 
 
 def test_a_16_bit_pool_loads_the_files_another_pools_job_published():
@@ -84,8 +84,9 @@ def test_while_the_adapters_are_measured_again_the_files_that_passed_keep_servin
     """Adding an adapter (or changing one, or the evaluation set) changes the evaluation identity:
     until the new report, each pool keeps loading what passed there, so nothing rolls twice."""
     served = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None})).statuses
+    loads = {pool: frozenset({f"plays=/adapters/{PLAYS_KEY}"}) for pool in (VARIANT.pool, "h100")}
     remeasured = adapters_step(_inputs({A: _report(PLAYS_KEY).model_copy(update={"evalIdentity": "older"}), B: None},
-                                       old=served))
+                                       old=served, loaded=loads))
     assert [(p.state, p.served, p.adapterKey) for p in remeasured.statuses[0].pools] == \
         [("Pending", True, PLAYS_KEY), ("Passed", True, PLAYS_KEY)]
     assert "serve meanwhile" in remeasured.statuses[0].pools[0].reason
@@ -93,7 +94,7 @@ def test_while_the_adapters_are_measured_again_the_files_that_passed_keep_servin
     # Never the files of another base: a pool whose artifact changed waits for its own verdict.
     moved = [s.model_copy(update={"pools": [p.model_copy(update={"artifactKey": "c" * 64}) for p in s.pools]})
              for s in served]
-    fresh = adapters_step(_inputs({A: None, B: None}, old=moved)).statuses[0].pools
+    fresh = adapters_step(_inputs({A: None, B: None}, old=moved, loaded=loads)).statuses[0].pools
     assert [p.served for p in fresh] == [False, False]
 
 
@@ -102,7 +103,7 @@ def test_served_is_what_the_rolled_out_pods_load():
 
     statuses = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None})).statuses
     loaded = {VARIANT.pool: frozenset({f"plays=/adapters/{PLAYS_KEY}"}), "h100": frozenset()}
-    a100, h100 = confirm_served(statuses, loaded)[0].pools
+    a100, h100 = confirm_served(statuses, loaded, frozenset({VARIANT.pool, "h100"}), [])[0].pools
     assert a100.served and not h100.served and "rolling out to load it" in h100.reason
 
 
@@ -171,3 +172,23 @@ def test_the_launcher_holds_every_adapter_vllm_loads():
            "--lora-modules=c=/adapters/z"]
     assert lora_paths(cmd) == ["/adapters/x", "/adapters/y", "/adapters/z"]
     assert lora_paths(["vllm", "serve", "/models/k"]) == []
+
+
+def test_a_scale_change_or_a_pending_remeasure_never_drops_what_a_pool_loads():
+    """Confirmation and keeping read what the pool's object loads, rolled out or not: a scale-up
+    (the object briefly not rolled out) keeps a confirmed adapter served, and a re-measure keeps
+    the files the object loads, so the pool never rolls to drop them and back."""
+    from fewerbits_operator.core.adapters import confirm_served
+
+    statuses = adapters_step(_inputs({A: _report(PLAYS_KEY), B: None})).statuses
+    loads = {VARIANT.pool: frozenset({f"plays=/adapters/{PLAYS_KEY}"}), "h100": frozenset({f"plays=/adapters/{PLAYS_KEY}"})}
+    confirmed = confirm_served(statuses, loads, frozenset({VARIANT.pool, "h100"}), [])
+    scaling = confirm_served(statuses, loads, frozenset(), confirmed)  # neither object rolled out this instant
+    assert [p.served for p in scaling[0].pools] == [True, True]
+    first = confirm_served(statuses, loads, frozenset(), [])  # never confirmed: not yet
+    assert [p.served for p in first[0].pools] == [False, False]
+    unconfirmed = [s.model_copy(update={"pools": [p.model_copy(update={"served": False}) for p in s.pools]})
+                   for s in confirmed]  # the last pass saw them rolling out
+    stale = _report(PLAYS_KEY).model_copy(update={"evalIdentity": "older"})
+    again = adapters_step(_inputs({A: stale, B: None}, old=unconfirmed, loaded=loads))
+    assert served_on(again.statuses, VARIANT.pool) == (ServedAdapter("plays", PLAYS_KEY),)

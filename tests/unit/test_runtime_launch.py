@@ -312,11 +312,12 @@ def test_launch_refuses_an_adapter_with_no_verified_copy_and_holds_the_ones_it_h
     container with a message naming it, instead of vLLM crash-looping on an empty folder."""
     from fewerbits_runtime.layout import MARKER_NAME
 
-    present, gone = tmp_path / "present", tmp_path / "gone"
+    present, gone, own = tmp_path / ("a" * 64), tmp_path / ("b" * 64), tmp_path / "baked-into-the-image"
     present.mkdir()
     (present / MARKER_NAME).write_text("{}")
     cmd = ["launch", "--format", "none", "--node-cc", "8.0", "--", "echo", "serving", "--lora-modules"]
-    ok = _run_cli([*cmd, f"a={present}"], tmp_path, env={"PATH": "/usr/bin:/bin"})
+    # A path the operator did not render (no content key: the user's own) is not the fetcher's to check.
+    ok = _run_cli([*cmd, f"a={present}", f"c={own}"], tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert ok.returncode == 0 and ok.stdout.strip().startswith("serving"), ok.stderr
     r = _run_cli([*cmd, f"a={present}", f"b={gone}"], tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode != 0 and "serving" not in r.stdout

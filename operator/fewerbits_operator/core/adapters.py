@@ -41,7 +41,10 @@ class AdapterInputs:
     reports: Mapping[str, QualityReport | None] = field(default_factory=dict)
     """By artifact key: the quality report that answers its gate (None: not measured yet)."""
     old: list[AdapterStatus] = field(default_factory=list)
-    """The last pass's status.adapters: what served, kept while the adapters are measured again."""
+    """The last pass's status.adapters."""
+    loaded: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """By pool: the ``--lora-modules`` entries (``NAME=PATH``) of its serving object as observed,
+    rolled out or not: what a pool keeps loading while its adapters are measured again."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ def _pool(name: str, variant: PlanVariant, inp: AdapterInputs, threshold: float,
         return pool.model_copy(update={"adapterKey": key})
     if pool.state == "Passed" and key:
         return pool.model_copy(update={"adapterKey": key, "served": True})
-    kept = old is not None and old.served and old.adapterKey and old.artifactKey == artifact
+    kept = old is not None and old.adapterKey and old.artifactKey == artifact and \
+        f"{name}={ServedAdapter(name, old.adapterKey).path}" in inp.loaded.get(variant.pool, ())
     if pool.state == "Passed":
         pool = pool.model_copy(update={"reason": f"{pool.reason}; not served: {why_not}"})
     if kept and pool.state in ("Passed", "Pending"):
@@ -190,11 +194,18 @@ def served_on(statuses: list[AdapterStatus] | None, pool: str) -> tuple[ServedAd
                          if p.variant == pool and p.served and p.adapterKey), key=lambda a: a.name))
 
 
-def confirm_served(statuses: list[AdapterStatus], loaded: Mapping[str, frozenset[str]]) -> list[AdapterStatus]:
-    """``served`` as the cluster has it: what each pool's rolled-out pods load (``loaded``, by pool:
-    their ``--lora-modules`` entries, ``NAME=PATH``), not only what they are to load."""
+def confirm_served(statuses: list[AdapterStatus], loaded: Mapping[str, frozenset[str]], rolled_out: frozenset[str],
+                   old: list[AdapterStatus]) -> list[AdapterStatus]:
+    """``served`` as the cluster has it: the pool's serving object loads it (``loaded``: by pool, its
+    ``--lora-modules`` entries) and its pods rolled out with it (``rolled_out``: the pools whose
+    object is rolled out), or it was confirmed before and is still loaded (a scale change or
+    another rollout does not take it away)."""
+    before = {(s.name, p.variant, p.adapterKey) for s in old for p in s.pools if p.served}
+
     def confirmed(name: str, p: AdapterPoolStatus) -> AdapterPoolStatus:
-        if not p.served or f"{name}={ServedAdapter(name, p.adapterKey or '').path}" in loaded.get(p.variant, ()):
+        entry = f"{name}={ServedAdapter(name, p.adapterKey or '').path}"
+        if not p.served or entry in loaded.get(p.variant, ()) and (
+                p.variant in rolled_out or (name, p.variant, p.adapterKey) in before):
             return p
         return p.model_copy(update={"served": False, "reason": f"{p.reason}; its pods are rolling out to load it"})
     return [s.model_copy(update={"pools": [confirmed(s.name, p) for p in s.pools]}) for s in statuses]

@@ -1338,21 +1338,27 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
         problems=obs.adapter_problems, served_name=served_model_name(spec, obs.name), identity=eval_identity(gate),
         artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
         reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
-        old=obs.old_status.adapters or [],
+        old=obs.old_status.adapters or [], loaded=loaded_adapters(obs),
     ))
     status.adapters = outcome.statuses  # served: what the pods are to load (decide_serving renders it)
     for line in outcome.failed:
         st.note("Warning", "AdapterGateFailed", line)
 
 
+def loaded_adapters(obs: Observed) -> dict[str, frozenset[str]]:
+    """By pool: the ``--lora-modules`` entries of its serving object as observed."""
+    return {(obj["metadata"].get("labels") or {}).get(LABEL_VARIANT, ""): lora_modules_in(obj)
+            for obj in obs.deployments.values()}
+
+
 def adapters_served(obs: Observed, st: StatusBuilder, status: QuantizedModelStatus) -> None:
-    """AdaptersServed on what the pools' rolled-out objects load (as observed), after serving rendered
-    what they are to load: True only once the pods load every adapter that passed."""
+    """AdaptersServed on what the pools' objects load as observed, after serving rendered what they
+    are to load: True only once the pods load every adapter that passed."""
     if status.adapters is None:
         return
-    loaded = {(obj["metadata"].get("labels") or {}).get(LABEL_VARIANT, ""): lora_modules_in(obj)
-              for obj in obs.deployments.values() if rolled_out(obj, True)}
-    status.adapters = confirm_served(status.adapters, loaded)
+    rolled = frozenset((obj["metadata"].get("labels") or {}).get(LABEL_VARIANT, "")
+                       for obj in obs.deployments.values() if rolled_out(obj, True))
+    status.adapters = confirm_served(status.adapters, loaded_adapters(obs), rolled, obs.old_status.adapters or [])
     st.set(C.ADAPTERS_SERVED, *adapters_condition(status.adapters))
 
 
