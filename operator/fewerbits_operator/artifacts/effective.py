@@ -407,18 +407,13 @@ def _arg_flags(args: list[str]) -> list[tuple[int, str]]:
     return [(i, a) for i, a in enumerate(args) if a.startswith("-") and not a.lstrip("-")[:1].isdigit()]
 
 
-def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Combined) -> list[str]:
-    """Every broken rule, each message naming the rule, the policy (or policies) that set it and
-    the offending field; and each conflict between the policies, naming both."""
-    out = [f"policies {' and '.join(c.policies)} conflict: {c.message}" for c in policy.conflicts]
-    rules, src = policy.rules, policy.rule_sources
-
-    def broke(rule: str, what: str, by: str | None = None) -> None:
-        out.append(f"policy {by or src.get(rule)} rule {rule}: {what}")
-
-    # extraArgs are checked with or without a policy: no policy means no plan- or trust-changing
-    # flag is allowed. Flags are compared by what they set in vLLM's parser (its `dest`), so
-    # `--trust_remote_code`, `-tp`, `--flag=value` or `--no-...` spellings name the same setting.
+def extra_args_violations(spec: QuantizedModelSpec, policy: Combined) -> list[str]:
+    """What of ``spec.serving.extraArgs`` the policies (or their absence) refuse, each naming its
+    argument. Checked with or without a policy: no policy means no plan- or trust-changing flag is
+    allowed; with ``spec.adapters`` the LoRA flags are the operator's. Flags are compared by what they
+    set in vLLM's parser (its `dest`), so `--trust_remote_code`, `-tp`, `--flag=value` or `--no-...`
+    spellings name the same setting."""
+    out: list[str] = []
     plan_owned = {flag_dest(f) for f in PLAN_OWNED_FLAGS}
     trust = {flag_dest(f) for f in TRUST_FLAGS}
     lora = {flag_dest(f) for f in LORA_FLAGS} if spec.adapters else set()
@@ -436,9 +431,22 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
                 msg = f"spec.serving.extraArgs[{i}]: {flag} {kind} and is not listed in rules.allowedExtraArgs"
             out.append(f"policy {', '.join(refusing or policy.names)} rule allowedExtraArgs: {msg}"
                        if policy.governed else msg)
-        elif rules.extraArgsMode == "Strict" and refusing:
-            broke("allowedExtraArgs", f"spec.serving.extraArgs[{i}]: {flag} is not listed in rules.allowedExtraArgs "
-                                      f"(extraArgsMode Strict: only listed flags pass)", ", ".join(refusing))
+        elif policy.rules.extraArgsMode == "Strict" and refusing:
+            out.append(f"policy {', '.join(refusing)} rule allowedExtraArgs: spec.serving.extraArgs[{i}]: {flag} is "
+                       "not listed in rules.allowedExtraArgs (extraArgsMode Strict: only listed flags pass)")
+    return out
+
+
+def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Combined) -> list[str]:
+    """Every broken rule, each message naming the rule, the policy (or policies) that set it and
+    the offending field; and each conflict between the policies, naming both."""
+    out = [f"policies {' and '.join(c.policies)} conflict: {c.message}" for c in policy.conflicts]
+    rules, src = policy.rules, policy.rule_sources
+
+    def broke(rule: str, what: str, by: str | None = None) -> None:
+        out.append(f"policy {by or src.get(rule)} rule {rule}: {what}")
+
+    out += extra_args_violations(spec, policy)
     if spec.source.trustRemoteCode and not rules.allowTrustRemoteCode:
         msg = "spec.source.trustRemoteCode is true; a policy must set rules.allowTrustRemoteCode"
         if "allowTrustRemoteCode" in src:
@@ -479,17 +487,14 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
     if rules.requireServingCanary and not spec.serving.canary.enabled:
         broke("requireServingCanary", "spec.serving.canary.enabled must not be false: every new variant is "
                                       "judged through its serving API before it takes traffic")
-    gate = spec.quantization.qualityGate
-    if rules.maxPerplexityIncreasePercent is not None and gate is not None \
-            and gate.maxPerplexityIncreasePercent > rules.maxPerplexityIncreasePercent:
-        broke("maxPerplexityIncreasePercent",
-              f"spec.quantization.qualityGate.maxPerplexityIncreasePercent {gate.maxPerplexityIncreasePercent:g} "
-              f"exceeds the ceiling {rules.maxPerplexityIncreasePercent:g}")
-    for i, a in enumerate(spec.adapters if rules.maxPerplexityIncreasePercent is not None else []):
-        own = a.gate.maxPerplexityIncreasePercent
-        if own is not None and own > rules.maxPerplexityIncreasePercent:
-            broke("maxPerplexityIncreasePercent", f"spec.adapters[{i}].gate.maxPerplexityIncreasePercent {own:g} "
-                                                  f"exceeds the ceiling {rules.maxPerplexityIncreasePercent:g}")
+    model_gate = spec.quantization.qualityGate
+    thresholds = [("spec.quantization.qualityGate", model_gate.maxPerplexityIncreasePercent if model_gate else None)] + [
+        (f"spec.adapters[{i}].gate", a.gate.maxPerplexityIncreasePercent) for i, a in enumerate(spec.adapters)]
+    ceiling = rules.maxPerplexityIncreasePercent
+    for where, value in thresholds if ceiling is not None else []:
+        if value is not None and value > ceiling:
+            broke("maxPerplexityIncreasePercent", f"{where}.maxPerplexityIncreasePercent {value:g} exceeds the "
+                                                  f"ceiling {ceiling:g}")
     if rules.maxReplicas is not None and spec.autoscaling.enabled and spec.autoscaling.maxReplicas > rules.maxReplicas:
         broke("maxReplicas", f"spec.autoscaling.maxReplicas {spec.autoscaling.maxReplicas} exceeds {rules.maxReplicas}")
     if rules.maxReplicas is not None and not spec.autoscaling.enabled and spec.serving.replicas > rules.maxReplicas:
