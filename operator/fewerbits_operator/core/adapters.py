@@ -50,22 +50,26 @@ class AdapterInputs:
 @dataclass(frozen=True)
 class AdapterOutcome:
     statuses: list[AdapterStatus]
-    condition: tuple[bool, str, str] | None
-    """AdaptersServed (None: the model has no adapters)."""
     failed: list[str]
     """One line per adapter and pool newly refused by its gate (for the events), with the figures."""
 
+    @property
+    def condition(self) -> tuple[bool, str, str] | None:
+        """AdaptersServed on these statuses as they are (None: the model has no adapters); decide
+        sets it once the pools' objects confirmed what they load (confirm_served)."""
+        return adapters_condition(self.statuses) if self.statuses else None
+
 
 def adapters_step(inp: AdapterInputs) -> AdapterOutcome:
-    """The adapters' status (``served``: what the pods are to load), their condition, and the gate
-    failures new since the last pass."""
+    """The adapters' status (``served``: what the pods are to load) and the gate failures new since
+    the last pass."""
     if not inp.adapters:
-        return AdapterOutcome([], None, [])
+        return AdapterOutcome([], [])
     statuses = [_status(i, a, inp) for i, a in enumerate(inp.adapters)]
     before = {(s.name, p.variant, p.artifactKey) for s in inp.old for p in s.pools if p.state == "Failed"}
     failed = [f"adapter {s.name} on pool {p.variant}: {p.reason}" for s in statuses for p in s.pools
               if p.state == "Failed" and (s.name, p.variant, p.artifactKey) not in before]
-    return AdapterOutcome(statuses, adapters_condition(statuses), failed)
+    return AdapterOutcome(statuses, failed)
 
 
 def _status(i: int, a: AdapterSpec, inp: AdapterInputs) -> AdapterStatus:

@@ -1324,8 +1324,8 @@ def quantized_step(obs: Observed, acc: Acceptance, the_plan: PlanStatus, sizing:
 
 def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdicts: list[ArtifactVerdict],
                        st: StatusBuilder, status: QuantizedModelStatus) -> None:
-    """status.adapters and AdaptersServed (core/adapters.py), judged on each base artifact's quality
-    report; the condition goes with the adapters."""
+    """status.adapters (core/adapters.py), judged on each base artifact's quality report: what each
+    pool is to load, for decide_serving to render; adapters_served then sets AdaptersServed."""
     spec = acc.spec
     assert spec is not None
     if not spec.adapters:  # the common case: no gate, identity or report lookups on every pass
