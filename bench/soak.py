@@ -3,7 +3,7 @@ times, and the invariants a platform team would check, throughout and at the end
 
     .venv/bin/python bench/soak.py --json-out bench/results/soak.json          # 40 models, 30 min of faults
     .venv/bin/python bench/soak.py --models 16 --namespaces 2 --minutes 5     # a short try
-    .venv/bin/python bench/soak.py --markdown-from bench/results/soak.json    # the README's table
+    .venv/bin/python bench/soak.py --markdown-from bench/results/soak.json    # docs/reliability.md's tables
 
 What runs for real: etcd, kube-apiserver (audit log on), controller-manager, scheduler, kwok, MinIO
 (the harness, ``e2e.cluster.Cluster``); two operator replicas (``python -m fewerbits_operator``) on

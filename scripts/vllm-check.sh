@@ -11,7 +11,7 @@
 #   scripts/vllm-check.sh [--json PATH] [--serve [--serve-budget S]] [--only llama,mixtral] [--formats fp8-dynamic]
 #
 # Exit status 1 when any row fails. The vLLM environment is built once by
-# tools/vllm_check/setup.sh (cold ~8 min, 9.4 GB; see README "Architectures and vLLM's loader").
+# tools/vllm_check/setup.sh (cold ~8 min, 9.4 GB; see docs/vllm-check.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JSON="" ONLY="" FORMATS="" SERVE="" BUDGET=""

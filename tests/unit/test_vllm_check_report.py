@@ -125,13 +125,14 @@ def test_the_readme_section_names_every_cell_and_notes_each_message_once():
 
 
 def test_the_readme_table_is_generated_from_the_committed_vllm_check_result():
-    """README's section between readme.BEGIN and readme.END is `python -m tools.vllm_check.readme`'s
+    """docs/vllm-check.md's section between readme.BEGIN and readme.END is `python -m tools.vllm_check.readme`'s
     output for tools/vllm_check/result.json (the committed run of `scripts/vllm-check.sh --serve`)."""
     from tools.vllm_check import readme
 
     results = json.loads(readme.RESULT.read_text())
     assert {"served"} <= {k for r in results for k in r}, "the committed result has no served column"
-    text = (readme.RESULT.parents[2] / "README.md").read_text()
+    text = readme.DOC.read_text()
     got = readme.section(text)
-    assert got is not None, f"README.md has no section between {readme.BEGIN!r} and {readme.END!r}"
-    assert got == readme.render(results), "README's vLLM check table is stale: run python -m tools.vllm_check.readme --write README.md"
+    assert got is not None, f"docs/vllm-check.md has no section between {readme.BEGIN!r} and {readme.END!r}"
+    assert got == readme.render(results), \
+        "docs/vllm-check.md's table is stale: run python -m tools.vllm_check.readme --write docs/vllm-check.md"
