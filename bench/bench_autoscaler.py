@@ -770,7 +770,7 @@ def _fmt(x: float | None) -> str:
 
 
 def foresight_table(doc: dict) -> str:
-    """The README's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob."""
+    """docs/autoscaling.md's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob."""
     lines = [
         f"GPU-hours at equal saturated minutes, as a fraction of the threshold policy's (its curve over "
         f"targets {THRESHOLD_TARGETS[0]:.2f}-{THRESHOLD_TARGETS[-1]:.2f}), days 2-{doc['days']} of {doc['days']}-day "
@@ -976,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="--foresight on traces nothing was chosen on (seeds 11-15, launch and flat seed 11)")
     ap.add_argument("--setting", type=parse_setting, default=PREDICTIVE_SETTING,
                     help="--foresight: the predictive autoscaler's TARGET/DELAYs in the table (e.g. 0.70/150s)")
-    ap.add_argument("--table", default=None, metavar="JSON", help="print the README table from a --json file")
+    ap.add_argument("--table", default=None, metavar="JSON", help="print docs/autoscaling.md's table from a --json file")
     args = ap.parse_args(argv)
     if args.table:
         with open(args.table) as f:
