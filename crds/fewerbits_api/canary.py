@@ -69,6 +69,10 @@ class CanaryContract(PinnedGateContract):
     """The artifact the canary serves; its manifest holds the base scores to compare with."""
     configHash: Annotated[str, Field(pattern=CONFIG_HASH)]
     """``serving_config_hash`` of the served configuration: names the result object."""
+    scoresKey: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    """A 16-bit variant's (format `none`) artifact has no figures of its own: a quantized artifact
+    of the same model whose report holds the 16-bit base's figures under the same evaluation
+    identity (and its adapters'), which the served model is judged against."""
     variant: Annotated[str, Field(min_length=1, max_length=253)]
     """The pool the variant serves on."""
     kvCacheDtype: Annotated[str, Field(min_length=1, max_length=32)]
@@ -95,9 +99,12 @@ class ServingMetric(ApiModel):
     """One metric of the gate measured through the serving API, beside the Job's figures."""
 
     name: str
-    """As in the Job's report: `perplexity`, `benchmark:<task>/<metric>` or `custom:<metric>`."""
-    kind: Literal["perplexity", "benchmark", "custom"]
-    """Which part of the gate measured it."""
+    """As in the Job's report: `perplexity`, `benchmark:<task>/<metric>` or `custom:<metric>`; a LoRA
+    adapter's perplexity is `adapter:<name>` (docs/adapters.md)."""
+    kind: Literal["perplexity", "benchmark", "custom", "adapter"]
+    """Which part of the gate measured it. `adapter`: an adapter the canary pod loads, asked for by
+    its name, on the adapter's evaluation windows; `base` is then the same adapter on the 16-bit
+    base as the Job measured it."""
     base: float
     """The base model's score, from the quantization Job (or its evaluation-only Job)."""
     jobQuantized: float | None = None

@@ -445,15 +445,27 @@ def adapter_dir(workdir: Path, index: int) -> Path:
     return workdir / "adapters" / str(index)
 
 
+def eval_texts(a, env, s3_factory) -> list[str]:
+    """An adapter's (an ``AdapterEvaluation``'s) evaluation texts, its S3 set pinned to the ETag
+    the operator read: other bytes are a permanent ``DatasetChanged`` (the next reconcile reads
+    it again); a transient read error raises as it is (the Job or canary is retried)."""
+    from fewerbits_api.datasets import EVALUATION_SPLITS
+
+    from . import textdata
+
+    loaded = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
+    if a.evalDatasetEtag and loaded.details.get("etag") != a.evalDatasetEtag.strip('"'):
+        raise JobError(errors.DATASET_CHANGED, f"its evaluation set {a.evalDataset} differs from the ETag the "
+                       f"operator read ({a.evalDatasetEtag}); the next reconcile reads it again", permanent=True)
+    return list(loaded.texts)
+
+
 def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None] | None = None
             ) -> tuple[list[AdapterSpec], dict[str, str]]:
     """Every adapter of the contract fetched (``workdir/adapters/<index>``) and its evaluation text
     read, before any model loads. An adapter that is not there or refused is recorded as its
     failure (its figures: none, its verdict: not passed) and the base's gate goes on; a transient
     error fails the Job, which is retried."""
-    from fewerbits_api.datasets import EVALUATION_SPLITS
-
-    from . import textdata
     from .fetch import fetch_adapter
 
     specs: list[AdapterSpec] = []
@@ -461,11 +473,7 @@ def prepare(contract, env, workdir: Path, s3_factory, note: Callable[[str], None
     for i, a in enumerate(contract.adapters or ()):
         try:
             path = fetch_adapter(a, i, contract, env, adapter_dir(workdir, i))
-            loaded = textdata.load_texts(a.evalDataset, env, s3_factory, splits=EVALUATION_SPLITS)
-            if a.evalDatasetEtag and loaded.details.get("etag") != a.evalDatasetEtag.strip('"'):
-                raise JobError(errors.DATASET_CHANGED, f"its evaluation set {a.evalDataset} differs from the ETag the "
-                               f"operator read ({a.evalDatasetEtag}); the next reconcile reads it again", permanent=True)
-            texts = loaded.texts
+            texts = eval_texts(a, env, s3_factory)
         except JobError as e:
             if not e.permanent:
                 raise  # a transient read: the Job is retried, nothing is recorded against the adapter

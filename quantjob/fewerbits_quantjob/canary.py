@@ -52,6 +52,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from fewerbits_api.adapters import AdapterEvaluation, AdapterQuality
 from fewerbits_api.artifact import FILES_DIR, QualityReport, artifact_prefix
 from fewerbits_api.canary import (
     CANARY_CONTRACT_ENV,
@@ -168,9 +169,12 @@ def serving_metric(m: MetricResult, job: MetricResult | None, method: str) -> Se
 
 def metric_figures(m: ServingMetric) -> str:
     """``custom:contains 61.0% of base (min 95%)``; perplexity in its increase form."""
-    if m.kind == "perplexity":
+    if m.kind in ("perplexity", "adapter"):
         increase = (m.served / m.base - 1.0) * 100.0 if m.base else float("inf")
         allowed = (100.0 / m.minRecoveryPercent - 1.0) * 100.0
+        if m.kind == "adapter":
+            return (f"adapter {m.name.split(':', 1)[1]}: perplexity {m.served:.4g} served vs {m.base:.4g} with it on "
+                    f"the 16-bit base ({increase:+.2f}%, max +{allowed:.3g}%)")
         return f"perplexity {m.served:.4g} vs base {m.base:.4g} ({increase:+.1f}%, max +{allowed:.3g}%)"
     return f"{m.name} {m.recoveryPercent:.1f}% of base (min {m.minRecoveryPercent:g}%; served {m.served:.4g}, " \
            f"base {m.base:.4g})"
@@ -185,9 +189,9 @@ def verdict(metrics: list[ServingMetric], skipped: list[SkippedMetric], kv_cache
     if failing:
         more = f" (and {len(failing) - 1} more failing)" if len(failing) > 1 else ""
         return False, f"{metric_figures(failing[0])} {kv}{more}"
-    if not metrics:
+    if not any(m.kind != "adapter" for m in metrics):  # the adapters' figures never stand for the base's
         why = "; ".join(f"{s.name}: {s.reason}" for s in skipped) or "the gate asks for nothing"
-        return False, f"nothing could be measured through the serving API {kv} ({why})"
+        return False, f"nothing could be measured of the base through the serving API {kv} ({why})"
     worst = min(metrics, key=lambda m: m.recoveryPercent - m.minRecoveryPercent)
     note = f"; skipped {', '.join(s.name for s in skipped)}" if skipped else ""
     return True, f"{len(metrics)} metric(s) passed {kv} (closest: {worst.name} {worst.recoveryPercent:.1f}% of " \
@@ -210,12 +214,13 @@ class Server:
         with self._lock:
             self.requests += 1
 
-    def post(self, payload: dict) -> tuple[int, dict]:
+    def post(self, payload: dict, model: str | None = None) -> tuple[int, dict]:
+        """One completion request for the served model, or for ``model`` (a LoRA adapter's name)."""
         import requests
 
         self.count()
         try:
-            r = requests.post(self.url, json={"model": self.model, **payload}, timeout=self.timeout)
+            r = requests.post(self.url, json={"model": model or self.model, **payload}, timeout=self.timeout)
         except requests.exceptions.Timeout:
             raise CanaryError(f"{self.url}: no answer within {self.timeout:g}s (limits.requestTimeoutSeconds)") \
                 from None
@@ -260,31 +265,54 @@ def probe(server: Server, token_ids: list[int]) -> tuple[bool, str]:
 # ------------------------------------------------------------------------------------ base scores
 def base_report(client, contract: CanaryContract):
     """(the Job's report measured under the contract gate's evaluation identity, where it came
-    from, the manifest); CanaryError when there is none (fail closed)."""
+    from, the manifest); CanaryError when there is none (fail closed). A 16-bit variant
+    (``scoresKey``) takes the figures of a quantized artifact of the same model: its 16-bit base's
+    are what the served model is judged against, and they are also what the Job would measure of it."""
     from . import storage
 
-    # The canary judges the base as vLLM serves it: the base's own figures, measured with the
-    # model's adapters or without (fewerbits_api.quality.base_eval_identity).
-    gate = contract.qualityGate
-    identity = base_eval_identity(gate)
     bucket, prefix = artifact_prefix(contract.storage.uri, contract.key)
     manifest, why = storage.read_manifest(client, contract.storage.uri, contract.key)
     if manifest is None:
         raise CanaryError(f"no artifact at s3://{bucket}/{prefix} ({why})")
-    for key in dict.fromkeys((quality_result_key(prefix, eval_identity(gate)), quality_result_key(prefix, identity))):
+    if not contract.scoresKey or contract.scoresKey == contract.key:
+        return (*_scores(client, contract, contract.key, manifest), manifest)
+    scores_manifest, why = storage.read_manifest(client, contract.storage.uri, contract.scoresKey)
+    if scores_manifest is None:
+        raise CanaryError(f"no artifact at {contract.scoresKey[:12]} for the 16-bit base's figures ({why})")
+    report, source = _scores(client, contract, contract.scoresKey, scores_manifest)
+    return unquantized(report), f"{source} (its 16-bit base's figures)", manifest
+
+
+def unquantized(q: QualityReport) -> QualityReport:
+    """A report of the 16-bit base as the Job's figures of a 16-bit variant: what the Job measured
+    of the base is what it would measure of the variant (``jobQuantized`` = ``base``)."""
+    return q.model_copy(update={
+        "perplexity": q.baselinePerplexity, "increasePercent": 0.0,
+        "metrics": [m.model_copy(update={"quantized": m.base, "recoveryPercent": 100.0}) for m in q.metrics],
+        "adapters": [a.model_copy(update={"perplexity": a.baselinePerplexity, "increasePercent": 0.0})
+                     for a in q.adapters]})
+
+
+def _scores(client, contract: CanaryContract, key: str, manifest) -> tuple[QualityReport, str]:
+    # The canary judges the base as vLLM serves it: the base's own figures, measured with the
+    # model's adapters or without (fewerbits_api.quality.base_eval_identity).
+    gate = contract.qualityGate
+    identity = base_eval_identity(gate)
+    bucket, prefix = artifact_prefix(contract.storage.uri, key)
+    for name in dict.fromkeys((quality_result_key(prefix, eval_identity(gate)), quality_result_key(prefix, identity))):
         try:
-            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-            return QualityReport.model_validate_json(body), f"s3://{bucket}/{key}", manifest
+            body = client.get_object(Bucket=bucket, Key=name)["Body"].read()
+            return QualityReport.model_validate_json(body), f"s3://{bucket}/{name}"
         except ValidationError as e:
-            raise CanaryError(f"s3://{bucket}/{key}: not a quality result ({one_line(str(e), 200)})") from None
+            raise CanaryError(f"s3://{bucket}/{name}: not a quality result ({one_line(str(e), 200)})") from None
         except Exception as e:  # noqa: BLE001 — only "not there" falls back to the next place
             if classify_s3_error(e).kind is not S3ErrorKind.NOT_FOUND:
-                raise CanaryError(f"reading s3://{bucket}/{key}: {type(e).__name__} {classify_s3_error(e).code}") from None
+                raise CanaryError(f"reading s3://{bucket}/{name}: {type(e).__name__} {classify_s3_error(e).code}") from None
     q = manifest.quality
     legacy_same = (q is not None and q.evalIdentity is None and not gate.benchmarks and gate.customEval is None
                    and q.evalDataset == gate.evalDataset and q.evalWindows == gate.evalSamples)
     if q is not None and (identity in (q.evalIdentity, q.baseEvalIdentity) or legacy_same):
-        return q, f"s3://{bucket}/{prefix}manifest.json", manifest
+        return q, f"s3://{bucket}/{prefix}manifest.json"
     measured = q.evalIdentity[:12] if q is not None and q.evalIdentity else "none"
     raise CanaryError(f"no base scores for the gate's evaluation identity {identity[:12]} (the manifest's figures "
                       f"are for {measured}, and there is no {QUALITY_DIR_NOTE}): the quantization Job's evaluation "
@@ -342,14 +370,16 @@ class _Say:
                         self.secrets))
 
 
-def _perplexity(server: Server, windows: list[list[int]], concurrency: int, say: Callable[[str], None]) -> tuple[float, int]:
-    """Perplexity of the served model on ``windows`` (prompt logprobs), progress every ~10%."""
+def _perplexity(server: Server, windows: list[list[int]], concurrency: int, say: Callable[[str], None],
+                model: str | None = None, part: str = "perplexity") -> tuple[float, int]:
+    """Perplexity of the served model (or of the adapter ``model``) on ``windows`` (prompt
+    logprobs, one window per request), progress every ~10%."""
     done = [0]
     lock = threading.Lock()
     step = max(1, len(windows) // 10)
 
     def one(w: list[int]) -> float:
-        status, body = server.post({"prompt": w, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0})
+        status, body = server.post({"prompt": w, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0}, model)
         if status >= 400:
             raise CanaryError(f"{server.url}: HTTP {status} for a {len(w)}-token perplexity window "
                               f"({one_line(str(body), 200)})")
@@ -357,7 +387,7 @@ def _perplexity(server: Server, windows: list[list[int]], concurrency: int, say:
         with lock:
             done[0] += 1
             if done[0] % step == 0 or done[0] == len(windows):
-                say(f"part=perplexity windows={done[0]}/{len(windows)}")
+                say(f"part={part} windows={done[0]}/{len(windows)}")
         return nll
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -406,7 +436,6 @@ def _task_costs(prepared, t) -> tuple[str, list[int]]:
 
 def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: Path, say) -> tuple[Outcome, Server]:
     from . import evaluate as ppl_eval
-    from . import gate as gate_mod
     from . import lmeval, storage, textdata
 
     gate = contract.qualityGate
@@ -422,12 +451,12 @@ def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: 
 
     art = download_small_files(client, contract, manifest.files, workdir / "artifact")
     tokenizer = AutoTokenizer.from_pretrained(art)
-    config = AutoConfig.from_pretrained(art)
+    length = ppl_eval.window_length(contract.evalMaxSeqLength, AutoConfig.from_pretrained(art))
 
     out = Outcome()
     s3_factory = lambda: storage.storage_client(contract.storage, env)  # noqa: E731
     parts: list[Part] = []
-    windows: list[list[int]] = []
+    windows: dict[str, list[list[int]]] = {}
     if not logprobs:
         out.skipped.append(SkippedMetric(name="perplexity", reason=f"needs prompt logprobs: {how}"))
     else:
@@ -436,53 +465,182 @@ def evaluate(contract: CanaryContract, env: Mapping[str, str], client, workdir: 
             out.skipped.append(SkippedMetric(name="perplexity", reason=f"{gate.evalDataset} changed since the Job "
                                              "measured it (another text hash): not the same windows"))
         else:
-            length = ppl_eval.window_length(contract.evalMaxSeqLength, config)
-            windows = ppl_eval.build_windows(tokenizer, texts.texts, length, gate.evalSamples).tolist()
-            parts.append(Part("perplexity", "perplexity", [1] * len(windows), "prompt_logprobs"))
+            windows["perplexity"] = ppl_eval.build_windows(tokenizer, texts.texts, length, gate.evalSamples).tolist()
+            parts.append(Part("perplexity", "perplexity", [1] * len(windows["perplexity"]), "prompt_logprobs"))
 
     prepared = lmeval.prepare(gate, workdir, s3_factory)
-    by_name = {t.name: t for t in prepared.tasks}
     for t in prepared.tasks:
         output_type, costs = _task_costs(prepared, t)
         planned = plan_task(t.name, t.kind, output_type, costs, logprobs, how)
         (parts if isinstance(planned, Part) else out.skipped).append(planned)
+    adapters = {a.part: a for a in served_adapters(server, contract, report, (logprobs, how), out)}
+    for a in adapters.values():
+        if (found := adapter_windows(a, env, s3_factory, tokenizer, length, out)) is not None:
+            # All of its windows or none: the Job's figure is over all of them.
+            windows[a.part] = found
+            parts.append(Part(a.part, "adapter", [len(found)], "prompt_logprobs"))
 
     budget = contract.limits.maxRequests - server.requests
     docs = split_budget(parts, budget)
     plan = ", ".join(f"{p.name}={docs[p.name]}/{len(p.costs)}" for p in parts)
-    say(f"request budget {contract.limits.maxRequests} (probe 1): documents per part {plan or 'none'}; "
-        f"concurrency {contract.limits.concurrency}")
+    say(f"request budget {contract.limits.maxRequests} (probe and model list {server.requests}): documents per "
+        f"part {plan or 'none'}; concurrency {contract.limits.concurrency}")
     for p in parts:
         if docs[p.name] == 0:
             out.skipped.append(SkippedMetric(name=p.name, reason=f"limits.maxRequests ({contract.limits.maxRequests}) "
                                              "left no request for this part"))
-
+    measure = Measure(contract, server, job, windows, prepared, art, adapters, logprobs, say)
     for p in parts:
-        n = docs[p.name]
-        if n == 0:
-            continue
-        base = job.get(p.name)
-        if base is None:
-            out.skipped.append(SkippedMetric(name=p.name, reason="the Job's report has no base score for it"))
-            continue
-        if p.name == "perplexity":
-            t0 = time.monotonic()
-            served, tokens = _perplexity(server, windows[:n], contract.limits.concurrency, say)
-            ppl = ppl_eval.Perplexities(baseline=base.base, quantized=served, windows=n, tokens=tokens,
-                                        window_length=len(windows[0]), seconds=time.monotonic() - t0)
-            judged = gate_mod.perplexity_metric(ppl, gate.maxPerplexityIncreasePercent)
-        else:
-            t = by_name[p.name]
-            lm = _api_model(server, contract, art, token_ids=logprobs)
-            scores = _lm_eval(lm, prepared, t, n, server, say)
-            base_score = lmeval.Score(value=base.base, stderr=None, samples=base.samples, seconds=0.0)
-            judged = gate_mod.task_metric(t, base_score, scores, gate_mod.thresholds(gate)[t.name])
-        m = serving_metric(judged, base, p.method)
-        out.metrics.append(m)
-        say(f"metric={m.name} base={m.base:.4f} job={m.jobQuantized if m.jobQuantized is not None else float('nan'):.4f} "
-            f"served={m.served:.4f} recovery={m.recoveryPercent:.2f}% min={m.minRecoveryPercent:.2f}% "
-            f"passed={str(m.passed).lower()} samples={m.samples} requests={server.requests}")
+        if docs[p.name]:
+            measure.part(p, docs[p.name], out)
     return out, server
+
+
+@dataclass
+class Measure:
+    """Measures one part through the server and records it (or why it was skipped) in ``out``."""
+
+    contract: CanaryContract
+    server: Server
+    job: dict[str, MetricResult]
+    windows: dict[str, list[list[int]]]
+    prepared: object
+    art: Path
+    adapters: dict[str, ServedAdapter]
+    logprobs: bool
+    say: Callable[[str], None]
+
+    def part(self, p: Part, n: int, out: Outcome) -> None:
+        from . import evaluate as ppl_eval
+        from . import gate as gate_mod
+        from . import lmeval
+
+        if p.kind == "adapter":
+            m = adapter_metric(self.server, self.adapters[p.name], self.windows[p.name],
+                               self.contract.limits.concurrency, self.say)
+        elif (base := self.job.get(p.name)) is None:
+            out.skipped.append(SkippedMetric(name=p.name, reason="the Job's report has no base score for it"))
+            return
+        elif p.name == "perplexity":
+            t0 = time.monotonic()
+            served, tokens = _perplexity(self.server, self.windows[p.name][:n], self.contract.limits.concurrency,
+                                         self.say)
+            ppl = ppl_eval.Perplexities(baseline=base.base, quantized=served, windows=n, tokens=tokens,
+                                        window_length=len(self.windows[p.name][0]), seconds=time.monotonic() - t0)
+            m = serving_metric(gate_mod.perplexity_metric(ppl, self.contract.qualityGate.maxPerplexityIncreasePercent),
+                               base, p.method)
+        else:
+            t = next(t for t in self.prepared.tasks if t.name == p.name)
+            lm = _api_model(self.server, self.contract, self.art, token_ids=self.logprobs)
+            scores = _lm_eval(lm, self.prepared, t, n, self.server, self.say)
+            base_score = lmeval.Score(value=base.base, stderr=None, samples=base.samples, seconds=0.0)
+            judged = gate_mod.task_metric(t, base_score, scores, gate_mod.thresholds(self.contract.qualityGate)[t.name])
+            m = serving_metric(judged, base, p.method)
+        out.metrics.append(m)
+        self.say(f"metric={m.name} base={m.base:.4f} job={m.jobQuantized if m.jobQuantized is not None else float('nan'):.4f} "
+                 f"served={m.served:.4f} recovery={m.recoveryPercent:.2f}% min={m.minRecoveryPercent:.2f}% "
+                 f"passed={str(m.passed).lower()} samples={m.samples} requests={self.server.requests}")
+
+
+# ------------------------------------------------------------------------------------ adapters
+@dataclass(frozen=True)
+class ServedAdapter:
+    """A LoRA adapter the canary pod loads, with what the Job measured of it on this base."""
+
+    evaluation: AdapterEvaluation
+    job: AdapterQuality
+
+    @property
+    def part(self) -> str:
+        return f"adapter:{self.evaluation.name}"
+
+
+def loaded_models(server: Server) -> set[str]:
+    """The names the server answers to: ``GET /v1/models`` (vLLM lists the served model and every
+    LoRA adapter it loaded); counted as a request."""
+    import requests
+
+    server.count()
+    try:
+        r = requests.get(f"{server.endpoint}/v1/models", timeout=server.timeout)
+        r.raise_for_status()
+        return {str(m.get("id")) for m in r.json().get("data") or [] if isinstance(m, dict)}
+    except (requests.exceptions.RequestException, ValueError, AttributeError) as e:
+        raise CanaryError(f"{server.endpoint}/v1/models: {_cause(e)}") from None
+
+
+def served_adapters(server: Server, contract: CanaryContract, report: QualityReport, logprobs: tuple[bool, str],
+                    out: Outcome) -> list[ServedAdapter]:
+    """The model's adapters the pod loads (every one published for its pool,
+    serving/canary.py), each with the Job's figures under the contract's evaluation identity;
+    one that cannot be judged is recorded as skipped with the reason (the operator does not
+    serve it on this pool)."""
+    if not contract.adapters:
+        return []
+    if contract.limits.maxRequests - server.requests < 1:
+        out.skipped.extend(SkippedMetric(name=f"adapter:{a.name}", reason=f"limits.maxRequests "
+                                         f"({contract.limits.maxRequests}) left no request for it")
+                           for a in contract.adapters)
+        return []
+    loaded = loaded_models(server)
+    current = report.evalIdentity == eval_identity(contract.qualityGate)
+    figures = {q.name: q for q in report.adapters} if current else {}
+    found = []
+    for a in contract.adapters:
+        if a.name not in loaded:
+            continue
+        q = figures.get(a.name)
+        why = (f"needs prompt logprobs: {logprobs[1]}" if not logprobs[0] else
+               "the Job's report is of another evaluation identity (measured before the adapters or their "
+               "evaluation sets changed)" if not current else
+               "the Job's report has no perplexity of it on the 16-bit base"
+               if q is None or q.baselinePerplexity is None or not q.baselinePerplexity > 0 else None)
+        if why is None:
+            found.append(ServedAdapter(a, q))
+        else:
+            out.skipped.append(SkippedMetric(name=f"adapter:{a.name}", reason=why))
+    return found
+
+
+def adapter_windows(a: ServedAdapter, env: Mapping[str, str], s3_factory, tokenizer, length: int,
+                    out: Outcome) -> list[list[int]] | None:
+    """The adapter's evaluation windows as the Job cut them (``adapters.AdapterMeter``: its own
+    evaluation set pinned to the ETag the operator read, the base's window length), or None with
+    the reason recorded: a set that changed or cannot be read for good, windows other than the
+    Job's. A transient read error is a CanaryError (no verdict, tried again)."""
+    from . import evaluate as ppl_eval
+    from .adapters import eval_texts
+
+    try:
+        texts = eval_texts(a.evaluation, env, s3_factory)
+    except JobError as e:
+        if not e.permanent:
+            raise CanaryError(f"adapter {a.evaluation.name}'s evaluation set: {e.message}") from None
+        out.skipped.append(SkippedMetric(name=a.part, reason=f"its evaluation set: {e.message}"))
+        return None
+    windows = ppl_eval.build_windows(tokenizer, texts, length, max(1, a.evaluation.evalSamples)).tolist() \
+        if any(isinstance(t, str) and t.strip() for t in texts) else []
+    if not windows or len(windows[0]) < 2 or len(windows) != a.job.windows:
+        out.skipped.append(SkippedMetric(name=a.part, reason=f"its evaluation text gives {len(windows)} windows of "
+                                         f"{len(windows[0]) if windows else 0} tokens, the Job scored {a.job.windows}"))
+        return None
+    return windows
+
+
+def adapter_metric(server: Server, a: ServedAdapter, windows: list[list[int]], concurrency: int,
+                   say: Callable[[str], None]) -> ServingMetric:
+    """The adapter asked for by its name through the pod, against the same adapter on the 16-bit
+    base as the Job measured it, with the adapter's own threshold."""
+    from fewerbits_api.quality import recovery_percent
+
+    served, _ = _perplexity(server, windows, concurrency, say, model=a.evaluation.name, part=a.part)
+    base = float(a.job.baselinePerplexity or 0.0)
+    increase = (served / base - 1.0) * 100.0
+    limit = a.evaluation.maxIncreasePercent
+    return ServingMetric(name=a.part, kind="adapter", base=base, jobQuantized=a.job.perplexity, served=served,
+                         recoveryPercent=recovery_percent(base, served, False),
+                         minRecoveryPercent=100.0 / (1.0 + limit / 100.0), passed=increase <= limit,
+                         higherIsBetter=False, samples=len(windows), method="prompt_logprobs")
 
 
 def _lm_eval(lm, prepared, t, n: int, server: Server, say):

@@ -73,11 +73,16 @@ class VLLMStandIn:
 
     def __init__(self, mode: str = "vllm"):
         self.requests: list[dict] = []
+        self.models = ["q"]
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):  # noqa: N802 — /v1/models, in vLLM's shape: the base and each LoRA it loaded
+                data = [{"id": m, "object": "model", **({"parent": "q"} if m != "q" else {})} for m in outer.models]
+                return self.answer(200, {"object": "list", "data": data})
 
             def do_POST(self):  # noqa: N802 — the http.server hook's name
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -253,6 +258,37 @@ def test_no_base_scores_for_the_gates_identity_fails_closed():
         canary.base_report(FakeS3({}), contract)
 
 
+def test_a_16_bit_variant_is_judged_against_the_16_bit_base_figures_of_a_quantized_artifact():
+    """A `none` artifact measures nothing; the canary takes the 16-bit base's figures from a quantized
+    artifact of the same model (``scoresKey``), as the Job's figures of the served model too."""
+    from fewerbits_api.adapters import AdapterQuality
+
+    plain = ArtifactKeyInputs(sourceUri="pvc://m/x", format=QuantFormat.NONE)
+    fp8 = ArtifactKeyInputs(sourceUri="pvc://m/x", format=QuantFormat.FP8_DYNAMIC)
+    contract = CanaryContract(key=plain.key(), scoresKey=fp8.key(), configHash="ab" * 16, variant="l4",
+                              kvCacheDtype="fp8", endpoint="http://10.0.0.1:8000", servedModelName="q",
+                              storage={"uri": "s3://bkt/a"})
+    report = QualityReport(baselinePerplexity=10, perplexity=10.5, increasePercent=5, maxIncreasePercent=10, passed=True,
+                           evalDataset="general-en-heldout", evalWindows=64, evalTokens=100,
+                           metrics=[MetricResult(name="perplexity", kind="perplexity", base=10, quantized=10.5,
+                                                 recoveryPercent=95.2, minRecoveryPercent=90.9, passed=True)],
+                           adapters=[AdapterQuality(name="sound", baselinePerplexity=20, perplexity=20.4,
+                                                    increasePercent=2, maxIncreasePercent=3, passed=True)],
+                           evalIdentity=eval_identity(contract.qualityGate))
+    own = Manifest(key=plain.key(), keyInputs=plain, format=QuantFormat.NONE, files=[], totalBytes=0,
+                   createdAt="2026-01-01T00:00:00Z")
+    scored = Manifest(key=fp8.key(), keyInputs=fp8, format=QuantFormat.FP8_DYNAMIC, files=[], totalBytes=0,
+                      quality=report, createdAt="2026-01-01T00:00:00Z")
+    objects = {f"a/{plain.key()}/manifest.json": json.dumps(own.to_wire()).encode(),
+               f"a/{fp8.key()}/manifest.json": json.dumps(scored.to_wire()).encode()}
+    found, source, manifest = canary.base_report(FakeS3(objects), contract)
+    assert manifest.key == plain.key() and fp8.key() in source and "16-bit base" in source
+    (m,) = canary.job_metrics(found).values()
+    assert (m.base, m.quantized) == (10, 10) and found.adapters[0].perplexity == 20  # the Job's figure is the base's
+    with pytest.raises(CanaryError, match="no base scores"):  # its own artifact alone has none: fail closed
+        canary.base_report(FakeS3(objects), contract.model_copy(update={"scoresKey": None}))
+
+
 # ------------------------------------------------------------------------------------- task parts
 def test_tasks_become_parts_with_their_request_costs_or_are_skipped_with_the_reason(tmp_path):
     from fewerbits_api.quantizedmodel import QualityGateSpec
@@ -275,3 +311,53 @@ def test_tasks_become_parts_with_their_request_costs_or_are_skipped_with_the_rea
     assert canary.plan_task(custom.name, "custom", "generate_until", [1], False, "x").method == "lm-eval local-completions"
     rolling = canary.plan_task("benchmark:wikitext/word_perplexity", "benchmark", "loglikelihood_rolling", [1], True, "")
     assert isinstance(rolling, SkippedMetric) and "unbounded" in rolling.reason
+
+
+def test_each_adapter_the_pod_loads_is_asked_for_by_its_name_and_judged_against_the_16_bit_base(stand_in):
+    """The adapters vLLM lists in /v1/models that the contract names are measured on their own
+    windows under their own name; one the pod does not load is not asked for; one the Job has no
+    16-bit figure for is skipped with the reason; a failing one fails the verdict naming it."""
+    from fewerbits_api.adapters import AdapterEvaluation, AdapterQuality
+
+    stand_in.models = ["q", "sound", "damaged", "nofigures"]
+    evals = [AdapterEvaluation(name=n, uri=f"s3://adapters/{n}", evalDataset="general-en-heldout", evalSamples=4,
+                               maxIncreasePercent=0.6 if n == "damaged" else 3.0)
+             for n in ("sound", "damaged", "absent", "nofigures")]
+    contract = CanaryContract(key="a" * 64, configHash="c" * 32, variant="h100", kvCacheDtype="fp8",
+                              endpoint=stand_in.url, servedModelName="q", storage={"uri": "s3://models/q"},
+                              adapters=evals)
+    server = Server(stand_in.url, "q", timeout=10)
+    windows = [[5, 6, 7, 8, 9]] * 2
+    served = math.exp(sum(1 + (t % 7) / 10 for w in windows for t in w[1:]) / 8)
+    figures = [AdapterQuality(name="sound", baselinePerplexity=served, perplexity=served, increasePercent=0.0,
+                              maxIncreasePercent=3, passed=True),
+               AdapterQuality(name="damaged", baselinePerplexity=served / 1.02, perplexity=served, increasePercent=2.0,
+                              maxIncreasePercent=3, passed=True),
+               AdapterQuality(name="absent", baselinePerplexity=9.0, maxIncreasePercent=3, passed=True)]
+    report = QualityReport(baselinePerplexity=10, perplexity=10, increasePercent=0, maxIncreasePercent=5, passed=True,
+                           evalDataset="general-en-heldout", evalWindows=8, evalTokens=800, adapters=figures,
+                           evalIdentity=eval_identity(contract.qualityGate))
+    out = canary.Outcome()
+    found = canary.served_adapters(server, contract, report, (True, "prompt_logprobs"), out)
+    assert [a.part for a in found] == ["adapter:sound", "adapter:damaged"]
+    assert [(s.name, "no perplexity of it on the 16-bit base" in s.reason) for s in out.skipped] == \
+        [("adapter:nofigures", True)]
+    metrics = [canary.adapter_metric(server, a, windows, 2, lambda m: None) for a in found]
+    asked = [r["model"] for r in stand_in.requests]
+    assert asked == ["sound", "sound", "damaged", "damaged"] and server.requests == 5  # the model list counts
+    sound, damaged = metrics
+    assert sound.passed and sound.kind == "adapter" and sound.served == pytest.approx(served)
+    assert not damaged.passed and damaged.base == pytest.approx(served / 1.02) and damaged.jobQuantized == served
+    passed, reason = verdict(metrics, out.skipped, "fp8")
+    assert not passed and reason.startswith("adapter damaged: perplexity") and "(+2.00%, max +0.6%)" in reason
+    # Figures of another evaluation identity (adapters or their sets changed since) are not compared.
+    out = canary.Outcome()
+    stale = report.model_copy(update={"evalIdentity": "older"})
+    assert canary.served_adapters(server, contract, stale, (True, "prompt_logprobs"), out) == []
+    assert all("another evaluation identity" in s.reason for s in out.skipped) and len(out.skipped) == 3
+    # The adapters' figures never stand for the base's: a verdict needs a base metric.
+    assert verdict([sound], [], "fp8")[0] is False
+    # Without prompt logprobs nothing of the adapters is measured: each loaded one is skipped, named.
+    out = canary.Outcome()
+    assert canary.served_adapters(server, contract, report, (False, "HTTP 422"), out) == []
+    assert sorted(s.name for s in out.skipped) == ["adapter:damaged", "adapter:nofigures", "adapter:sound"]

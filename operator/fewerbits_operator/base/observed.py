@@ -250,7 +250,8 @@ class Observed:
     """When the model names a Gateway (spec.serving.gateway): read only then."""
     canaries: Mapping[str, CanaryFacts] = field(default_factory=dict)
     """By pool: the canaries of the variants whose served configuration has no verdict yet (read
-    only for those)."""
+    only for those); on a model with adapters also the stored verdict of each configuration that
+    serves (the adapters it refused stay refused)."""
     canary_leftovers: CanaryLeftovers = CanaryLeftovers()
     """The model's canaries no variant needs: deleted."""
     planning: Planning | None = None

@@ -19,6 +19,7 @@ from fewerbits_api.conditions import Reason
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant
 from fewerbits_operator.planner.lora import AdapterFacts
+from fewerbits_operator.serving.canary import AdapterVerdict
 from fewerbits_operator.serving.serving_load import ServedAdapter
 
 
@@ -45,6 +46,12 @@ class AdapterInputs:
     loaded: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """By pool: the ``--lora-modules`` entries (``NAME=PATH``) of its serving object as observed,
     rolled out or not: what a pool keeps loading while its adapters are measured again."""
+    canary: Mapping[str, Mapping[str, AdapterVerdict]] = field(default_factory=dict)
+    """By pool whose served configuration has a canary verdict: each adapter as the verdict judged
+    it through vLLM (serving/canary.py ``adapter_verdicts``). There an adapter is loaded only if
+    the canary measured it and it passed."""
+    canary_unread: frozenset[str] = frozenset()
+    """Pools whose canary verdict cannot be read now: no adapter is added there meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -94,12 +101,18 @@ def _pool(name: str, variant: PlanVariant, inp: AdapterInputs, threshold: float,
     artifact = inp.artifact_keys.get(variant.pool)
     pool = _on_pool(name, variant, artifact, inp, threshold)
     key, why_not = _adapter_key(inp, artifact, name)
-    if pool.state == "Failed" and key:
-        return pool.model_copy(update={"adapterKey": key})
-    if pool.state == "Passed" and key:
+    pool, unmeasured = _canary_judged(name, variant.pool, pool, inp)
+    if key and (pool.state == "Failed" or unmeasured):
+        return pool.model_copy(update={"adapterKey": key, "reason": f"{pool.reason}; not served: {unmeasured}"}
+                               if unmeasured else {"adapterKey": key})
+    loaded = inp.loaded.get(variant.pool, ())
+    if pool.state == "Passed" and key and (variant.pool not in inp.canary_unread or
+                                           f"{name}={ServedAdapter(name, key).path}" in loaded):
         return pool.model_copy(update={"adapterKey": key, "served": True})
+    if pool.state == "Passed" and key:
+        why_not = "its pool's canary verdict cannot be read now: added once it is"
     kept = old is not None and old.adapterKey and old.artifactKey == artifact and \
-        f"{name}={ServedAdapter(name, old.adapterKey).path}" in inp.loaded.get(variant.pool, ())
+        f"{name}={ServedAdapter(name, old.adapterKey).path}" in loaded
     if pool.state == "Passed":
         pool = pool.model_copy(update={"reason": f"{pool.reason}; not served: {why_not}"})
     if kept and pool.state in ("Passed", "Pending"):
@@ -107,6 +120,24 @@ def _pool(name: str, variant: PlanVariant, inp: AdapterInputs, threshold: float,
         return pool.model_copy(update={"adapterKey": old.adapterKey, "served": True, "reason": (
             f"{pool.reason}; the files that passed here before ({old.adapterKey[:12]}) serve meanwhile")})
     return pool
+
+
+def _canary_judged(name: str, pool_name: str, pool: AdapterPoolStatus, inp: AdapterInputs
+                   ) -> tuple[AdapterPoolStatus, str]:
+    """A pass by the Job stands where the pool's canary measured the adapter through vLLM and it
+    passed there too; refused there, it fails; not measured there, it is not served (the second
+    item says why)."""
+    verdicts = inp.canary.get(pool_name)
+    if pool.state != "Passed" or verdicts is None:
+        return pool, ""
+    v = verdicts.get(name)
+    if v is not None and v.measured and not v.passed:
+        return pool.model_copy(update={"state": "Failed", "reason": f"{pool.reason}; refused through vLLM on the "
+                                                                   f"canary: {v.why}"}), ""
+    if v is None or not v.measured:
+        return pool, "its canary did not measure it" + (f": {v.why}" if v is not None and v.why else
+                                                         " (not loaded on the canary pod)")
+    return pool, ""
 
 
 def _measured(inp: AdapterInputs, key: str | None, name: str) -> AdapterQuality | None:
@@ -143,7 +174,7 @@ def _on_pool(name: str, variant: PlanVariant, key: str | None, inp: AdapterInput
             "adapter against"))
     if variant.format is QuantFormat.NONE:
         return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Passed", increasePercent=0.0,
-                                 reason="served on the 16-bit base it was trained on: nothing to judge")
+                                 reason="served on the 16-bit base it was trained on: nothing for the Job to judge")
     measured = _measured(inp, key, name)
     if measured is None:
         return AdapterPoolStatus(variant=variant.pool, artifactKey=key, state="Pending",

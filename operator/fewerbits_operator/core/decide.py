@@ -85,7 +85,7 @@ from fewerbits_operator.base.actions import (  # noqa: F401  (re-exported: the w
     WorkloadKind,
 )
 from fewerbits_operator.serving import canary as canary_mod
-from fewerbits_operator.serving.canary import CanaryDecision
+from fewerbits_operator.serving.canary import CanaryDecision, adapter_verdicts
 from fewerbits_operator.serving.serving_load import ServedAdapter
 from fewerbits_operator.serving.render import (
     ANNOTATION_ARTIFACT_KEY,
@@ -903,7 +903,9 @@ def replicas_for(spec: QuantizedModelSpec, current: Mapping[str, Any] | None) ->
 
 
 def canary_gate(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict, desired: dict[str, Any],
-                current: Mapping[str, Any] | None, settings: OperatorSettings) -> CanaryDecision | None:
+                current: Mapping[str, Any] | None, settings: OperatorSettings,
+                published: Mapping[str, str] | None = None, template: dict[str, Any] | None = None,
+                scores_key: str | None = None) -> CanaryDecision | None:
     """A new served configuration takes traffic only after its canary's verdict (canary.py); the
     configuration's hash is stamped on ``desired``. None: the canary is off."""
     spec = acc.spec
@@ -911,13 +913,32 @@ def canary_gate(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVe
     if not spec.serving.canary.enabled:
         return None
     owner = Owner(obs.name, obs.namespace, obs.uid)
-    chash = canary_mod.config_hash(spec, pv, art.planned.key, owner.name, settings)
+    chash = canary_mod.config_hash(spec, pv, art.planned.key, owner.name, settings, published)
     desired["metadata"]["annotations"][canary_mod.ANNOTATION_SERVING_CONFIG] = chash
     old = next((s.canary for s in obs.old_status.serving if s.variant == pv.pool), None)
     return canary_mod.decide_canary(
         owner=owner, spec=spec, variant=pv, desired=desired, current=current, chash=chash,
         artifact_key=art.planned.key, facts=obs.canaries.get(pv.pool), old=old, gate=acc.effective.gate(),
-        now=obs.now, settings=settings)
+        now=obs.now, settings=settings, canary_template=template,
+        scores_key=scores_key if pv.format is QuantFormat.NONE else None)
+
+
+def base_scores_key(verdicts: list[ArtifactVerdict]) -> str | None:
+    """A quantized artifact with figures, whose report holds the 16-bit base's: a 16-bit variant's
+    canary judges it against them (its own artifact measures nothing)."""
+    return next((v.manifest.key for v in verdicts if v.manifest is not None and v.manifest.format is not QuantFormat.NONE
+                 and (v.quality_result or v.manifest.quality) is not None), None)
+
+
+def published_by_pool(spec: QuantizedModelSpec, the_plan: PlanStatus,
+                      by_format: Mapping[Any, ArtifactVerdict]) -> dict[str, dict[str, str]]:
+    """By pool: the adapters published for it (serving/canary.py), from the reports observe read
+    (canary_observe computes the same from the same facts, so both reach the same hash)."""
+    if not spec.adapters:
+        return {}
+    reports = {pv.pool: (v.quality_result or (v.manifest.quality if v.manifest else None))
+               for pv in the_plan.variants if (v := by_format.get(artifact_format(pv))) is not None}
+    return canary_mod.published_by_pool(spec.adapters, the_plan.variants, reports)
 
 
 def needs_replace(current: Mapping[str, Any], desired: Mapping[str, Any], autoscaled: bool, replicas: int) -> bool:
@@ -953,9 +974,11 @@ def rollout(namespace: str, pv: PlanVariant, art: ArtifactVerdict, desired: dict
 
 
 def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict,
-                     settings: OperatorSettings, adapters: tuple[ServedAdapter, ...] = ()) -> VariantWorkload:
+                     settings: OperatorSettings, adapters: tuple[ServedAdapter, ...] = (),
+                     published: Mapping[str, str] | None = None, scores_key: str | None = None) -> VariantWorkload:
     """One planned variant: refused (no LeaderWorkerSet), kept as it serves (no deployable artifact,
-    its pool gone, its canary without a verdict), or rolled out."""
+    its pool gone, its canary without a verdict), or rolled out. ``adapters``: what its pods load;
+    ``published``: the adapters published for its pool (name → key), which its canary measures."""
     spec = acc.spec
     assert spec is not None
     dname = deployment_name(obs.name, pv.pool)
@@ -967,10 +990,14 @@ def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: Artif
     if not art.deployable or pool is None:
         return VariantWorkload(pv, dname, current)  # keep what serves (an older artifact) until one passes
     replicas = replicas_for(spec, current)
-    desired = RENDERERS[kind](Owner(obs.name, obs.namespace, obs.uid), spec, pv, dict(pool.node_selector),
-                              pool.cc_str, art.planned.key, art.manifest.totalBytes if art.manifest else None,
-                              replicas, settings, adapters)
-    gate = canary_gate(obs, acc, pv, art, desired, current, settings)
+    def render(loads: tuple[ServedAdapter, ...]) -> dict[str, Any]:
+        return RENDERERS[kind](Owner(obs.name, obs.namespace, obs.uid), spec, pv, dict(pool.node_selector),
+                               pool.cc_str, art.planned.key, art.manifest.totalBytes if art.manifest else None,
+                               replicas, settings, loads)
+    desired = render(adapters)
+    everything = tuple(ServedAdapter(n, k) for n, k in sorted((published or {}).items()))
+    template = render(everything) if spec.serving.canary.enabled and everything != adapters else None
+    gate = canary_gate(obs, acc, pv, art, desired, current, settings, published or {}, template, scores_key)
     judged = VariantWorkload(pv, dname, current, canary=gate) if gate is None else VariantWorkload(
         pv, dname, current, canary=gate, deletes=tuple(gate.deletes), creates=tuple(gate.creates),
         events=tuple(gate.events))
@@ -1207,8 +1234,11 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     spec = acc.spec
     assert spec is not None
     by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
+    published = published_by_pool(spec, the_plan, by_format)
+    scores = base_scores_key(verdicts)
     workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings,
-                                  served_on(status.adapters, pv.pool)) for pv in the_plan.variants]
+                                  served_on(status.adapters, pv.pool), published.get(pv.pool, {}), scores)
+                 for pv in the_plan.variants]
     creates: list[Action] = []
     for w in workloads:
         for e in w.events:
@@ -1339,6 +1369,9 @@ def adapters_in_status(obs: Observed, acc: Acceptance, the_plan: PlanStatus, ver
         artifact_keys={v: a.key for a in status.artifacts for v in a.variants},
         reports={v.planned.key: v.quality_result or (v.manifest.quality if v.manifest else None) for v in verdicts},
         old=obs.old_status.adapters or [], loaded=loaded_adapters(obs),
+        canary={pool: adapter_verdicts(f.result, {e.name: e.maxIncreasePercent for e in gate.adapters})
+                for pool, f in obs.canaries.items() if f.result is not None},
+        canary_unread=frozenset(pool for pool, f in obs.canaries.items() if f.result_error is not None),
     ))
     status.adapters = outcome.statuses  # served: what the pods are to load (decide_serving renders it)
     for line in outcome.failed:

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingQualityResult, serving_config_hash
+from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingMetric, ServingQualityResult, serving_config_hash
 from fewerbits_api.conditions import Reason
+from fewerbits_api.formats import QuantFormat
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT
 from fewerbits_api.quantizedmodel import CanaryStatus, PlanVariant, QualityGateSpec, QuantizedModelSpec
 
@@ -55,6 +56,7 @@ from fewerbits_operator.serving.render import (
     Owner,
     _fresh,
     endpoint_rule_env,
+    lora_modules_in,
     storage_credential_env,
 )
 from fewerbits_operator.base.settings import OperatorSettings
@@ -92,21 +94,93 @@ def canary_job_name(model: str, pool: str, config_hash: str) -> str:
 
 
 def serving_config(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
-                   settings: OperatorSettings) -> dict[str, Any]:
+                   settings: OperatorSettings, adapters: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What decides the served model's output: the artifact, the image, the vLLM arguments the
-    plan sets (KV-cache dtype included) and the model's extra arguments, the GPU product. Not the
-    replicas, the load format or the pod's resources."""
-    return {
+    plan sets (KV-cache dtype included) and the model's extra arguments, the GPU product; with
+    LoRA adapters, the files published for the pool (``published_adapters``: name → content key),
+    which its canary pod loads and measures. Not the replicas, the load format or the pod's
+    resources."""
+    doc = {
         "artifact": artifact_key,
         "image": spec.serving.image or settings.vllm_image,
         "args": [*plan_args(variant, served_model_name(spec, model)), *spec.serving.extraArgs],
         "gpuProduct": variant.gpuProduct,
     }
+    if adapters:
+        doc["adapters"] = dict(sorted(adapters.items()))
+    return doc
 
 
 def config_hash(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
-                settings: OperatorSettings) -> str:
-    return serving_config_hash(serving_config(spec, variant, artifact_key, model, settings))
+                settings: OperatorSettings, adapters: Mapping[str, str] | None = None) -> str:
+    return serving_config_hash(serving_config(spec, variant, artifact_key, model, settings, adapters))
+
+
+def published_by_pool(adapters: list[Any], variants: list[PlanVariant], reports: Mapping[str, Any]
+                      ) -> dict[str, dict[str, str]]:
+    """By pool: ``published_adapters`` for each variant that plans LoRA buffers for them (a pool
+    served as-is from a quantized source loads none), from its base's quality report (``reports``
+    by pool: the report that answers the gate, else the manifest's)."""
+    out: dict[str, dict[str, str]] = {}
+    for pv in variants:
+        names = [a.name for a in adapters if pv.lora is not None and a.name in pv.lora.adapters and not pv.servedAsIs]
+        out[pv.pool] = published_adapters(names, pv.format is QuantFormat.NONE, reports.get(pv.pool),
+                                          [r for p, r in reports.items() if p != pv.pool]) if names else {}
+    return out
+
+
+def published_adapters(names: list[str], sixteen_bit: bool, own: Any, others: list[Any]) -> dict[str, str]:
+    """The adapters whose files a Job published for a pool, by name: those its own base's quality
+    report names (measured there, passed or not); a 16-bit pool (no Job of its own) takes the one
+    key the other pools' reports agree on. Observe and decide compute it from the same reports, so
+    both reach the same served-configuration hash; the canary pod loads all of them."""
+    def keys(report: Any) -> dict[str, str]:
+        return {q.name: q.adapterKey for q in getattr(report, "adapters", None) or () if q.adapterKey}
+
+    mine = keys(own)
+    if not sixteen_bit:
+        return {n: mine[n] for n in names if n in mine}
+    out = {}
+    for n in names:
+        found = {k[n] for k in map(keys, others) if n in k}
+        if len(found) == 1:
+            out[n] = found.pop()
+    return out
+
+
+@dataclass(frozen=True)
+class AdapterVerdict:
+    """One adapter as a canary verdict judged it on its pool, under the current threshold."""
+
+    measured: bool
+    passed: bool = False
+    why: str = ""
+    """The figures (measured), or why the canary could not measure it."""
+
+
+def adapter_verdicts(result: ServingQualityResult | None, thresholds: Mapping[str, float]) -> dict[str, AdapterVerdict]:
+    """By adapter, what the verdict says of it: its served perplexity judged again with the
+    threshold it has now (``thresholds``, the model's gate resolved per adapter), or why it was not
+    measured. An adapter the verdict does not name was not loaded on the canary pod."""
+    if result is None:
+        return {}
+    out = {s.name.split(":", 1)[1]: AdapterVerdict(False, why=s.reason) for s in result.skipped
+           if s.name.startswith("adapter:")}
+    for m in result.metrics:
+        if m.kind != "adapter":
+            continue
+        name = m.name.split(":", 1)[1]
+        limit = thresholds.get(name, (100.0 / m.minRecoveryPercent - 1.0) * 100.0)
+        increase = (m.served / m.base - 1.0) * 100.0 if m.base else float("inf")
+        out[name] = AdapterVerdict(True, increase <= limit, f"perplexity {m.served:.4g} served through vLLM vs "
+                                   f"{m.base:.4g} with it on the 16-bit base ({increase:+.2f}%, max +{limit:.3g}%)")
+    return out
+
+
+def base_passed(result: ServingQualityResult) -> bool:
+    """The base's own metrics: at least one measured, every one passed (the adapters apart)."""
+    base = [m for m in result.metrics if m.kind != "adapter"]
+    return bool(base) and all(m.passed for m in base)
 
 
 def canary_wanted(spec: QuantizedModelSpec, variant: PlanVariant, current: Mapping[str, Any] | None,
@@ -177,13 +251,14 @@ def render_canary(desired: Mapping[str, Any], model: str, pool: str, chash: str)
 
 
 def render_canary_job(owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, chash: str,
-                      pod_ip: str, gate: QualityGateSpec, settings: OperatorSettings) -> dict[str, Any]:
+                      pod_ip: str, gate: QualityGateSpec, settings: OperatorSettings,
+                      scores_key: str | None = None) -> dict[str, Any]:
     """The evaluation Job against the canary pod: the quantization Job's image and pod security,
     no GPU, no retries (a failure is a fail-closed error), a bounded deadline; its TTL after it
     ends is the back-off before an error is tried again."""
     assert spec.storage is not None
     contract = CanaryContract(
-        key=artifact_key, configHash=chash, variant=variant.pool, kvCacheDtype=variant.kvCacheDtype,
+        key=artifact_key, configHash=chash, scoresKey=scores_key, variant=variant.pool, kvCacheDtype=variant.kvCacheDtype,
         endpoint=f"http://{pod_ip}:{VLLM_PORT}", servedModelName=served_model_name(spec, owner.name),
         storage=spec.storage, qualityGate=gate, evalDatasetEtag=gate.eval_dataset_etag, adapters=list(gate.adapters) or None,
         evalMaxSeqLength=spec.quantization.calibration.maxSeqLength,
@@ -296,6 +371,16 @@ class CanaryPass:
     now: str
     settings: OperatorSettings
     gate: QualityGateSpec
+    canary_template: Mapping[str, Any] | None = None
+    """What the canary pod runs when it differs from ``desired``: the variant loading every adapter
+    published for its pool (``published_adapters``), so the verdict measures each of them."""
+    scores_key: str | None = None
+    """A 16-bit variant's: the quantized artifact whose report holds the 16-bit base's figures."""
+
+    @property
+    def loaded_adapters(self) -> frozenset[str]:
+        """The adapters the desired object loads (its ``--lora-modules`` names)."""
+        return frozenset(e.split("=", 1)[0] for e in lora_modules_in(self.desired))
 
     @property
     def canary_name(self) -> str:
@@ -338,7 +423,13 @@ def verdict_step(c: CanaryPass) -> CanaryDecision | None:
     text = result_text(r)
     extra = dict(job=c.job_name, metrics=list(r.metrics), skipped=list(r.skipped), requests=r.requests,
                  seconds=r.seconds)
-    if r.passed:
+    ok = r.passed
+    if c.gate.adapters:  # the base, and only the adapters the variant loads (core/adapters.py leaves out the others)
+        judged = adapter_verdicts(r, {a.name: a.maxIncreasePercent for a in c.gate.adapters})
+        ok = base_passed(r) and all(judged.get(n, AdapterVerdict(False)).passed for n in c.loaded_adapters)
+        if ok and (refused := sorted(n for n, v in judged.items() if not v.passed)):
+            text = f"the base passed; adapter(s) {', '.join(refused)} not served on this pool: {text}"
+    if ok:
         return c.decision(c.status("Passed", text, **extra), Reason.CANARY_PASSED, may_serve=True, deletes=deletes,
                           event=("Normal", "CanaryPassed",
                                  f"served configuration {c.chash[:12]} passed ({text}); taking traffic"))
@@ -404,7 +495,7 @@ def start_step(c: CanaryPass) -> CanaryDecision | None:
                 f"canary LeaderWorkerSet {cname} starting (1 group of {c.variant.nodesPerReplica} pods, no traffic)")
     return c.decision(
         c.status("Pending", starting), Reason.CANARY_PENDING,
-        creates=(CreateDeployment(render_canary(c.desired, c.owner.name, c.variant.pool, c.chash)),),
+        creates=(CreateDeployment(render_canary(c.canary_template or c.desired, c.owner.name, c.variant.pool, c.chash)),),
         event=("Normal", "CanaryStarted", f"canary {cname} started for served configuration {c.chash[:12]} "
                                           f"(artifact {c.artifact_key[:12]}, KV cache {c.variant.kvCacheDtype}); the "
                                           "variant takes traffic only after its verdict"))
@@ -439,7 +530,7 @@ def evaluate_step(c: CanaryPass) -> CanaryDecision:
         c.status("Evaluating", f"Job {c.job_name} evaluates the canary pod ({c.facts.pod_ip})", job=c.job_name),
         Reason.CANARY_EVALUATING,
         creates=(CreateJob(render_canary_job(c.owner, c.spec, c.variant, c.artifact_key, c.chash, c.facts.pod_ip,
-                                             c.gate, c.settings)),),
+                                             c.gate, c.settings, c.scores_key)),),
         event=("Normal", "CanaryEvaluating", f"canary pod ready; Job {c.job_name} evaluates it through its serving "
                                              f"API (at most {limits.maxRequests} requests, {limits.concurrency} at once)"))
 
@@ -450,15 +541,18 @@ CANARY_STEPS = (verdict_step, unreadable_step, evaluation_job_step, backoff_step
 
 def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVariant, desired: Mapping[str, Any],
                   current: Mapping[str, Any] | None, chash: str, artifact_key: str, facts: CanaryFacts | None,
-                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings
-                  ) -> CanaryDecision:
+                  old: CanaryStatus | None, gate: QualityGateSpec, now: str, settings: OperatorSettings,
+                  canary_template: Mapping[str, Any] | None = None, scores_key: str | None = None) -> CanaryDecision:
     """One variant's canary step. ``desired`` is the variant's Deployment as it would be rolled
-    out; ``current`` what serves now."""
+    out; ``current`` what serves now; ``canary_template`` what the canary pod runs instead, when the
+    pool has adapters published that ``desired`` does not load; ``scores_key`` (a 16-bit variant)
+    the quantized artifact whose report holds its base's figures."""
     kept = old if old is not None and old.configHash == chash else None
     if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
         return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
     c = CanaryPass(owner, spec, variant, desired, chash, artifact_key,
-                   facts or CanaryFacts(chash, result_error="the canary was not read"), kept, now, settings, gate)
+                   facts or CanaryFacts(chash, result_error="the canary was not read"), kept, now, settings, gate,
+                   canary_template, scores_key)
     for step in CANARY_STEPS:
         if (decided := step(c)) is not None:
             return decided

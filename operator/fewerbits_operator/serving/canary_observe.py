@@ -26,6 +26,7 @@ from fewerbits_operator.serving.canary import (
     canary_job_name,
     canary_wanted,
     config_hash,
+    published_by_pool,
 )
 from fewerbits_operator.base.observed import ArtifactFacts, CanaryFacts, CanaryLeftovers
 from fewerbits_operator.serving.render import LABEL_VARIANT, deployment_name
@@ -96,6 +97,41 @@ def _group_facts(pods: list[dict[str, Any]], size: int) -> dict[str, Any]:
     return out
 
 
+_NO_VERDICT: set[tuple[Any, ...]] = set()
+
+
+def _judged(observer: Any, spec: Any, key: str, chash: str, creds: Any) -> CanaryFacts:
+    """The stored verdict of a configuration that serves, for what it says of the adapters
+    (remembered after one GET, its absence too: a configuration that serves gets no new verdict,
+    the canary runs only for one that does not)."""
+    absent = (spec.storage.uri, spec.storage.endpoint, key, chash)
+    with _LOCK:
+        if absent in _NO_VERDICT:
+            return CanaryFacts(chash)
+    try:
+        result = _verdict(observer.store, spec.storage, key, chash, creds)
+    except StorageError as e:
+        return CanaryFacts(chash, result_error=str(e))
+    if result is None:
+        with _LOCK:
+            _NO_VERDICT.add(absent)
+    return CanaryFacts(chash, result=result)
+
+
+def _published(spec: Any, the_plan: Any, artifacts: Mapping[str, ArtifactFacts], keys: Mapping[Any, str]
+               ) -> dict[str, dict[str, str]]:
+    """By pool, the adapters published for it, from the reports decide judges with (the one that
+    answers the gate, else the manifest's): the same as decide.published_by_pool."""
+    if not spec.adapters:
+        return {}
+    reports = {}
+    for pv in the_plan.variants:
+        f = artifacts.get(keys.get(artifact_format(pv)) or "")
+        if f is not None:
+            reports[pv.pool] = f.quality_result or (f.manifest.quality if f.manifest else None)
+    return published_by_pool(spec.adapters, the_plan.variants, reports)
+
+
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
                   deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
                   planned: Sequence[PlannedArtifact] | None = None) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
@@ -116,6 +152,7 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         planned = planned_artifacts(spec, the_plan, data_pin)
     keys = {p.format: p.key for p in planned or ()} \
         if spec.serving.canary.enabled else {}
+    published = _published(spec, the_plan, artifacts, keys)
     for pv in the_plan.variants if spec.serving.canary.enabled else ():
         planned_key = keys.get(artifact_format(pv))
         facts = artifacts.get(planned_key) if planned_key else None
@@ -125,8 +162,10 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         # a legacy key's or an `auto` calibration's fallback key (artifacts.keys.published_at).
         key = facts.manifest.key
         dname = deployment_name(name, pv.pool)
-        chash = config_hash(spec, pv, key, name, observer.settings)
+        chash = config_hash(spec, pv, key, name, observer.settings, published.get(pv.pool))
         if not canary_wanted(spec, pv, deployments.get(dname), chash):
+            if spec.adapters:  # the adapters its verdict refused stay refused (canary.refused_adapters)
+                out[pv.pool] = _judged(observer, spec, key, chash, creds)
             continue
         kind = WorkloadKind.for_nodes(pv.nodesPerReplica)
         lws = kind is WorkloadKind.LEADER_WORKER_SET
