@@ -209,7 +209,7 @@ def test_failed_gate_never_deploys(gpu_pool, namespace, models, model_spec):
     # The test model barely notices most formats (weight-only 4-bit AWQ even improved it by 0.03%
     # with the LM head quantized); nvfp4 quantizes weights and activations to 4 bits, the LM head
     # too, and is reliably worse, so a 0.001% gate fails it. (w4afp8 did this before the planner
-    # refused it: vLLM 0.33 cannot load llm-compressor 0.14's w4afp8 checkpoints, see the README.)
+    # refused it: vLLM 0.33 cannot load llm-compressor 0.14's w4afp8 checkpoints, see docs/vllm-check.md.)
     gpu_pool("h100", "NVIDIA-H100-80GB-HBM3")
     spec = model_spec(quantization={"format": "nvfp4", "ignore": [],
                                     "qualityGate": {"maxPerplexityIncreasePercent": 0.001, "evalSamples": 8}})
