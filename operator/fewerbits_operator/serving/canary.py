@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Mapping
 
-from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingMetric, ServingQualityResult, serving_config_hash
+from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingQualityResult, serving_config_hash
 from fewerbits_api.conditions import Reason
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.names import TERMINATION_LOG_DEFAULT
