@@ -63,10 +63,15 @@ def test_the_adapters_published_for_a_pool_are_its_own_reports_or_for_16_bit_the
                                  AdapterQuality(name=n, maxIncreasePercent=3, passed=False, adapterKey=k)
                                  for n, k in keys.items()])
     own = report(sound=A, damaged=B)  # refused or not, published files are measured on the canary
-    assert K.published_adapters(["sound", "damaged", "late"], False, own, []) == {"sound": A, "damaged": B}
-    assert K.published_adapters(["sound"], False, None, [own]) == {}  # a quantized pool waits for its own Job
-    assert K.published_adapters(["sound", "damaged"], True, None, [own, report(sound=A)]) == {"sound": A, "damaged": B}
-    assert K.published_adapters(["sound"], True, None, [own, report(sound=PLAYS_KEY)]) == {}  # two sets of files
+    assert K.published_adapters(["sound", "damaged", "late"], False, own, []).keys == {"sound": A, "damaged": B}
+    assert K.published_adapters(["sound"], False, None, [own]) == K.Published()  # a quantized pool waits for its Job
+    assert K.published_adapters(["sound", "damaged"], True, None, [own, report(sound=A)]).keys == \
+        {"sound": A, "damaged": B}
+    assert K.published_adapters(["sound"], True, None, [own, report(sound=PLAYS_KEY)]).keys == {}  # two sets of files
+    # New figures of the same files (another evaluation identity) are a new configuration to judge.
+    remeasured = own.model_copy(update={"evalIdentity": "f" * 64})
+    assert K.published_adapters(["sound"], False, remeasured, []).figures == ("f" * 64,)
+    assert K.published_adapters(["sound"], False, remeasured, []) != K.published_adapters(["sound"], False, own, [])
 
 
 def test_an_adapter_the_canary_refused_is_not_loaded_on_that_pool_and_an_event_names_it():
@@ -168,7 +173,7 @@ def test_observe_and_decide_hash_the_same_published_adapters_and_the_canary_pod_
     keys = {a.format: a.key for a in arts}
     seen = _published(acc.spec, the_plan, w.observed().artifacts, keys)
     (pv,) = the_plan.variants
-    assert seen == {pv.pool: {"chat": adapter_key("chat"), "plays": adapter_key("plays")}}
+    assert seen[pv.pool].keys == {"chat": adapter_key("chat"), "plays": adapter_key("plays")}
     key = keys[artifact_format(pv)]
     chash = K.config_hash(acc.spec, pv, key, NAME, SETTINGS, seen[pv.pool])
     assert chash != K.config_hash(acc.spec, pv, key, NAME, SETTINGS)  # new files: a new configuration to judge
@@ -210,3 +215,45 @@ def test_with_the_verdict_the_variant_rolls_out_loading_only_what_passed_the_job
     chat = next(s for s in o.status.adapters if s.name == "chat").pools[0]
     assert chat.state == "Failed" and "refused through vLLM on the canary" in chat.reason
     assert any(e.reason == "AdapterGateFailed" and "chat" in e.message for e in o.events)
+
+
+def test_facts_read_for_another_configuration_are_never_taken_as_this_ones():
+    from tests.unit.test_canary import NAME, SETTINGS, canary_world, target
+
+    verdict = _result(BASE_OK, SOUND_OK)
+    assert _canary(["sound"], None, verdict).may_serve  # stamped with this configuration's hash: it rolls out
+    w = canary_world()
+    pv, key, chash = target(w)
+    other = K.decide_canary(owner=K.Owner(NAME, "ns", "uid"), spec=w.planned()[0].spec, variant=pv,
+                            desired=json.loads(json.dumps(_desired(w, pv, ["sound"]))), current=None, chash=chash,
+                            artifact_key=key, facts=K.CanaryFacts("0" * 32, result=verdict), old=None,
+                            gate=QualityGateSpec(), now="2026-11-29T12:00:00Z", settings=SETTINGS)
+    assert not other.may_serve and not other.creates and "another served configuration" in other.status.reason
+
+
+def _desired(w, pv, names):
+    from tests.unit.test_canary import NAME, canary_deployment
+
+    d = json.loads(json.dumps(canary_deployment(w)))
+    d["metadata"].update(name=f"{NAME}-{pv.pool}", annotations={K.ANNOTATION_SPEC_HASH: "x"})
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    c["args"] = [*(c.get("args") or []), *[a for n in names for a in ("--lora-modules", f"{n}=/adapters/{n}")]]
+    return d
+
+
+def test_a_verdict_written_after_its_absence_was_remembered_is_read():
+    from types import SimpleNamespace
+
+    from fewerbits_operator.serving import canary_observe as CO
+
+    stored: dict[str, ServingQualityResult] = {}
+    store = SimpleNamespace(get_serving_result=lambda storage, key, chash, creds: stored.get(chash))
+    observer = SimpleNamespace(store=store)
+    spec = SimpleNamespace(storage=SimpleNamespace(uri="s3://models/later", endpoint=None))
+    chash = "d" * 32
+    assert CO._judged(observer, spec, A, chash, None).result is None  # rolled out before the canary: none
+    verdict = _result(BASE_OK, SOUND_OK).model_copy(update={"configHash": chash})
+    stored[chash] = verdict
+    assert CO._judged(observer, spec, A, chash, None).result is None  # its absence is remembered a while ...
+    CO._verdict(store, spec.storage, A, chash, None)  # ... until this process's canary reads the verdict
+    assert CO._judged(observer, spec, A, chash, None).result == verdict

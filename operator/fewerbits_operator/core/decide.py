@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from fewerbits_api import conditions as C
-from fewerbits_api.quality import eval_identity
+from fewerbits_api.quality import base_eval_identity, eval_identity
 from fewerbits_api.conditions import Condition, Reason, set_condition
 from fewerbits_api.formats import QuantFormat
 from fewerbits_api.names import SECRET_ACCESS_KEY_ID, SECRET_HF_TOKEN, SECRET_SECRET_ACCESS_KEY
@@ -904,7 +904,7 @@ def replicas_for(spec: QuantizedModelSpec, current: Mapping[str, Any] | None) ->
 
 def canary_gate(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict, desired: dict[str, Any],
                 current: Mapping[str, Any] | None, settings: OperatorSettings,
-                published: Mapping[str, str] | None = None, template: dict[str, Any] | None = None,
+                published: canary_mod.Published | None = None, template: dict[str, Any] | None = None,
                 scores_key: str | None = None) -> CanaryDecision | None:
     """A new served configuration takes traffic only after its canary's verdict (canary.py); the
     configuration's hash is stamped on ``desired``. None: the canary is off."""
@@ -923,15 +923,21 @@ def canary_gate(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVe
         scores_key=scores_key if pv.format is QuantFormat.NONE else None)
 
 
-def base_scores_key(verdicts: list[ArtifactVerdict]) -> str | None:
-    """A quantized artifact with figures, whose report holds the 16-bit base's: a 16-bit variant's
-    canary judges it against them (its own artifact measures nothing)."""
-    return next((v.manifest.key for v in verdicts if v.manifest is not None and v.manifest.format is not QuantFormat.NONE
-                 and (v.quality_result or v.manifest.quality) is not None), None)
+def base_scores_key(verdicts: list[ArtifactVerdict], gate: QualityGateSpec) -> str | None:
+    """A quantized artifact whose report holds the 16-bit base's figures under the gate's
+    identity: a 16-bit variant's canary judges it against them (its own artifact measures nothing).
+    None while no report answers the gate (the canary then ends without a verdict, naming it)."""
+    base = base_eval_identity(gate)
+    for v in verdicts:
+        q = v.quality_result or (v.manifest.quality if v.manifest else None)
+        if v.manifest is not None and v.manifest.format is not QuantFormat.NONE and q is not None and \
+                (v.quality_result is not None or base in (q.evalIdentity, q.baseEvalIdentity)):
+            return v.manifest.key
+    return None
 
 
 def published_by_pool(spec: QuantizedModelSpec, the_plan: PlanStatus,
-                      by_format: Mapping[Any, ArtifactVerdict]) -> dict[str, dict[str, str]]:
+                      by_format: Mapping[Any, ArtifactVerdict]) -> dict[str, canary_mod.Published]:
     """By pool: the adapters published for it (serving/canary.py), from the reports observe read
     (canary_observe computes the same from the same facts, so both reach the same hash)."""
     if not spec.adapters:
@@ -975,10 +981,11 @@ def rollout(namespace: str, pv: PlanVariant, art: ArtifactVerdict, desired: dict
 
 def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: ArtifactVerdict,
                      settings: OperatorSettings, adapters: tuple[ServedAdapter, ...] = (),
-                     published: Mapping[str, str] | None = None, scores_key: str | None = None) -> VariantWorkload:
+                     published: canary_mod.Published | None = None, scores_key: str | None = None
+                     ) -> VariantWorkload:
     """One planned variant: refused (no LeaderWorkerSet), kept as it serves (no deployable artifact,
     its pool gone, its canary without a verdict), or rolled out. ``adapters``: what its pods load;
-    ``published``: the adapters published for its pool (name → key), which its canary measures."""
+    ``published``: the adapters published for its pool, which its canary measures."""
     spec = acc.spec
     assert spec is not None
     dname = deployment_name(obs.name, pv.pool)
@@ -995,9 +1002,9 @@ def variant_workload(obs: Observed, acc: Acceptance, pv: PlanVariant, art: Artif
                                pool.cc_str, art.planned.key, art.manifest.totalBytes if art.manifest else None,
                                replicas, settings, loads)
     desired = render(adapters)
-    everything = tuple(ServedAdapter(n, k) for n, k in sorted((published or {}).items()))
+    everything = tuple(ServedAdapter(n, k) for n, k in sorted(published.keys.items())) if published else ()
     template = render(everything) if spec.serving.canary.enabled and everything != adapters else None
-    gate = canary_gate(obs, acc, pv, art, desired, current, settings, published or {}, template, scores_key)
+    gate = canary_gate(obs, acc, pv, art, desired, current, settings, published, template, scores_key)
     judged = VariantWorkload(pv, dname, current, canary=gate) if gate is None else VariantWorkload(
         pv, dname, current, canary=gate, deletes=tuple(gate.deletes), creates=tuple(gate.creates),
         events=tuple(gate.events))
@@ -1235,9 +1242,9 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     assert spec is not None
     by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
     published = published_by_pool(spec, the_plan, by_format)
-    scores = base_scores_key(verdicts)
+    scores = base_scores_key(verdicts, acc.effective.gate())
     workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings,
-                                  served_on(status.adapters, pv.pool), published.get(pv.pool, {}), scores)
+                                  served_on(status.adapters, pv.pool), published.get(pv.pool), scores)
                  for pv in the_plan.variants]
     creates: list[Action] = []
     for w in workloads:

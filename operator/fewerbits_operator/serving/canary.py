@@ -93,43 +93,56 @@ def canary_job_name(model: str, pool: str, config_hash: str) -> str:
     return JOB_PREFIX + hashlib.sha256(f"{model}/{pool}/{config_hash}".encode()).hexdigest()[:24]
 
 
+@dataclass(frozen=True)
+class Published:
+    """The adapters a Job published for one pool (name → content key) and the evaluation
+    identities of the reports that name them: both part of the pool's served configuration, so new
+    files, or new figures of the same files, are judged on a canary (the Job's figures it compares
+    with are of one identity)."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    figures: tuple[str, ...] = ()
+
+    def doc(self) -> dict[str, Any]:
+        return {"adapters": dict(sorted(self.keys.items())), "adapterFigures": list(self.figures)}
+
+
 def serving_config(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
-                   settings: OperatorSettings, adapters: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   settings: OperatorSettings, adapters: Published | None = None) -> dict[str, Any]:
     """What decides the served model's output: the artifact, the image, the vLLM arguments the
     plan sets (KV-cache dtype included) and the model's extra arguments, the GPU product; with
-    LoRA adapters, the files published for the pool (``published_adapters``: name → content key),
-    which its canary pod loads and measures. Not the replicas, the load format or the pod's
-    resources."""
+    LoRA adapters, the files published for the pool (``Published``), which its canary pod loads
+    and measures. Not the replicas, the load format or the pod's resources."""
     doc = {
         "artifact": artifact_key,
         "image": spec.serving.image or settings.vllm_image,
         "args": [*plan_args(variant, served_model_name(spec, model)), *spec.serving.extraArgs],
         "gpuProduct": variant.gpuProduct,
     }
-    if adapters:
-        doc["adapters"] = dict(sorted(adapters.items()))
+    if adapters is not None and adapters.keys:
+        doc.update(adapters.doc())
     return doc
 
 
 def config_hash(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: str, model: str,
-                settings: OperatorSettings, adapters: Mapping[str, str] | None = None) -> str:
+                settings: OperatorSettings, adapters: Published | None = None) -> str:
     return serving_config_hash(serving_config(spec, variant, artifact_key, model, settings, adapters))
 
 
 def published_by_pool(adapters: list[Any], variants: list[PlanVariant], reports: Mapping[str, Any]
-                      ) -> dict[str, dict[str, str]]:
+                      ) -> dict[str, Published]:
     """By pool: ``published_adapters`` for each variant that plans LoRA buffers for them (a pool
     served as-is from a quantized source loads none), from its base's quality report (``reports``
     by pool: the report that answers the gate, else the manifest's)."""
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, Published] = {}
     for pv in variants:
         names = [a.name for a in adapters if pv.lora is not None and a.name in pv.lora.adapters and not pv.servedAsIs]
         out[pv.pool] = published_adapters(names, pv.format is QuantFormat.NONE, reports.get(pv.pool),
-                                          [r for p, r in reports.items() if p != pv.pool]) if names else {}
+                                          [r for p, r in reports.items() if p != pv.pool]) if names else Published()
     return out
 
 
-def published_adapters(names: list[str], sixteen_bit: bool, own: Any, others: list[Any]) -> dict[str, str]:
+def published_adapters(names: list[str], sixteen_bit: bool, own: Any, others: list[Any]) -> Published:
     """The adapters whose files a Job published for a pool, by name: those its own base's quality
     report names (measured there, passed or not); a 16-bit pool (no Job of its own) takes the one
     key the other pools' reports agree on. Observe and decide compute it from the same reports, so
@@ -137,15 +150,17 @@ def published_adapters(names: list[str], sixteen_bit: bool, own: Any, others: li
     def keys(report: Any) -> dict[str, str]:
         return {q.name: q.adapterKey for q in getattr(report, "adapters", None) or () if q.adapterKey}
 
-    mine = keys(own)
     if not sixteen_bit:
-        return {n: mine[n] for n in names if n in mine}
+        mine = keys(own)
+        return Published({n: mine[n] for n in names if n in mine},
+                         (getattr(own, "evalIdentity", None) or "",) if any(n in mine for n in names) else ())
     out = {}
     for n in names:
         found = {k[n] for k in map(keys, others) if n in k}
         if len(found) == 1:
             out[n] = found.pop()
-    return out
+    figures = sorted({getattr(r, "evalIdentity", None) or "" for r in others if any(n in keys(r) for n in out)})
+    return Published(out, tuple(figures))
 
 
 @dataclass(frozen=True)
@@ -548,6 +563,8 @@ def decide_canary(*, owner: Owner, spec: QuantizedModelSpec, variant: PlanVarian
     pool has adapters published that ``desired`` does not load; ``scores_key`` (a 16-bit variant)
     the quantized artifact whose report holds its base's figures."""
     kept = old if old is not None and old.configHash == chash else None
+    if facts is not None and facts.config_hash != chash:  # never a verdict or Job of another configuration
+        facts = CanaryFacts(chash, result_error="observed for another served configuration; read again next pass")
     if not canary_wanted(spec, variant, current, chash, desired["metadata"]["annotations"][ANNOTATION_SPEC_HASH]):
         return CanaryDecision(True, kept if spec.serving.canary.enabled else None)
     c = CanaryPass(owner, spec, variant, desired, chash, artifact_key,

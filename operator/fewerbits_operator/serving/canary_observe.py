@@ -12,6 +12,7 @@ At rest (every variant serving its configuration) nothing is read.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 from fewerbits_api.canary import ServingQualityResult
@@ -26,6 +27,7 @@ from fewerbits_operator.serving.canary import (
     canary_job_name,
     canary_wanted,
     config_hash,
+    Published,
     published_by_pool,
 )
 from fewerbits_operator.base.observed import ArtifactFacts, CanaryFacts, CanaryLeftovers
@@ -97,29 +99,39 @@ def _group_facts(pods: list[dict[str, Any]], size: int) -> dict[str, Any]:
     return out
 
 
-_NO_VERDICT: set[tuple[Any, ...]] = set()
+_NO_VERDICT: dict[tuple[Any, ...], float] = {}
+NO_VERDICT_SECONDS = 600.0
+"""How long the absence of a verdict is remembered for a configuration that serves (one rolled
+out before the canary existed): a verdict written since (another process's canary, the same
+configuration again after another) is read at most this much later."""
 
 
 def _judged(observer: Any, spec: Any, key: str, chash: str, creds: Any) -> CanaryFacts:
-    """The stored verdict of a configuration that serves, for what it says of the adapters
-    (remembered after one GET, its absence too: a configuration that serves gets no new verdict,
-    the canary runs only for one that does not)."""
-    absent = (spec.storage.uri, spec.storage.endpoint, key, chash)
+    """The stored verdict of a configuration that serves, for what it says of the adapters: a
+    verdict once read is remembered (``_verdict``), its absence for ``NO_VERDICT_SECONDS``."""
+    cache_key = (spec.storage.uri, spec.storage.endpoint, key, chash, getattr(creds, "access_key", None))
+    now = time.monotonic()
     with _LOCK:
-        if absent in _NO_VERDICT:
+        if cache_key in _VERDICTS:
+            return CanaryFacts(chash, result=_VERDICTS[cache_key])
+        if now - _NO_VERDICT.get(cache_key, -NO_VERDICT_SECONDS) < NO_VERDICT_SECONDS:
             return CanaryFacts(chash)
     try:
         result = _verdict(observer.store, spec.storage, key, chash, creds)
     except StorageError as e:
         return CanaryFacts(chash, result_error=str(e))
-    if result is None:
-        with _LOCK:
-            _NO_VERDICT.add(absent)
+    with _LOCK:
+        if result is None:
+            if len(_NO_VERDICT) > 10000:
+                _NO_VERDICT.clear()
+            _NO_VERDICT[cache_key] = now
+        else:
+            _NO_VERDICT.pop(cache_key, None)
     return CanaryFacts(chash, result=result)
 
 
 def _published(spec: Any, the_plan: Any, artifacts: Mapping[str, ArtifactFacts], keys: Mapping[Any, str]
-               ) -> dict[str, dict[str, str]]:
+               ) -> dict[str, Published]:
     """By pool, the adapters published for it, from the reports decide judges with (the one that
     answers the gate, else the manifest's): the same as decide.published_by_pool."""
     if not spec.adapters:
