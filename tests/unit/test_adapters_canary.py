@@ -158,6 +158,14 @@ def _world_with_adapters(canary: bool = True):
     return w
 
 
+def _as_observed(spec, the_plan, artifacts, keys):
+    """What observe (canary_observe.read_canaries) hashes: the published adapters from its facts."""
+    from fewerbits_operator.artifacts.keys import artifact_format
+
+    return K.published_by_pool(spec.adapters, the_plan.variants,
+                               lambda pv: artifacts.get(keys.get(artifact_format(pv)) or ""))
+
+
 def test_observe_and_decide_hash_the_same_published_adapters_and_the_canary_pod_loads_them_all():
     """The served configuration's hash observe reads the canary's facts under is the one decide
     judges with: both take the published adapters from the same reports."""
@@ -165,13 +173,12 @@ def test_observe_and_decide_hash_the_same_published_adapters_and_the_canary_pod_
 
     from fewerbits_operator.artifacts.keys import artifact_format
     from fewerbits_operator.core.decide import CreateDeployment, decide
-    from fewerbits_operator.serving.canary_observe import _published
     from tests.unit.test_decide import NAME, SETTINGS, adapter_key
 
     w = _world_with_adapters()
     acc, the_plan, arts = w.planned()
     keys = {a.format: a.key for a in arts}
-    seen = _published(acc.spec, the_plan, w.observed().artifacts, keys)
+    seen = _as_observed(acc.spec, the_plan, w.observed().artifacts, keys)
     (pv,) = the_plan.variants
     assert seen[pv.pool].keys == {"chat": adapter_key("chat"), "plays": adapter_key("plays")}
     key = keys[artifact_format(pv)]
@@ -189,14 +196,13 @@ def test_with_the_verdict_the_variant_rolls_out_loading_only_what_passed_the_job
     from dataclasses import replace
 
     from fewerbits_operator.core.decide import CreateDeployment, decide
-    from fewerbits_operator.serving.canary_observe import _published
     from tests.unit.test_decide import NAME, SETTINGS, _adapter_results, adapter_key
 
     w = _world_with_adapters()
     acc, the_plan, arts = w.planned()
     (pv,) = the_plan.variants
     key = next(a.key for a in arts)
-    chash = K.config_hash(acc.spec, pv, key, NAME, SETTINGS, _published(acc.spec, the_plan, w.observed().artifacts,
+    chash = K.config_hash(acc.spec, pv, key, NAME, SETTINGS, _as_observed(acc.spec, the_plan, w.observed().artifacts,
                                                                         {a.format: a.key for a in arts})[pv.pool])
     base = ServingMetric(name="perplexity", kind="perplexity", base=10, served=10.1, recoveryPercent=99,
                          minRecoveryPercent=95, passed=True, higherIsBetter=False, samples=8)

@@ -936,17 +936,6 @@ def base_scores_key(verdicts: list[ArtifactVerdict], gate: QualityGateSpec) -> s
     return None
 
 
-def published_by_pool(spec: QuantizedModelSpec, the_plan: PlanStatus,
-                      by_format: Mapping[Any, ArtifactVerdict]) -> dict[str, canary_mod.Published]:
-    """By pool: the adapters published for it (serving/canary.py), from the reports observe read
-    (canary_observe computes the same from the same facts, so both reach the same hash)."""
-    if not spec.adapters:
-        return {}
-    reports = {pv.pool: (v.quality_result or (v.manifest.quality if v.manifest else None))
-               for pv in the_plan.variants if (v := by_format.get(artifact_format(pv))) is not None}
-    return canary_mod.published_by_pool(spec.adapters, the_plan.variants, reports)
-
-
 def needs_replace(current: Mapping[str, Any], desired: Mapping[str, Any], autoscaled: bool, replicas: int) -> bool:
     """The object serves another pod spec, other replicas (the operator's, autoscaling off), or
     lacks the served configuration's hash the canary put on the desired one."""
@@ -1241,7 +1230,8 @@ def decide_serving(obs: Observed, acc: Acceptance, the_plan: PlanStatus, verdict
     spec = acc.spec
     assert spec is not None
     by_format = {v.planned.format: v for v in verdicts}  # by artifact_format(variant)
-    published = published_by_pool(spec, the_plan, by_format)
+    published = canary_mod.published_by_pool(spec.adapters, the_plan.variants,
+                                             lambda pv: by_format.get(artifact_format(pv)))
     scores = base_scores_key(verdicts, acc.effective.gate())
     workloads = [variant_workload(obs, acc, pv, by_format[artifact_format(pv)], settings,
                                   served_on(status.adapters, pv.pool), published.get(pv.pool), scores)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from fewerbits_api.canary import CANARY_CONTRACT_ENV, CanaryContract, ServingQualityResult, serving_config_hash
 from fewerbits_api.conditions import Reason
@@ -129,11 +129,19 @@ def config_hash(spec: QuantizedModelSpec, variant: PlanVariant, artifact_key: st
     return serving_config_hash(serving_config(spec, variant, artifact_key, model, settings, adapters))
 
 
-def published_by_pool(adapters: list[Any], variants: list[PlanVariant], reports: Mapping[str, Any]
+def published_by_pool(adapters: list[Any], variants: list[PlanVariant], artifact_of: Callable[[PlanVariant], Any]
                       ) -> dict[str, Published]:
     """By pool: ``published_adapters`` for each variant that plans LoRA buffers for them (a pool
-    served as-is from a quantized source loads none), from its base's quality report (``reports``
-    by pool: the report that answers the gate, else the manifest's)."""
+    served as-is from a quantized source loads none), from its base's quality report: the one
+    that answers the gate, else the manifest's, of ``artifact_of(variant)`` (observe's
+    ``ArtifactFacts`` or decide's ``ArtifactVerdict``: both carry ``quality_result`` and
+    ``manifest``). observe and decide both call this, so both reach the same hash."""
+    if not adapters:
+        return {}
+    reports = {}
+    for pv in variants:
+        if (a := artifact_of(pv)) is not None:
+            reports[pv.pool] = a.quality_result or (a.manifest.quality if a.manifest else None)
     out: dict[str, Published] = {}
     for pv in variants:
         names = [a.name for a in adapters if pv.lora is not None and a.name in pv.lora.adapters and not pv.servedAsIs]

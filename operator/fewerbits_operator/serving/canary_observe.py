@@ -27,7 +27,6 @@ from fewerbits_operator.serving.canary import (
     canary_job_name,
     canary_wanted,
     config_hash,
-    Published,
     published_by_pool,
 )
 from fewerbits_operator.base.observed import ArtifactFacts, CanaryFacts, CanaryLeftovers
@@ -130,20 +129,6 @@ def _judged(observer: Any, spec: Any, key: str, chash: str, creds: Any) -> Canar
     return CanaryFacts(chash, result=result)
 
 
-def _published(spec: Any, the_plan: Any, artifacts: Mapping[str, ArtifactFacts], keys: Mapping[Any, str]
-               ) -> dict[str, Published]:
-    """By pool, the adapters published for it, from the reports decide judges with (the one that
-    answers the gate, else the manifest's): the same as decide.published_by_pool."""
-    if not spec.adapters:
-        return {}
-    reports = {}
-    for pv in the_plan.variants:
-        f = artifacts.get(keys.get(artifact_format(pv)) or "")
-        if f is not None:
-            reports[pv.pool] = f.quality_result or (f.manifest.quality if f.manifest else None)
-    return published_by_pool(spec.adapters, the_plan.variants, reports)
-
-
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
                   deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
                   planned: Sequence[PlannedArtifact] | None = None) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
@@ -164,7 +149,8 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         planned = planned_artifacts(spec, the_plan, data_pin)
     keys = {p.format: p.key for p in planned or ()} \
         if spec.serving.canary.enabled else {}
-    published = _published(spec, the_plan, artifacts, keys)
+    published = published_by_pool(spec.adapters, the_plan.variants,
+                                  lambda pv: artifacts.get(keys.get(artifact_format(pv)) or ""))
     for pv in the_plan.variants if spec.serving.canary.enabled else ():
         planned_key = keys.get(artifact_format(pv))
         facts = artifacts.get(planned_key) if planned_key else None
