@@ -442,9 +442,10 @@ class ServingSpec(ApiModel):
     """How requests reach the variants. `service` (the default): the model's Service, which
     spreads requests evenly over every pod. `inferencePool`: also an InferencePool
     (inference.networking.k8s.io/v1, Gateway API Inference Extension) whose endpoint picker sends
-    each request to the pod with the most free KV cache and the shortest queue, so a slow pool
-    gets less traffic; needs that CRD in the cluster and a gateway that implements it. The
-    Service stays either way."""
+    each request to the pod with the most free KV cache, the shortest queue and the longest
+    cached prefix of its prompt, so a slow pool gets less traffic and requests that share a prompt
+    prefix reach the pod that holds it; needs that CRD in the cluster and a gateway that
+    implements it. The Service stays either way."""
 
     gateway: GatewayRef | None = None
     """A Gateway to reach the model through: the operator keeps an HTTPRoute

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes import client
 
-from e2e.addons.epp import PICKER_ROLE
+from e2e.addons.epp import PICKER_ROLE, install_crds
 from e2e.demo import ARTIFACT_BUCKET
 
 from e2e.tests.test_harness import wait_for
@@ -115,6 +115,7 @@ def test_inference_pool_routing_follows_kv_and_queue(request, cluster, gpu_pool,
 
     # 2. The CRD installed (the add-on starts here): the operator notices and creates the pool.
     gateway = request.getfixturevalue("inference_gateway")
+    install_crds(cluster)  # the session's add-on may predate step 1's deletion (another test started it)
     models.wait_condition(namespace, "routed", "Deployed", timeout=60)
     pool = custom.get_namespaced_custom_object(IP_GROUP, "v1", namespace, "inferencepools", "routed")
     assert pool["spec"]["selector"]["matchLabels"] == {"fewerbits.io/model": "routed",

@@ -273,3 +273,18 @@ def test_the_published_route_uses_the_pool_only_when_it_is_the_models():
     theirs["metadata"]["ownerReferences"] = [{"uid": "someone-else"}]
     assert published(gateway_world(), RoutingFacts(True, theirs)).inferencePool is False  # not its pool
     assert published(gateway_world(), RoutingFacts(True, None)).inferencePool is True  # being created
+
+
+def test_the_scoring_profile_routes_by_prompt_prefix_and_load():
+    import yaml
+    config = yaml.safe_load(epp.SCORING_CONFIG)
+    declared = [p["type"] for p in config["plugins"]]
+    (profile,) = config["schedulingProfiles"]
+    refs = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}
+    # Every declared plugin is used by the profile (the handler is the profile's own), none twice.
+    assert set(refs) == set(declared) - {"single-profile-handler"} and len(declared) == len(set(declared))
+    # Prefix-cache-aware routing on by default, weighed like load (the extension chart's profile).
+    assert refs["prefix-cache-scorer"] == refs["queue-scorer"] == refs["kv-cache-utilization-scorer"] == 1
+    assert refs["max-score-picker"] is None
+    # The even spread stays free of any scorer, prefix included.
+    assert "prefix" not in epp.ROUND_ROBIN_CONFIG

@@ -52,6 +52,7 @@ kind: EndpointPickerConfig
 plugins:
 - type: queue-scorer
 - type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
 - type: max-score-picker
 - type: single-profile-handler
 schedulingProfiles:
@@ -61,9 +62,16 @@ schedulingProfiles:
     weight: 1
   - pluginRef: kv-cache-utilization-scorer
     weight: 1
+  - pluginRef: prefix-cache-scorer
+    weight: 1
   - pluginRef: max-score-picker
 """
-"""Free KV cache and a short queue, equal weights, the best pod wins (ties at random)."""
+"""Free KV cache, a short queue and the longest cached prompt prefix, equal weights (the extension's
+``inferencepool`` chart's default profile), the best pod wins (ties at random). The prefix scorer
+remembers which pod each prompt's blocks went to (blocks of vLLM's ``block_size`` x 4 characters,
+read from ``vllm:cache_config_info``) and rates a pod by the share of the prompt's leading blocks it
+was sent before: requests sharing a system prompt or a conversation's history reach the pod that
+holds its KV cache (docs/routing.md, with the figures of tests/integration/test_prefix_routing.py)."""
 
 ROUND_ROBIN_CONFIG = """\
 apiVersion: inference.networking.x-k8s.io/v1alpha1
