@@ -10,12 +10,12 @@ from fewerbits_operator.autoscaler.capacity import (
     PoolEconomics,
     VariantState,
     economics_from_plan,
-    parse_cost_weights,
     prefer_cheapest,
     rebalance,
     state_of,
 )
 from fewerbits_operator.autoscaler.metrics import PodSample
+from fewerbits_operator.base.settings import parse_cost_weights
 
 # H100: 10 units per replica for cost 1 (0.1/unit); L4: 1 unit for 0.27 (0.27/unit).
 ECON = {"h100": PoolEconomics(10.0, 1.0), "l4": PoolEconomics(1.0, 0.27)}

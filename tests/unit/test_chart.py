@@ -545,7 +545,7 @@ def test_gpu_cost_weights_and_the_pickers_role_reach_the_operator(helm: list[str
     text = template_text(helm, [], extra=("--set-json", 'config.autoscaler.gpuCostWeights={"NVIDIA-L4": 0.27, '
                                                          '"NVIDIA-A100-SXM4-80GB": 0.6}'))
     env = env_of(operator_deployment([d for d in yaml.safe_load_all(text) if d]))
-    from fewerbits_operator.autoscaler.capacity import parse_cost_weights
+    from fewerbits_operator.base.settings import parse_cost_weights
     assert parse_cost_weights(env["FEWERBITS_GPU_COST_WEIGHTS"]) == {"NVIDIA-L4": 0.27, "NVIDIA-A100-SXM4-80GB": 0.6}
     assert env["FEWERBITS_EPP_CLUSTER_ROLE"] == "fb-fewerbits-epp"
 

@@ -105,24 +105,6 @@ def economics_from_plan(plan_variants: Sequence[Mapping], cost_weights: Mapping[
     return out
 
 
-def parse_cost_weights(text: str) -> dict[str, float]:
-    """``"NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.25"`` -> weights; a bad entry raises ValueError
-    naming it (the operator refuses to start with a setting it cannot read)."""
-    out: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        key, sep, value = part.partition("=")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = float("nan")
-        if not sep or not key.strip() or not (weight > 0 and math.isfinite(weight)):
-            raise ValueError(f"GPU cost weight {part!r}: expected PRODUCT=positive number")
-        out[key.strip()] = weight
-    return out
-
-
 def prefer_cheapest(states: Sequence[VariantState], economics: Mapping[str, PoolEconomics]) -> list[Choice]:
     """The desired replicas of each variant with the model's extra capacity placed on the pools
     with the lowest cost per token, and removed from the highest first (module docstring).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from functools import lru_cache
@@ -13,6 +14,24 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from fewerbits_api.artifact import QUANTJOB_TOOL_VERSIONS
 
 from fewerbits_operator import __version__
+
+
+def parse_cost_weights(text: str) -> dict[str, float]:
+    """``"NVIDIA-H100-80GB-HBM3=1.0,NVIDIA-L4=0.25"`` -> weights; a bad entry raises ValueError
+    naming it (the operator refuses to start with a setting it cannot read)."""
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not sep or not key.strip() or not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"GPU cost weight {part!r}: expected PRODUCT=positive number")
+        out[key.strip()] = weight
+    return out
 
 
 class OperatorSettings(BaseSettings):
@@ -199,7 +218,6 @@ class OperatorSettings(BaseSettings):
 
     @property
     def cost_weights(self) -> dict[str, float]:
-        from fewerbits_operator.autoscaler.capacity import parse_cost_weights
         return parse_cost_weights(self.gpu_cost_weights)
 
     @model_validator(mode="after")
