@@ -48,15 +48,6 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("serving.canary", "core.decide", "the canary sits below decide; decide composes it"),
 )
 
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"planner.rules", "planner.multinode"}):
-        "planner/ (another owner this wave): multinode.fit_across_nodes reads rules' estimates; "
-        "the shared estimates belong in a module below both",
-}
-"""Cycles outside this refactor's files, named so they are not silent; the test fails once one
-is gone (shrink this list) or a new one appears."""
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -167,17 +158,14 @@ def test_every_module_is_in_a_layer():
 
 def test_no_import_cycle_even_through_function_local_imports():
     edges = {m: top | local for m, (top, local) in GRAPH.items()}
-    cycles = set(strongly_connected(edges))
-    assert cycles - set(KNOWN_CYCLES) == set(), "an import cycle (a function-local import counts)"
-    assert set(KNOWN_CYCLES) - cycles == set(), "a known cycle is gone: remove it from KNOWN_CYCLES"
+    assert strongly_connected(edges) == [], "an import cycle (a function-local import counts)"
 
 
 def test_no_module_imports_a_layer_above_its_own():
     rank = {m: i for i, (_, mods) in enumerate(LAYERS) for m in mods}
     up = [f"{m} ({LAYERS[rank[m]][0]}) imports {t} ({LAYERS[rank[t]][0]})"
           for m, (top, local) in GRAPH.items() for t in top | local
-          if m in rank and t in rank and rank[t] < rank[m]
-          and not (t in local and any(m in c for c in KNOWN_CYCLES))]  # the known cycles' local imports
+          if m in rank and t in rank and rank[t] < rank[m]]  # a function-local import included
     assert up == []
 
 

@@ -34,11 +34,13 @@ import math
 from typing import TYPE_CHECKING
 
 from fewerbits_api.formats import QuantFormat
+from fewerbits_operator.planner import estimates as est
 from fewerbits_operator.planner.lora import lora_bytes_per_gpu
 
 if TYPE_CHECKING:  # pragma: no cover
     from fewerbits_operator.planner.catalog import GPUPool
-    from fewerbits_operator.planner.rules import Fit, PlanRequest
+    from fewerbits_operator.planner.estimates import Fit
+    from fewerbits_operator.planner.rules import PlanRequest
     from fewerbits_operator.planner.shape import ModelShape
 
 MAX_NODES_PER_REPLICA = 64
@@ -65,30 +67,28 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
                      target_len: int | None, request: PlanRequest) -> Fit:
     """The fewest nodes (2 up to the pool's) on which ``fmt`` fits with tensor parallelism inside
     each node, or a Fit with ``tp=None`` whose reason carries the numbers across the pool."""
-    from fewerbits_operator.planner import rules as r
-
-    weights = r.estimate_weights(shape, fmt, request.ignore)
+    weights = est.estimate_weights(shape, fmt, request.ignore)
     fmt_name = "16 bits (format none)" if fmt is QuantFormat.NONE else fmt.value
     mem = pool.memory_mib * 1024**2
     util = request.gpu_memory_utilization
     conc = request.min_concurrent_sequences
     limit = shape.max_model_len
-    need_len = target_len if target_len is not None else min(limit, r.DEFAULT_MIN_MODEL_LEN)
+    need_len = target_len if target_len is not None else min(limit, est.DEFAULT_MIN_MODEL_LEN)
     max_nodes = min(pool.node_count, MAX_NODES_PER_REPLICA, shape.num_layers)
     if max_nodes < 2:
-        return r.Fit(fmt, None, weights, reason=(
-            f"needs {r._gib(weights.total_bytes)} for weights at {fmt_name}, more than one node holds, and the pool "
+        return est.Fit(fmt, None, weights, reason=(
+            f"needs {est._gib(weights.total_bytes)} for weights at {fmt_name}, more than one node holds, and the pool "
             f"has {pool.node_count} node{'s' if pool.node_count != 1 else ''}: add nodes to span a replica across "
             "several (LeaderWorkerSet), use a format with fewer bits, or a pool with more GPU memory per node"),
-            summary=f"{r._gib(weights.total_bytes)} of weights")
-    tps = [tp for tp in reversed(r.tp_candidates(pool, None)) if not r._tp_blocker(shape, fmt, tp)]
+            summary=f"{est._gib(weights.total_bytes)} of weights")
+    tps = [tp for tp in reversed(est.tp_candidates(pool, None)) if not est._tp_blocker(shape, fmt, tp)]
     if not tps:
-        return r.Fit(fmt, None, weights, reason=f"at {fmt_name} no tensor-parallel size up to {pool.gpus_per_node} "
+        return est.Fit(fmt, None, weights, reason=f"at {fmt_name} no tensor-parallel size up to {pool.gpus_per_node} "
                      "splits this model", summary="no tensor-parallel size")
     tp = tps[0]
     cap = request.max_gpus_per_replica
-    kvb, in_flight = r._kv_bytes(kv_dtype), r.in_flight_tokens(pool)
-    usable = mem * util - r.runtime_reserve_bytes(mem, tp)
+    kvb, in_flight = est._kv_bytes(kv_dtype), est.in_flight_tokens(pool)
+    usable = mem * util - est.runtime_reserve_bytes(mem, tp)
     last_free = -math.inf
     for nodes in range(2, max_nodes + 1):
         if cap is not None and tp * nodes > cap:
@@ -106,10 +106,10 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
         if conc * seq_bytes(need_len) > free:
             continue
         if target_len is not None:
-            return r.Fit(fmt, tp, weights, r._tokens_held(free, target_len, seq_bytes(target_len)), target_len,
+            return est.Fit(fmt, tp, weights, est._tokens_held(free, target_len, seq_bytes(target_len)), target_len,
                          nodes=nodes)
-        length, lowered = r.longest_length(conc, seq_bytes, free, need_len, limit)
-        return r.Fit(fmt, tp, weights, r._tokens_held(free, length, seq_bytes(length)), length,
+        length, lowered = est.longest_length(conc, seq_bytes, free, need_len, limit)
+        return est.Fit(fmt, tp, weights, est._tokens_held(free, length, seq_bytes(length)), length,
                      lowered_len_from=lowered, nodes=nodes)
     # Nothing fits: say what the whole pool (or the policy's cap) offers against what is needed.
     nodes = max_nodes if cap is None else max(1, min(max_nodes, cap // tp))
@@ -118,18 +118,18 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
     capped = f", capped at {cap} GPUs per replica by the policy's maxGPUsPerReplica" if cap is not None and cap // tp < max_nodes else ""
     if last_free <= 0:
         reason = (
-            f"needs {r._gib(weights.total_bytes)} for weights at {fmt_name}; even across {nodes} nodes of the pool "
+            f"needs {est._gib(weights.total_bytes)} for weights at {fmt_name}; even across {nodes} nodes of the pool "
             f"({nodes} × {tp} × {pool.memory_gib:.1f} GiB GPUs{capped}) the biggest pipeline stage needs "
-            f"{r._gib(stage_weight_bytes_per_gpu(shape, weights.total_bytes, tp, nodes))} per GPU of "
-            f"{r._gib(per_gpu)} usable ({r._gib(total_usable)} usable in all); add nodes, use a format with fewer "
+            f"{est._gib(stage_weight_bytes_per_gpu(shape, weights.total_bytes, tp, nodes))} per GPU of "
+            f"{est._gib(per_gpu)} usable ({est._gib(total_usable)} usable in all); add nodes, use a format with fewer "
             "bits, or a smaller model")
-        return r.Fit(fmt, None, weights, reason=reason, summary=f"{r._gib(weights.total_bytes)} of weights")
+        return est.Fit(fmt, None, weights, reason=reason, summary=f"{est._gib(weights.total_bytes)} of weights")
     seq = shape.kv_bytes_per_sequence_per_gpu(tp, kvb, need_len, in_flight) * _stage_share(shape, nodes)
-    held = r._tokens_held(last_free, need_len, seq)
+    held = est._tokens_held(last_free, need_len, seq)
     reason = (
         f"at {fmt_name} across {nodes} nodes ({tp} GPUs each{capped}) the weights fit but the "
-        f"{'FP8' if kv_dtype == 'fp8' else '16-bit'} KV cache holds only {r._tokens(held)} tokens, fewer than "
-        f"{conc} sequences × {r._tokens(need_len)} tokens; lower serving.maxModelLen or minConcurrentSequences, "
+        f"{'FP8' if kv_dtype == 'fp8' else '16-bit'} KV cache holds only {est._tokens(held)} tokens, fewer than "
+        f"{conc} sequences × {est._tokens(need_len)} tokens; lower serving.maxModelLen or minConcurrentSequences, "
         "or add nodes")
-    return r.Fit(fmt, None, weights, reason=reason,
-                 summary=f"its KV cache would hold {r._tokens(held)} tokens across {nodes} nodes")
+    return est.Fit(fmt, None, weights, reason=reason,
+                 summary=f"its KV cache would hold {est._tokens(held)} tokens across {nodes} nodes")
