@@ -379,3 +379,65 @@ def test_property_scale_up_step_is_bounded(spec, o):
     if cur >= lo and d.desired > cur:
         tu = Tuning()
         assert d.desired <= max(math.ceil(cur * tu.max_scale_up_factor), cur + tu.max_scale_up_add)
+
+
+# ------------------------------------------------------------------ rule 2c: the prefill-token rate (tried, off)
+
+PREFILL = Tuning(prefill_rule=True)
+
+
+def prompt_pods(kv: float, n: int, total: float, waiting: float = 0.0, running: float = 10.0) -> list[PodSample]:
+    return [PodSample(f"p{i}", kv, waiting, running, prompt_tokens_total=total) for i in range(n)]
+
+
+def test_prefill_rule_is_off_by_default():
+    h = decide(SPEC, None, obs(2, prompt_pods(0.3, 2, 0.0)), History(), 0).history
+    assert h.prompt_totals == () and h.prefill_capacity is None
+    d = decide(SPEC, None, obs(2, prompt_pods(0.3, 2, 15 * 25_000)), h, 15)
+    assert "prefill" not in d.figures and "prefill" not in d.reason
+
+
+def test_prefill_rule_learns_the_capacity_when_requests_queue_with_kv_under_target():
+    # 2 pods at KV 0.3 with 20 waiting each, prefilling 25k tokens/s each: prefill-bound.
+    h = decide(SPEC, None, obs(2, prompt_pods(0.3, 2, 0.0, waiting=20)), History(), 0, PREFILL).history
+    d = decide(SPEC, None, obs(2, prompt_pods(0.3, 2, 15 * 25_000, waiting=20)), h, 15, PREFILL)
+    assert d.history.prefill_capacity == pytest.approx(25_000)
+    # at capacity: 2 x 1/0.7 = 2.86 replicas of prefill demand
+    assert d.figures["prefill_demand"] == pytest.approx(2 / 0.7)
+    # A chat-bound queue (KV over target) teaches nothing: KV explains it.
+    h = decide(SPEC, None, obs(2, prompt_pods(0.95, 2, 0.0, waiting=20)), History(), 0, PREFILL).history
+    d = decide(SPEC, None, obs(2, prompt_pods(0.95, 2, 15 * 11_000, waiting=20)), h, 15, PREFILL)
+    assert d.history.prefill_capacity is None and "prefill_demand" not in d.figures
+
+
+def test_prefill_rule_holds_a_scale_down_that_kv_usage_would_make():
+    spec = SPEC.model_copy(update={"scaleDownDelaySeconds": 0})
+    known = Tuning(prefill_rule=True, prefill_capacity=25_000, saturation_memory_seconds=0)
+    # 4 pods at KV 0.2 (KV alone wants ceil(4 x 0.2 / 0.7) = 2), each prefilling 17.5k tokens/s: 0.7 of
+    # capacity, so the prefill rule wants the 4 (within tolerance: hold).
+    h = decide(spec, None, obs(4, prompt_pods(0.2, 4, 0.0)), History(), 0, known).history
+    d = decide(spec, None, obs(4, prompt_pods(0.2, 4, 15 * 17_500)), h, 15, known)
+    assert d.kv_wants == 2 and d.desired == 4 and "prefill 17500 tokens/s/pod" in d.reason
+    # Without the rule, KV usage scales it in.
+    h = decide(spec, None, obs(4, prompt_pods(0.2, 4, 0.0)), History(), 0).history
+    assert decide(spec, None, obs(4, prompt_pods(0.2, 4, 15 * 17_500)), h, 15).desired == 2
+
+
+def test_prefill_rule_scales_up_on_the_prompt_rate_before_requests_queue():
+    known = Tuning(prefill_rule=True, prefill_capacity=25_000)
+    h = decide(SPEC, None, obs(3, prompt_pods(0.3, 3, 0.0)), History(), 0, known).history
+    d = decide(SPEC, None, obs(3, prompt_pods(0.3, 3, 15 * 24_000)), h, 15, known)
+    # 3 x 24k / (25k x 0.7) = 4.11 -> 5, with no request waiting and KV at 0.3
+    assert d.queue_wants is None and d.desired == 5 and d.direction == "up"
+
+
+def test_prefill_rate_leaves_out_new_pods_and_counters_that_went_back():
+    known = Tuning(prefill_rule=True, prefill_capacity=25_000)
+    h = decide(SPEC, None, obs(2, [PodSample("a", 0.3, 0, 10, prompt_tokens_total=1e6),
+                                   PodSample("b", 0.3, 0, 10, prompt_tokens_total=5e5)]), History(), 0, known).history
+    samples = [PodSample("a", 0.3, 0, 10, prompt_tokens_total=1e6 + 15 * 10_000),
+               PodSample("b", 0.3, 0, 10, prompt_tokens_total=1_000.0),  # restarted: left out
+               PodSample("c", 0.3, 0, 10, prompt_tokens_total=9e9)]      # new: no earlier value
+    d = decide(SPEC, None, obs(3, samples), h, 15, known)
+    # the rate of pod a stands for every ready pod: 3 x 10k / 17.5k = 1.71
+    assert d.figures["prefill_demand"] == pytest.approx(3 * 10_000 / 17_500)

@@ -314,3 +314,22 @@ def test_foresight_step_off_keeps_the_reactive_decision_but_publishes_the_foreca
         assert a.forecast == b.forecast  # the same forecast either way
         acted += a.decision is not r
     assert acted > 0  # on, the rule did change decisions on this history
+
+
+def test_demand_includes_the_prefill_rules_demand_when_it_runs():
+    from fewerbits_operator.autoscaler.algorithm import History, Observation, Tuning, decide
+    from fewerbits_operator.autoscaler.forecast import demand_of
+    from fewerbits_operator.autoscaler.metrics import PodSample
+
+    spec = AutoscalingSpec(minReplicas=1, maxReplicas=10, targetKVCacheUsage=0.7, maxWaitingRequests=5,
+                           scaleDownDelaySeconds=300)
+    known = Tuning(prefill_rule=True, prefill_capacity=25_000)
+
+    def pods(total: float) -> tuple[PodSample, ...]:
+        return tuple(PodSample(f"p{i}", 0.2, 0, 10, prompt_tokens_total=total) for i in range(2))
+
+    h = decide(spec, None, Observation(2, pods(0.0)), History(), 0, known).history
+    d = decide(spec, None, Observation(2, pods(15 * 20_000)), h, 15, known)
+    assert demand_of(d, spec) == pytest.approx(2 * 20_000 / 17_500)  # over KV's 2 x 0.2 / 0.7
+    d = decide(spec, None, Observation(2, pods(15 * 20_000)), h, 15)
+    assert demand_of(d, spec) == pytest.approx(2 * 0.2 / 0.7)

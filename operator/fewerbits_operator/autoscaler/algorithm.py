@@ -20,6 +20,13 @@ Rules (each answers a known failure of an existing LLM autoscaler):
    remembered (30 min) as what a pod can run under the present mix; a scale-down never goes
    below ``ceil(running total / (that x 0.9))``. KV usage understates prefill-bound load, and
    without this a KV-driven scale-down returned to the count that queued every ~7 minutes.
+2c. **Prefill-token rate** (issue 45; tried, OFF: ``Tuning.prefill_rule``, and the scrape does not
+   read the counter). ``vllm:prompt_tokens_total``'s rate per pod between two passes against
+   what a pod prefills at most (learned when requests queue with KV usage under target, or
+   ``Tuning.prefill_capacity``): ``prefill_wants = ceil(ready x rate / (capacity x target))``,
+   with the KV rule's tolerance; it joins the larger-of and the forecast's demand. In the bench it
+   cut saturated minutes by up to 35 on some traces but raised them on another and the GPU-hours
+   ratio on several, so it failed the keep rule (docs/autoscaling.md, issue 45).
 3. **Pods still starting count as capacity**: the wants are compared with the Deployment's
    current replicas (the scale subresource's spec, starting pods included), not with ready pods,
    so a scale-up in flight is not repeated every sync while its pods start.
@@ -71,6 +78,10 @@ class Tuning:
     queue_drain_horizon_seconds: float = 120.0
     """The queue rule holds while the queue shrinks fast enough to be gone within this (a new pod
     would start too late to help)."""
+    prefill_rule: bool = False
+    """Rule 2c (the prefill-token rate) on."""
+    prefill_capacity: float | None = None
+    """Prompt tokens/s one pod prefills at most, when known; None: learned (rule 2c)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,11 @@ class History:
     saturated_running: tuple[float, float] | None = None
     """(time, running requests per pod) when the queue rule last fired: what a pod runs at most
     under the present mix of requests."""
+    prompt_totals: tuple[tuple[str, float], ...] = ()
+    """(pod, ``vllm:prompt_tokens_total``) at the previous observation (rule 2c's rate)."""
+    prefill_capacity: float | None = None
+    """Prompt tokens/s per pod when requests last queued with KV usage under target: what a pod
+    prefills at most (rule 2c; a property of the pod's GPU and model, not of the mix)."""
 
 
 @dataclass(frozen=True)
@@ -151,13 +167,14 @@ def bounds(spec: AutoscalingSpec, policy_max: int | None) -> tuple[int, int]:
 
 
 def _record(history: History, now: float, rec: int, window: float, ready: int, waiting: float | None,
-            saturated: tuple[float, float] | None) -> History:
+            saturated: tuple[float, float] | None, prompt_totals: tuple[tuple[str, float], ...] = (),
+            prefill_capacity: float | None = None) -> History:
     since = history.since
     if since is None or not history.entries or history.entries[-1][0] < now - window:
         since = now  # first observation, or a gap longer than the window: the wait starts again
     kept = [(t, r) for t, r in history.entries if t >= now - window and r > rec]
     kept.append((now, rec))
-    return History(tuple(kept), since, ready, waiting, now, saturated)
+    return History(tuple(kept), since, ready, waiting, now, saturated, prompt_totals, prefill_capacity)
 
 
 def _drain_eta(history: History, waiting: float, now: float) -> float | None:
@@ -180,6 +197,10 @@ class _Demand:
     """The larger of the two rules, after the concurrency floor."""
     saturated: tuple[float, float] | None = None
     """(when, running per pod) the last time requests queued (History.saturated_running)."""
+    prefill_wants: int | None = None
+    prefill_demand: float | None = None
+    """Rule 2c: replicas the prompt-token rate asks for (rounded, with the tolerance) and unrounded."""
+    prefill_capacity: float | None = None
 
 
 def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, history: History, now: float,
@@ -189,15 +210,20 @@ def decide(spec: AutoscalingSpec, policy_max: int | None, obs: Observation, hist
     cur = obs.current_replicas
     delay = float(spec.scaleDownDelaySeconds)
     notes: list[str] = []
-    dem = _demand(spec, obs, history, now, tuning, notes) if obs.samples else _Demand(saturated=history.saturated_running)
+    dem = _demand(spec, obs, history, now, tuning, notes) if obs.samples else \
+        _Demand(saturated=history.saturated_running, prefill_capacity=history.prefill_capacity)
     missing = _missing_data(obs, notes)
     # What this instant asks for, as remembered for the scale-down window: never below the
     # current count when data is missing (rule 6).
     rec = cur if dem.raw is None else (dem.raw if obs.complete else max(dem.raw, cur))
     rec = min(max(rec, lo), hi)
+    totals = tuple((s.pod, s.prompt_tokens_total) for s in obs.samples if s.prompt_tokens_total is not None)
     new_history = _record(history, now, rec, delay, obs.ready,
-                          None if dem.avg_wait is None else dem.avg_wait * obs.ready, dem.saturated)
+                          None if dem.avg_wait is None else dem.avg_wait * obs.ready, dem.saturated,
+                          totals if tuning.prefill_rule else (), dem.prefill_capacity)
     figures = {"ready": float(obs.ready), "reporting": float(len(obs.samples)), "current": float(cur)}
+    if dem.prefill_demand is not None:
+        figures["prefill_demand"] = dem.prefill_demand
 
     def done(desired: int, direction: str | None, why: str) -> Decision:
         text = why + ("; " + "; ".join(notes) if notes else "")
@@ -248,6 +274,13 @@ def _demand(spec: AutoscalingSpec, obs: Observation, history: History, now: floa
     queue_wants = _queue_rule(spec, obs, history, now, tuning, avg_wait, avg_run, notes)
     saturated = (now, avg_run) if queue_wants is not None and running else history.saturated_running
     raw = max(kv_wants, queue_wants or 0)
+    prefill_wants = prefill_demand = None
+    capacity = history.prefill_capacity
+    if tuning.prefill_rule:
+        prefill_wants, prefill_demand, capacity = _prefill_rule(spec, obs, history, now, tuning, avg_kv, avg_wait,
+                                                                notes)
+        if prefill_wants is not None:
+            raw = max(raw, prefill_wants)
     if saturated is not None and now - saturated[0] <= tuning.saturation_memory_seconds and running \
             and saturated[1] > EPS and raw < cur:
         # KV usage understates prefill-bound load: do not go below the count at which the
@@ -257,7 +290,47 @@ def _demand(spec: AutoscalingSpec, obs: Observation, history: History, now: floa
             raw = min(cur, conc_floor)
             notes.append(f"running {avg_run:.1f}/pod; requests queued at {saturated[1]:.1f}/pod "
                          f"{now - saturated[0]:.0f}s ago: keeps at least {raw}")
-    return _Demand(avg_kv, avg_wait, kv_wants, queue_wants, raw, saturated)
+    return _Demand(avg_kv, avg_wait, kv_wants, queue_wants, raw, saturated, prefill_wants, prefill_demand, capacity)
+
+
+def _prompt_rate(obs: Observation, history: History, now: float) -> float | None:
+    """Prompt tokens/s per reporting pod since the previous observation, over the pods that
+    reported ``vllm:prompt_tokens_total`` both times (a counter that went back, a restarted pod,
+    is left out); None without such a pod."""
+    if history.at is None or now <= history.at or not history.prompt_totals:
+        return None
+    before = dict(history.prompt_totals)
+    deltas = [s.prompt_tokens_total - before[s.pod] for s in obs.samples
+              if s.prompt_tokens_total is not None and s.pod in before and s.prompt_tokens_total >= before[s.pod]]
+    if not deltas:
+        return None
+    return sum(deltas) / len(deltas) / (now - history.at)
+
+
+def _prefill_rule(spec: AutoscalingSpec, obs: Observation, history: History, now: float, tuning: Tuning,
+                  avg_kv: float, avg_wait: float, notes: list[str]) -> tuple[int | None, float | None, float | None]:
+    """Rule 2c: (replicas the prompt-token rate asks for, the same unrounded, the per-pod prefill
+    capacity known after this observation)."""
+    rate = _prompt_rate(obs, history, now)
+    capacity = tuning.prefill_capacity or history.prefill_capacity
+    if rate is None:
+        return None, None, capacity
+    target = spec.targetKVCacheUsage
+    if tuning.prefill_capacity is None and avg_wait > spec.maxWaitingRequests + EPS \
+            and avg_kv < target * (1 - tuning.tolerance):
+        # Requests queue while the KV cache has room: the pods are bound by prefill, and what
+        # they prefill now is what a pod prefills at most.
+        capacity = max(capacity or 0.0, rate)
+    if not capacity:
+        return None, None, capacity
+    ratio = rate / (capacity * target)
+    demand = obs.ready * ratio
+    if abs(ratio - 1.0) <= tuning.tolerance + EPS:
+        wants = obs.current_replicas
+    else:
+        wants = math.ceil(demand - EPS)
+    notes.append(f"prefill {rate:.0f} tokens/s/pod of {capacity:.0f} at most wants {wants}")
+    return wants, demand, capacity
 
 
 def _queue_rule(spec: AutoscalingSpec, obs: Observation, history: History, now: float, tuning: Tuning,

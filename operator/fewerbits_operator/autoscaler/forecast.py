@@ -359,7 +359,8 @@ def demand_of(d: Decision, spec: AutoscalingSpec) -> float | None:
     if d.avg_kv is None:
         return None
     ready = d.figures.get("ready", 0.0)
-    return max(ready * d.avg_kv / spec.targetKVCacheUsage, float(d.queue_wants or 0))
+    return max(ready * d.avg_kv / spec.targetKVCacheUsage, float(d.queue_wants or 0),
+               d.figures.get("prefill_demand", 0.0))
 
 
 def foresee(d: Decision, fc: Forecast | None, spec: AutoscalingSpec, policy_max: int | None,

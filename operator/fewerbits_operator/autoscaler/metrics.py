@@ -47,6 +47,10 @@ class PodSample:
     """Cumulative preemptions (summed); None when not reported."""
     kv_metric: str = KV_USAGE
     """Which KV metric name the pod reported (the old name means vLLM < 0.10)."""
+    prompt_tokens_total: float | None = None
+    """Cumulative prompt (prefill) tokens processed (``vllm:prompt_tokens_total``, summed); None when
+    not read. The scrape does not read it today: only the bench feeds it, for rule 2c of
+    ``algorithm`` (tried, off), which takes its rate between two passes."""
 
 
 @dataclass(frozen=True)
