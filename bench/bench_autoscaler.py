@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", d) for d in ("operator", "crds")]
 
 from fewerbits_api.quantizedmodel import AutoscalingSpec  # noqa: E402
-from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, bounds, decide  # noqa: E402
+from fewerbits_operator.autoscaler.algorithm import Decision, History, Observation, Tuning, bounds, decide  # noqa: E402
 from fewerbits_operator.autoscaler.capacity import PoolEconomics, rebalance  # noqa: E402
 from fewerbits_operator.autoscaler.forecast import Forecaster, ForecastTuning, foresight_step  # noqa: E402
 from fewerbits_operator.autoscaler.metrics import PodSample  # noqa: E402
@@ -196,6 +196,10 @@ class Variant:
     backlog: list[float] = field(default_factory=lambda: [0.0, 0.0])
     inflight: list[float] = field(default_factory=lambda: [0.0, 0.0])
     pool: PoolSpec = H100
+    prompt_per_pod: float = 0.0
+    """``vllm:prompt_tokens_total`` of every ready pod (the Service spreads load evenly): the
+    prompt tokens served per ready pod, summed over the steps. A pod that becomes ready shows it
+    too: its first sample has no earlier one to take a rate against."""
 
     def ready(self, t: float) -> int:
         return sum(1 for r in self.ready_at if r <= t)
@@ -240,6 +244,7 @@ class Variant:
                     ready * p.max_seqs / seq_need if seq_need else 1.0,
                     ready * p.prefill_tokens_per_s / prefill_need if prefill_need else 1.0)
         served = [alpha * o for o in offered]
+        self.prompt_per_pod += sum(served[i] * CLASSES[i].prompt for i in range(2)) * DT / ready
         self.inflight = [served[i] * CLASSES[i].duration_on(p) for i in range(2)]
         self.backlog = [max(0.0, (offered[i] - served[i]) * DT) for i in range(2)]
 
@@ -250,7 +255,8 @@ class Variant:
         kv = sum(self.inflight[i] * CLASSES[i].kv_on(self.pool) for i in range(2)) / ready
         running = sum(self.inflight) / ready
         waiting = sum(self.backlog) / ready
-        return [PodSample(f"p{j}", min(1.0, max(0.0, kv + rng.uniform(-KV_NOISE, KV_NOISE))), waiting, running)
+        return [PodSample(f"p{j}", min(1.0, max(0.0, kv + rng.uniform(-KV_NOISE, KV_NOISE))), waiting, running,
+                          prompt_tokens_total=self.prompt_per_pod)
                 for j in range(ready)]
 
     def kv_true(self, t: float) -> float:
@@ -275,15 +281,16 @@ def _poisson(rng: random.Random, lam: float) -> float:
 class Fewerbits:
     name = "fewerbits (KV + queue, HPA-style window)"
 
-    def __init__(self, spec: AutoscalingSpec = SPEC):
+    def __init__(self, spec: AutoscalingSpec = SPEC, tuning: Tuning = Tuning()):
         self.spec = spec
+        self.tuning = tuning
         self.history = History()
         self.last: tuple[Decision, Observation] | None = None
 
     def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
         ready = v.ready(t)
         obs = Observation(v.replicas, tuple(samples), 0, v.replicas - ready)
-        d = decide(self.spec, None, obs, self.history, t)
+        d = decide(self.spec, None, obs, self.history, t, self.tuning)
         self.history = d.history
         self.last = (d, obs)
         return d.desired
@@ -295,17 +302,18 @@ class Predictive(Fewerbits):
 
     name = "fewerbits predictive (forecast one start-up ahead)"
 
-    def __init__(self, spec: AutoscalingSpec = SPEC, tuning: ForecastTuning = ForecastTuning()):
-        super().__init__(spec)
+    def __init__(self, spec: AutoscalingSpec = SPEC, tuning: ForecastTuning = ForecastTuning(),
+                 algorithm: Tuning = Tuning()):
+        super().__init__(spec, algorithm)
         self.forecaster = Forecaster(tuning)
         self.scale_ups = self.unneeded = 0
 
     def desired(self, t: float, v: Variant, samples: list[PodSample]) -> int:
         ready = v.ready(t)
         obs = Observation(v.replicas, tuple(samples), 0, v.replicas - ready)
-        d = decide(self.spec, None, obs, self.history, t)
+        d = decide(self.spec, None, obs, self.history, t, self.tuning)
         self.history = d.history
-        step = foresight_step(self.forecaster, d, self.spec, None, t, STARTUP_S + DT)
+        step = foresight_step(self.forecaster, d, self.spec, None, t, STARTUP_S + DT, tuning=self.tuning)
         self.unneeded += step.unneeded
         if step.decision.cause == "predictive" and step.decision.desired > d.current:
             self.scale_ups += 1
@@ -769,8 +777,31 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def foresight_table(doc: dict) -> str:
-    """docs/autoscaling.md's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob."""
+def gap_to_bound(after: dict) -> float | None:
+    """The predictive autoscaler's GPU-hours ratio minus the one-pass-late history oracle's at its
+    saturated minutes (issue 45: the gap to the bound for any scaler that measures)."""
+    ratio, bound = after["predictive"]["gpu_ratio_equal_sat"], after.get("history_oracle_late_bound_equal_sat")
+    return None if ratio is None or bound is None else ratio - bound
+
+
+TABLE_TRY = "prefill"
+"""The try of ``bench/autoscaler_tries.py`` the table shows beside the landed autoscaler (issue 45)."""
+
+
+def _try_rows(tries: dict | None) -> dict[tuple[str, int], dict]:
+    if not tries:
+        return {}
+    for t in tries["tries"]:
+        if t["name"] == TABLE_TRY:
+            return {(r["trace"], r["seed"]): r for rows in t["rows"].values() for r in rows}
+    return {}
+
+
+def foresight_table(doc: dict, tries: dict | None = None) -> str:
+    """docs/autoscaling.md's table (markdown) from the bench's JSON (``--json``), and the sweep of our knob;
+    with ``tries`` (``bench/autoscaler_tries.py``'s JSON) a column for its ``TABLE_TRY``."""
+    extra = _try_rows(tries)
+    kept = next((t["kept"] for t in (tries or {}).get("tries", []) if t["name"] == TABLE_TRY), None)
     lines = [
         f"GPU-hours at equal saturated minutes, as a fraction of the threshold policy's (its curve over "
         f"targets {THRESHOLD_TARGETS[0]:.2f}-{THRESHOLD_TARGETS[-1]:.2f}), days 2-{doc['days']} of {doc['days']}-day "
@@ -778,12 +809,16 @@ def foresight_table(doc: dict) -> str:
         f"{setting_key(DEFAULT_SETTING)}, predictive at {doc['predictive_setting']} (target/scale-down delay). Bounds at the predictive "
         f"autoscaler's saturated minutes; the history oracles' (the bound for any forecast from history; the late one "
         f"learns of a started burst one pass, {LATE_S:.0f} s, after it starts: the bound for any scaler that measures) "
-        f"also their best at any saturation up to the reactive autoscaler's, in brackets.",
+        f"also their best at any saturation up to the reactive autoscaler's, in brackets. *Gap*: predictive minus the "
+        f"one-pass-late bound (issue 45's goal: at most 0.03)."
+        + (f" *{TABLE_TRY} rule*: `bench/autoscaler_tries.py`'s try of that name "
+           f"({'kept' if kept else 'tried, not kept'}): GPU-h ratio at equal saturation / gap to the late bound at "
+           f"its own saturation / saturated min." if extra else ""),
         "",
-        "| trace | reactive | **predictive** | reactive oracle | history oracle, one pass late | history oracle "
-        "| oracle with foresight | saturated min reactive / predictive | GPU-h reactive / predictive "
-        "| predictive scale-ups (not needed) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| trace | reactive | **predictive** | reactive oracle | history oracle, one pass late | **gap** "
+        "| history oracle | oracle with foresight | saturated min reactive / predictive | GPU-h reactive / predictive "
+        "| predictive scale-ups (not needed) |" + (f" {TABLE_TRY} rule |" if extra else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if extra else ""),
     ]
     for r in doc["results"]:
         a, d1 = r["after_first_day"], r["first_day"]
@@ -794,11 +829,13 @@ def foresight_table(doc: dict) -> str:
             f"| {_fmt(a['reactive_oracle_bound_equal_sat'])} "
             f"| {_fmt(a.get('history_oracle_late_bound_equal_sat'))} "
             f"({_fmt(a.get('history_oracle_late_best_within_reactive_sat'))}) "
+            f"| **{_fmt(gap_to_bound(a))}** "
             f"| {_fmt(a['history_oracle_bound_equal_sat'])} ({_fmt(a.get('history_oracle_best_within_reactive_sat'))}) "
             f"| {_fmt(a['oracle_bound_equal_sat'])} "
             f"| {a['reactive']['saturated_min']:.1f} / {a['predictive']['saturated_min']:.1f} "
             f"| {a['reactive']['gpu_hours']:.1f} / {a['predictive']['gpu_hours']:.1f} "
-            f"| {r['predictive_scale_ups']} ({r['predictive_scale_ups_not_needed']}) |")
+            f"| {r['predictive_scale_ups']} ({r['predictive_scale_ups_not_needed']}) |"
+            + (f" {_try_cell(extra.get((r['trace'], r['seed'])))} |" if extra else ""))
     goals = doc["goals"]
     for name, what in (("history_oracle", "The history oracle"), ("history_oracle_late", "The late history oracle")):
         seasonal = [r["after_first_day"].get(name + "_best_within_reactive_sat") for r in doc["results"]
@@ -809,6 +846,12 @@ def foresight_table(doc: dict) -> str:
     lines += ["", "Goals (issue 33): " + "; ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in goals.items())
               + f". Command: `{doc['command']}` ({doc['seconds']:.0f} s).", ""] + sweep_table(doc)
     return "\n".join(lines)
+
+
+def _try_cell(row: dict | None) -> str:
+    if row is None:
+        return "n/a"
+    return f"{_fmt(row['gpu_ratio_equal_sat'])} / {_fmt(row['gap_to_bound'])} / {row['saturated_min']:.1f}"
 
 
 def choose_setting(doc: dict) -> Setting | None:
@@ -980,7 +1023,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.table:
         with open(args.table) as f:
-            print(foresight_table(json.load(f)))
+            doc = json.load(f)
+        tries_path = os.path.join(os.path.dirname(args.table), "autoscaler-tries.json")
+        tries = None
+        if os.path.exists(tries_path):
+            with open(tries_path) as f:
+                tries = json.load(f)
+        print(foresight_table(doc, tries))
         return 0
     if args.foresight:
         flags = (" --tuning" if args.tuning else " --holdout" if args.holdout else "") + \

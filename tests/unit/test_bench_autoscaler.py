@@ -166,3 +166,42 @@ def test_goals_read_the_runs():
     goals = bench.foresight_goals([row, worse])
     assert goals == {"ratio_at_most_0.85_every_seed": True, "saturation_not_above_reactive": False,
                      "launch_and_flat_not_worse": False}
+
+
+# ------------------------------------------------------------------ issue 45: the gap to the bound, the tries
+
+TRIES = RESULTS.with_name("autoscaler-tries.json")
+
+
+def test_table_has_the_gap_to_the_late_bound_and_the_tries_column():
+    import autoscaler_tries as tries_bench
+
+    doc, tries = json.loads(RESULTS.read_text()), json.loads(TRIES.read_text())
+    holdout = json.loads(HOLDOUT.read_text())
+    assert [t["name"] for t in tries["tries"]] == [t.name for t in tries_bench.TRIES]
+    landed = tries["tries"][0]
+    for kind, run in (("evaluation", doc), ("holdout", holdout)):
+        table = bench.foresight_table(run, tries)
+        rows = {(r["trace"], r["seed"]): r for r in landed["rows"][kind]}
+        assert list(rows) == [(r["trace"], r["seed"]) for r in run["results"]]
+        for r in run["results"]:
+            a, mine = r["after_first_day"], rows[(r["trace"], r["seed"])]
+            # The tries' landed rows are the committed run's predictive autoscaler, figure for figure.
+            assert mine["gpu_hours"] == a["predictive"]["gpu_hours"]
+            assert mine["saturated_min"] == a["predictive"]["saturated_min"]
+            assert mine["gpu_ratio_equal_sat"] == a["predictive"]["gpu_ratio_equal_sat"]
+            assert mine["late_bound_equal_sat"] == a["history_oracle_late_bound_equal_sat"]
+            gap = bench.gap_to_bound(a)
+            assert mine["gap_to_bound"] == pytest.approx(gap, abs=2e-4)  # each side rounded to 4 places
+            line = next(x for x in table.splitlines() if f"**{a['predictive']['gpu_ratio_equal_sat']:.3f}**" in x)
+            assert f"**{gap:.3f}**" in line
+            tried = next(rr for t in tries["tries"] if t["name"] == bench.TABLE_TRY
+                         for rr in t["rows"][kind] if (rr["trace"], rr["seed"]) == (r["trace"], r["seed"]))
+            assert line.endswith(f" {bench._try_cell(tried)} |")
+    # The keep rule, read from the rows: saturation and gap no higher than the landed on any trace.
+    base = {(r["trace"], r["seed"]): r for rows in landed["rows"].values() for r in rows}
+    for t in tries["tries"][1:]:
+        mine = [r for rows in t["rows"].values() for r in rows]
+        assert t["kept"] == all(r["saturated_min"] <= base[(r["trace"], r["seed"])]["saturated_min"]
+                                and r["gap_to_bound"] <= base[(r["trace"], r["seed"])]["gap_to_bound"] for r in mine)
+        assert t["gap_goal_met"] == all(r["gap_to_bound"] <= tries["goal_gap"] for r in mine)
