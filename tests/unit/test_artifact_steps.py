@@ -15,10 +15,12 @@ from fewerbits_operator.core.decide import (
     CreateJob,
     JobSizing,
     StatusBuilder,
+    decide_artifact,
+)
+from fewerbits_operator.core.artifact_steps import (
     admission_step,
     as_published,
     claim_step,
-    decide_artifact,
     job_step,
     published_step,
     queued_since,

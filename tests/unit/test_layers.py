@@ -45,8 +45,22 @@ FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("core.decide", "core.observe", "decide is pure: it reads Observed only"),
     ("core.decide", "core.execute", "decide asks for writes; execute makes them"),
     ("core.decide", "base.kube", "decide is pure"),
+    ("core.outcome", "core.observe", "decide is pure: it reads Observed only"),
+    ("core.outcome", "core.execute", "decide asks for writes; execute makes them"),
+    ("core.outcome", "base.kube", "decide is pure"),
+    ("core.acceptance", "core.observe", "decide is pure: it reads Observed only"),
+    ("core.acceptance", "core.execute", "decide asks for writes; execute makes them"),
+    ("core.acceptance", "base.kube", "decide is pure"),
+    ("core.artifact_steps", "core.observe", "decide is pure: it reads Observed only"),
+    ("core.artifact_steps", "core.execute", "decide asks for writes; execute makes them"),
+    ("core.artifact_steps", "base.kube", "decide is pure"),
+    ("core.serving_steps", "core.observe", "decide is pure: it reads Observed only"),
+    ("core.serving_steps", "core.execute", "decide asks for writes; execute makes them"),
+    ("core.serving_steps", "base.kube", "decide is pure"),
     ("serving.canary", "core.decide", "the canary sits below decide; decide composes it"),
+    ("serving.canary", "core.serving_steps", "the canary sits below decide's steps; they compose it"),
 )
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)

@@ -10,7 +10,7 @@ from fewerbits_operator.artifacts import keys as artifacts
 
 from fewerbits_operator.serving import canary_observe
 
-from fewerbits_operator.core import decide as decide_mod
+from fewerbits_operator.core import acceptance
 
 from fewerbits_operator.core import observe
 from fewerbits_operator.core.decide import current_plan, decide, effective_for
@@ -36,7 +36,7 @@ def test_one_reconcile_runs_the_planner_once_and_planned_artifacts_once_in_obser
     kube, store, rec = world
     rec.reconcile(NS, NAME)
     publish(store, kube)  # an artifact to serve: every read of the pass happens
-    planner = counting(monkeypatch, decide_mod, "plan_of")
+    planner = counting(monkeypatch, acceptance, "plan_of")
     planned = counting(monkeypatch, artifacts, "planned_artifacts", observe, canary_observe)
     rec.reconcile(NS, NAME)
     assert planner == [1]

@@ -64,7 +64,7 @@ def test_an_invalid_policy_governs_the_namespaces_its_selector_names_or_all_when
 
 def test_serving_targets_are_told_as_written():
     from fewerbits_api.quantizedmodel import ServingTarget
-    from fewerbits_operator.core.decide import _target_text
+    from fewerbits_operator.core.acceptance import _target_text
 
     assert _target_text(ServingTarget(family="hopper")) == "family hopper"
     assert _target_text(ServingTarget(product="NVIDIA-B200")) == "product NVIDIA-B200"

@@ -22,18 +22,16 @@ from fewerbits_operator.base.actions import (
     ReplaceDeployment,
     WorkloadKind,
 )
-from fewerbits_operator.core.decide import (
-    ArtifactVerdict,
+from fewerbits_operator.core.decide import ArtifactVerdict, effective_for, rolled_out
+from fewerbits_operator.core.serving_steps import (
     RoutingStep,
     ServingStep,
     VariantWorkload,
     deployed_condition,
-    effective_for,
     needs_replace,
     ready_condition,
     removals,
     replicas_for,
-    rolled_out,
     rollout,
     routing_step,
     serving_quality_condition,

@@ -46,7 +46,7 @@ from fewerbits_operator.base.actions import (
     UpdatePickerObject,
     WorkloadKind,
 )
-from fewerbits_operator.core.decide import Outcome
+from fewerbits_operator.core.outcome import Outcome
 from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.core.nodecache import REFERENCES_CONFIGMAP, ApplyReferences, ReferencesAction
 from fewerbits_operator.core.retention import ARTIFACT_DELETED, MARKER_NAME, ClearMark, DeleteArtifact, MarkUnreferenced, RetentionAction

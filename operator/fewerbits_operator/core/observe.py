@@ -38,7 +38,7 @@ from fewerbits_operator.artifacts.datasetcheck import check as check_dataset
 from fewerbits_operator.artifacts.datasetcheck import datasets_to_check
 from fewerbits_operator.artifacts.evaljob import eval_job_name
 from fewerbits_operator.artifacts.quality_gate import needs_evaluation
-from fewerbits_operator.core.decide import current_plan, effective_for, missing_secrets, secret_refs
+from fewerbits_operator.core.acceptance import current_plan, effective_for, missing_secrets, secret_refs
 from fewerbits_operator.base.kube import Kube, namespace_watched
 from fewerbits_operator.base.apis import HTTP_ROUTE_GROUP, HTTP_ROUTE_PLURAL, HTTP_ROUTE_VERSION
 from fewerbits_operator.base.observed import ArtifactFacts, GatewayFacts, BrokenPolicy, ContainerTermination, JobFacts, JobState, Observed, Planning

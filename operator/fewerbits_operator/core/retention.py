@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from fewerbits_api.quantizedmodel import QuantizedModelStatus, StorageSpec
 from fewerbits_api.names import UNREFERENCED_MARKER
 
-from fewerbits_operator.core.decide import effective_for
+from fewerbits_operator.core.acceptance import effective_for
 from fewerbits_operator.core.observe import now_rfc3339, read_policies
 from fewerbits_operator.base.observed import Observed
 

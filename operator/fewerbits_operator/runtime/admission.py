@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Callable
 
-from fewerbits_operator.core.decide import CreateJob, Outcome
+from fewerbits_operator.base.actions import CreateJob
+from fewerbits_operator.core.outcome import Outcome
 from fewerbits_operator.base.kube import Kube
 from fewerbits_operator.base.queueing import QueueFacts, facts_from, queued_entries
 
