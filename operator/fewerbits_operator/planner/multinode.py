@@ -111,7 +111,17 @@ def fit_across_nodes(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtyp
         length, lowered = est.longest_length(conc, seq_bytes, free, need_len, limit)
         return est.Fit(fmt, tp, weights, est._tokens_held(free, length, seq_bytes(length)), length,
                      lowered_len_from=lowered, nodes=nodes)
-    # Nothing fits: say what the whole pool (or the policy's cap) offers against what is needed.
+    return _no_fit_across(shape, pool, fmt, kv_dtype, request, weights, tp, usable, last_free, need_len, max_nodes)
+
+
+def _no_fit_across(shape: ModelShape, pool: GPUPool, fmt: QuantFormat, kv_dtype: str, request: PlanRequest,
+                   weights: est.WeightEstimate, tp: int, usable: float, last_free: float, need_len: int,
+                   max_nodes: int) -> Fit:
+    """Nothing fits across nodes: what the whole pool (or the policy's cap) offers against what is needed."""
+    fmt_name = "16 bits (format none)" if fmt is QuantFormat.NONE else fmt.value
+    cap = request.max_gpus_per_replica
+    conc = request.min_concurrent_sequences
+    kvb, in_flight = est._kv_bytes(kv_dtype), est.in_flight_tokens(pool)
     nodes = max_nodes if cap is None else max(1, min(max_nodes, cap // tp))
     per_gpu = usable
     total_usable = per_gpu * tp * nodes

@@ -129,6 +129,31 @@ def _judged(observer: Any, spec: Any, key: str, chash: str, creds: Any) -> Canar
     return CanaryFacts(chash, result=result)
 
 
+def _canary_facts(observer: Any, spec: Any, ns: str, name: str, pool: str, key: str, chash: str,
+                  cdep: Mapping[str, Any] | None, creds: Any) -> CanaryFacts:
+    """One pool's canary as read now: its stored verdict, its serving object's pods, its Job."""
+    read: dict[str, Any] = {}
+    try:
+        read["result"] = _verdict(observer.store, spec.storage, key, chash, creds)
+    except StorageError as e:
+        read["result_error"] = str(e)
+    if cdep is not None:
+        read["deployment"] = cdep
+        pods = observer.kube.list_pods(ns, f"{LABEL_CANARY}={name},{LABEL_VARIANT}={pool}")
+        if WorkloadKind.of(cdep) is WorkloadKind.LEADER_WORKER_SET:
+            size = int(((cdep.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
+            read.update(_group_facts(pods, size))
+        else:
+            read.update(_pod_facts(pods))
+    job = observer.kube.get_job(ns, canary_job_name(name, pool, chash))
+    if job is not None:
+        jf = observer._job(ns, job)
+        read["job"] = jf
+        if (message := json_message(jf.terminations)) is not None:
+            read["job_message"] = message
+    return CanaryFacts(chash, **read)
+
+
 def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, artifacts: Mapping[str, ArtifactFacts],
                   deployments: Mapping[str, Mapping[str, Any]], data_pin: Any, creds: Any,
                   planned: Sequence[PlannedArtifact] | None = None) -> tuple[dict[str, CanaryFacts], CanaryLeftovers]:
@@ -170,31 +195,13 @@ def read_canaries(observer: Any, spec: Any, ns: str, name: str, the_plan: Any, a
         if lws and not lws_served:
             continue  # refused by decide (no LeaderWorkerSet API): nothing to judge
         needed.add((kind, canary_deployment_name(dname)))
-        read: dict[str, Any] = {}
-        try:
-            read["result"] = _verdict(observer.store, spec.storage, key, chash, creds)
-        except StorageError as e:
-            read["result_error"] = str(e)
         cname = canary_deployment_name(dname)
         # The canary of the variant's kind; else one of the other kind left by an older plan (of
         # another configuration: decide replaces it).
         cdep = (canary_lws if lws else canaries).get(cname) or (canaries if lws else canary_lws).get(cname)
         if cdep is not None:
-            read["deployment"] = cdep
-            pods = observer.kube.list_pods(ns, f"{LABEL_CANARY}={name},{LABEL_VARIANT}={pv.pool}")
-            if WorkloadKind.of(cdep) is WorkloadKind.LEADER_WORKER_SET:
-                size = int(((cdep.get("spec") or {}).get("leaderWorkerTemplate") or {}).get("size") or 1)
-                read.update(_group_facts(pods, size))
-            else:
-                read.update(_pod_facts(pods))
             needed.add((WorkloadKind.of(cdep), cname))
-        job = observer.kube.get_job(ns, canary_job_name(name, pv.pool, chash))
-        if job is not None:
-            jf = observer._job(ns, job)
-            read["job"] = jf
-            if (message := json_message(jf.terminations)) is not None:
-                read["job_message"] = message
-        out[pv.pool] = CanaryFacts(chash, **read)
+        out[pv.pool] = _canary_facts(observer, spec, ns, name, pv.pool, key, chash, cdep, creds)
     return out, CanaryLeftovers(
         deployments=tuple(sorted(n for n in canaries if (WorkloadKind.DEPLOYMENT, n) not in needed)),
         leader_worker_sets=tuple(sorted(n for n in canary_lws if (WorkloadKind.LEADER_WORKER_SET, n) not in needed)))
