@@ -87,6 +87,30 @@ def _suggest(flag: str, options: dict[str, Any]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def _optimization_level(arg: str, args: Sequence[str], i: int, errors: list[str]) -> int:
+    """-O3, -O=3, -Odecode, or -O 3: the optimization level; the index after it."""
+    level = arg[3:] if arg[2:3] == "=" else arg[2:]
+    if level:
+        return i
+    if i < len(args) and args[i] in {"0", "1", "2", "3"}:
+        return i + 1
+    errors.append("-O: needs an optimization level")
+    return i
+
+
+def _values_after(args: Sequence[str], i: int, nargs: Any) -> tuple[list[str], int]:
+    """The values an option takes from ``args[i:]`` (all that look like values for ``+``/``*``,
+    else at most one), and the index after them."""
+    if nargs in ("+", "*"):
+        values = []
+        while i < len(args) and _looks_like_value(args[i]):
+            values.append(args[i])
+            i += 1
+        return values, i
+    values = [args[i]] if i < len(args) and _looks_like_value(args[i]) else []
+    return values, i + len(values)
+
+
 def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[str]:
     """Errors in a vLLM argument list (``[]`` when ``vllm serve MODEL *args`` would parse it).
 
@@ -107,13 +131,7 @@ def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[st
             errors.append(f"{arg!r}: a value with no option before it (the model path is set by the operator)")
             continue
         if arg.startswith("-O") and not arg.startswith("--"):
-            # -O3, -O=3, -Odecode, or -O 3: the optimization level.
-            level = arg[3:] if arg[2:3] == "=" else arg[2:]
-            if not level:
-                if i < len(args) and args[i] in {"0", "1", "2", "3"}:
-                    i += 1
-                else:
-                    errors.append("-O: needs an optimization level")
+            i = _optimization_level(arg, args, i, errors)
             continue
         name, has_eq, inline = arg.partition("=")
         if name.startswith("--"):
@@ -143,19 +161,7 @@ def check_vllm_args(args: Sequence[str], version: str = VLLM_VERSION) -> list[st
                 errors.append(f"{flag}: takes no value (got {inline!r})")
             continue
         nargs = entry.get("nargs")
-        if has_eq:
-            values = [inline]
-        elif nargs in ("+", "*"):
-            values = []
-            while i < len(args) and _looks_like_value(args[i]):
-                values.append(args[i])
-                i += 1
-        elif nargs == "?":
-            values = [args[i]] if i < len(args) and _looks_like_value(args[i]) else []
-            i += len(values)
-        else:
-            values = [args[i]] if i < len(args) and _looks_like_value(args[i]) else []
-            i += len(values)
+        values, i = ([inline], i) if has_eq else _values_after(args, i, nargs)
         if not values and nargs not in ("?", "*"):
             errors.append(f"{flag}: needs a value")
             continue
