@@ -437,6 +437,25 @@ def extra_args_violations(spec: QuantizedModelSpec, policy: Combined) -> list[st
     return out
 
 
+def pattern_violations(spec: QuantizedModelSpec, policy: Combined) -> list[str]:
+    """The allowedSources, allowedImages and allowedEndpoints rules: each field that matches none
+    of a policy's patterns, naming the policy (every policy's patterns must match)."""
+    out: list[str] = []
+    sources = [("spec.source.uri", spec.source.uri)] + [
+        (f"spec.adapters[{i}].source.uri", a.source.uri) for i, a in enumerate(spec.adapters)]
+    for name, patterns in policy.source_patterns:
+        out += [f"policy {name} rule allowedSources: {field_name} {uri} matches none of {', '.join(patterns)}"
+                for field_name, uri in sources if not any(fnmatch.fnmatchcase(uri, p) for p in patterns)]
+    for name, patterns in policy.image_patterns if spec.serving.image is not None else ():
+        if not any(fnmatch.fnmatchcase(spec.serving.image, p) for p in patterns):
+            out.append(f"policy {name} rule allowedImages: spec.serving.image {spec.serving.image} matches none of "
+                       f"{', '.join(patterns)}")
+    for name, patterns in policy.endpoint_patterns:
+        out += [f"policy {name} rule allowedEndpoints: {field_name} {endpoint} matches none of {', '.join(patterns)}"
+                for field_name, endpoint in endpoints(spec) if not any(endpoint_matches(endpoint, p) for p in patterns)]
+    return out
+
+
 def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Combined) -> list[str]:
     """Every broken rule, each message naming the rule, the policy (or policies) that set it and
     the offending field; and each conflict between the policies, naming both."""
@@ -458,21 +477,7 @@ def check_rules(spec: QuantizedModelSpec, raw_spec: dict[str, Any], policy: Comb
     if rules.allowedFormats and fmt is not QuantFormat.AUTO and fmt not in rules.allowedFormats:
         broke("allowedFormats", f"spec.quantization.format {fmt.value} is not one of "
                                 f"{', '.join(f.value for f in rules.allowedFormats)}")
-    sources = [("spec.source.uri", spec.source.uri)] + [
-        (f"spec.adapters[{i}].source.uri", a.source.uri) for i, a in enumerate(spec.adapters)]
-    for name, patterns in policy.source_patterns:
-        for field_name, uri in sources:
-            if not any(fnmatch.fnmatchcase(uri, p) for p in patterns):
-                broke("allowedSources", f"{field_name} {uri} matches none of {', '.join(patterns)}", name)
-    if spec.serving.image is not None:
-        for name, patterns in policy.image_patterns:
-            if not any(fnmatch.fnmatchcase(spec.serving.image, p) for p in patterns):
-                broke("allowedImages", f"spec.serving.image {spec.serving.image} matches none of "
-                                       f"{', '.join(patterns)}", name)
-    for name, patterns in policy.endpoint_patterns:
-        for field_name, endpoint in endpoints(spec):
-            if not any(endpoint_matches(endpoint, p) for p in patterns):
-                broke("allowedEndpoints", f"{field_name} {endpoint} matches none of {', '.join(patterns)}", name)
+    out += pattern_violations(spec, policy)
     if rules.requireRevisionPin and not spec.source.revision:
         broke("requireRevisionPin", "spec.source.revision must pin the revision to quantize")
     for i, a in enumerate(spec.adapters if rules.requireRevisionPin else []):

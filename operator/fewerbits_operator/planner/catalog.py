@@ -319,17 +319,9 @@ def _node_gpu(node: Mapping[str, Any]) -> _NodeGPU | None:
     )
 
 
-def pools_from_nodes(nodes: list[Mapping[str, Any]]) -> list[GPUPool]:
-    """GPU pools from Node objects as the API server returns them.
-
-    Nodes without a ``nvidia.com/gpu.product`` label, unschedulable (cordoned) nodes and nodes
-    with no allocatable ``nvidia.com/gpu`` are ignored. Nodes are grouped by (product, GPUs per
-    node, family, compute capability, memory); each pool counts its nodes. Facts missing from
-    the labels come from the catalog; a product the catalog does not know plans from its labels
-    with its bandwidth estimated from its family (see ``GPUPool.notes``). Nodes whose product is
-    unknown and that lack compute-capability or memory labels cannot be planned and are skipped.
-    Pools are returned sorted by name.
-    """
+def _grouped(nodes: list[Mapping[str, Any]]) -> dict[tuple, list[_NodeGPU]]:
+    """Schedulable GPU nodes by (product, GPUs per node, family, compute capability, memory), the
+    catalog filling what the labels lack; nodes that cannot be planned left out."""
     groups: dict[tuple, list[_NodeGPU]] = {}
     for node in nodes:
         gpu = _node_gpu(node)
@@ -341,9 +333,22 @@ def pools_from_nodes(nodes: list[Mapping[str, Any]]) -> list[GPUPool]:
         if cc is None or memory is None:
             continue
         family = gpu.family or (spec.family if spec else family_from_cc(cc))
-        key = (gpu.product, gpu.gpus, family, cc, memory)
-        groups.setdefault(key, []).append(gpu)
+        groups.setdefault((gpu.product, gpu.gpus, family, cc, memory), []).append(gpu)
+    return groups
 
+
+def pools_from_nodes(nodes: list[Mapping[str, Any]]) -> list[GPUPool]:
+    """GPU pools from Node objects as the API server returns them.
+
+    Nodes without a ``nvidia.com/gpu.product`` label, unschedulable (cordoned) nodes and nodes
+    with no allocatable ``nvidia.com/gpu`` are ignored. Nodes are grouped by (product, GPUs per
+    node, family, compute capability, memory); each pool counts its nodes. Facts missing from
+    the labels come from the catalog; a product the catalog does not know plans from its labels
+    with its bandwidth estimated from its family (see ``GPUPool.notes``). Nodes whose product is
+    unknown and that lack compute-capability or memory labels cannot be planned and are skipped.
+    Pools are returned sorted by name.
+    """
+    groups = _grouped(nodes)
     pools: list[GPUPool] = []
     names: dict[str, int] = {}
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3], k[4])):

@@ -90,6 +90,19 @@ def _split_command(command: list[str]) -> tuple[list[str], list[str]]:
     return command[: i + 1], command[i + 1:]
 
 
+def _worker_template(template: dict[str, Any], command: list[str]) -> dict[str, Any]:
+    """A worker's pod: the leader's, headless. It serves no HTTP: its health is the group's (the
+    leader's probes, and LeaderWorkerSet recreating the group when any pod fails)."""
+    worker = _fresh(template)
+    worker["metadata"]["labels"][LABEL_COMPONENT] = COMPONENT_WORKER
+    wc = worker["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        wc.pop(probe, None)
+    wc["ports"] = [p for p in wc["ports"] if p["name"] != "http"]
+    wc["command"] = command
+    return worker
+
+
 def render_lws(
     owner: Owner,
     spec: QuantizedModelSpec,
@@ -124,17 +137,7 @@ def render_lws(
 
     leader = _fresh(template)
     leader["spec"]["containers"][0]["command"] = head + rest + leader_args()
-
-    worker = _fresh(template)
-    worker["metadata"]["labels"][LABEL_COMPONENT] = COMPONENT_WORKER
-    wc = worker["spec"]["containers"][0]
-    # A headless worker serves no HTTP: its health is the group's (the leader's probes, and
-    # LeaderWorkerSet recreating the group when any pod fails).
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        wc.pop(probe, None)
-    wc["ports"] = [p for p in wc["ports"] if p["name"] != "http"]
-    wc["command"] = head + rest + worker_args()
-
+    worker = _worker_template(template, head + rest + worker_args())
     lws_spec = {
         "leaderWorkerTemplate": {
             "size": nodes,

@@ -161,6 +161,21 @@ def endpoint_rule_env(settings: OperatorSettings) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ quantization Job
 
 
+def _job_sizing(placement: QuantizationJobPlacement, settings: OperatorSettings, size: QuantizationJobSize | None,
+                artifact: PlannedArtifact, volumes: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
+    """The Job's resources and deadline: from the plan's sizing (which also sizes the work volume,
+    ``volumes[0]``, in place), else the operator's fixed requests and the placement's GPUs."""
+    if size is not None:
+        sized = job_resources(size, placement, settings, artifact.job_name)
+        volumes[0] = sized.work_volume
+        return sized.resources, sized.deadline_seconds
+    resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
+    if placement.gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(placement.gpus)}
+        resources["requests"]["nvidia.com/gpu"] = str(placement.gpus)
+    return resources, placement.activeDeadlineSeconds
+
+
 def render_job(
     owner: Owner,
     spec: QuantizedModelSpec,
@@ -192,15 +207,8 @@ def render_job(
         storage=spec.storage,
         mode=mode,
     )
-    resources: dict[str, Any] = {"requests": {"cpu": settings.job_cpu_request, "memory": settings.job_memory_request}}
-    if placement.gpus and size is None:
-        resources["limits"] = {"nvidia.com/gpu": str(placement.gpus)}
-        resources["requests"]["nvidia.com/gpu"] = str(placement.gpus)
+    resources, deadline = _job_sizing(placement, settings, size, artifact, volumes)
     gpus = placement.gpus if size is None else size.gpus
-    deadline = placement.activeDeadlineSeconds
-    if size is not None:
-        sized = job_resources(size, placement, settings, artifact.job_name)
-        resources, volumes[0], deadline = sized.resources, sized.work_volume, sized.deadline_seconds
     labels = {**MANAGED_BY, LABEL_COMPONENT: "quantize", LABEL_ARTIFACT: artifact.key[:63]}
     pod_spec = _job_pod_spec(spec, settings, contract, resources, mounts, volumes)
     pod_spec.update(_job_scheduling(placement, gpus, size, pool_selector))
