@@ -9,14 +9,10 @@ from fewerbits_api.quantizedmodel import ArtifactFailure, ArtifactStatus
 from fewerbits_api.conditions import Reason
 from fewerbits_operator.base.claims import Claim, new_claim
 from fewerbits_operator.base.datapins import EVAL_FIELD
-from fewerbits_operator.core.decide import (
-    AddJobOwner,
-    ClaimArtifact,
-    CreateJob,
-    JobSizing,
-    StatusBuilder,
-    decide_artifact,
-)
+from fewerbits_operator.core.decide import AddJobOwner, ClaimArtifact, CreateJob
+from fewerbits_operator.core.acceptance import JobSizing
+from fewerbits_operator.core.artifact_steps import decide_artifact
+from fewerbits_operator.core.outcome import StatusBuilder
 from fewerbits_operator.core.artifact_steps import (
     admission_step,
     as_published,

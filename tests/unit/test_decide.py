@@ -34,10 +34,9 @@ from fewerbits_operator.core.decide import (
     DeleteDeployment,
     PatchService,
     ReplaceDeployment,
-    current_plan,
     decide,
-    effective_for,
 )
+from fewerbits_operator.core.acceptance import current_plan, effective_for
 from fewerbits_operator.core.execute import ordered
 from fewerbits_operator.base.observed import (
     ArtifactFacts,

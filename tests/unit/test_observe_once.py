@@ -13,7 +13,8 @@ from fewerbits_operator.serving import canary_observe
 from fewerbits_operator.core import acceptance
 
 from fewerbits_operator.core import observe
-from fewerbits_operator.core.decide import current_plan, decide, effective_for
+from fewerbits_operator.core.decide import decide
+from fewerbits_operator.core.acceptance import current_plan, effective_for
 from fewerbits_operator.base.observed import Planning
 from tests.unit.test_decide import SETTINGS, World
 from tests.unit.test_reconcile_fake import NAME, NS, publish, world  # noqa: F401  (the fixture)

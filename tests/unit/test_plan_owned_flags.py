@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fewerbits_api import conditions as C
-from fewerbits_operator.core.decide import decide, effective_for
+from fewerbits_operator.core.decide import decide
+from fewerbits_operator.core.acceptance import effective_for
 from fewerbits_operator.artifacts.effective import PLAN_OWNED_FLAGS
 from fewerbits_operator.planner.vllm_args import RENDERER_FLAGS, plan_args, served_model_name
 from tests.unit.test_decide import SETTINGS, World

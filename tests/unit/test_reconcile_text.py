@@ -1,9 +1,9 @@
-"""How a failed serving container is told in the Ready condition (decide.termination_text), and
+"""How a failed serving container is told in the Ready condition (base.terminations.termination_text), and
 the small helpers of observe and decide."""
 
 import json
 
-from fewerbits_operator.core.decide import termination_text
+from fewerbits_operator.base.terminations import termination_text
 from fewerbits_operator.base.observed import ContainerTermination
 
 

@@ -22,7 +22,9 @@ from fewerbits_operator.base.actions import (
     ReplaceDeployment,
     WorkloadKind,
 )
-from fewerbits_operator.core.decide import ArtifactVerdict, effective_for, rolled_out
+from fewerbits_operator.core.acceptance import effective_for
+from fewerbits_operator.core.artifact_steps import ArtifactVerdict
+from fewerbits_operator.core.serving_steps import rolled_out
 from fewerbits_operator.core.serving_steps import (
     RoutingStep,
     ServingStep,

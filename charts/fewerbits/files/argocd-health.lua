@@ -166,7 +166,7 @@ end
 
 -- 6. Serving, for the spec as it is now, with the endpoint in the message. The operator's
 -- AllVariantsReady message names status.endpoint already ("N variant(s) serving at URL",
--- fewerbits_operator.core.decide.ready_condition); other Ready=True messages get it appended.
+-- fewerbits_operator.core.serving_steps.ready_condition); other Ready=True messages get it appended.
 if ready ~= nil and ready.status == "True" and current(ready) then
   hs.status = "Healthy"
   hs.message = ready.message or "Ready"

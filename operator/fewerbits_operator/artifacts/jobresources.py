@@ -3,7 +3,7 @@
 
 Memory and ephemeral storage are requested and limited at the same figure: the Job then has a known
 ceiling, and when a real model outgrows its estimate the kubelet's OOM kill or eviction names the
-resource (reported as `JobOOMKilled` / `JobOutOfDisk` with the figure to raise, see decide.py). CPU
+resource (reported as `JobOOMKilled` / `JobOutOfDisk` with the figure to raise, see artifacts/jobfailure.py). CPU
 is requested, never limited (throttling a Job only makes it slower).
 """
 

@@ -153,7 +153,7 @@ class GatewayFacts:
 
 @dataclass(frozen=True)
 class PlanVerdict:
-    """What the Planned condition says of a plan (decide.current_plan)."""
+    """What the Planned condition says of a plan (core.acceptance.current_plan)."""
 
     plan: PlanStatus | None
     """None: nothing can be planned (the condition says why)."""

@@ -57,8 +57,7 @@ from fewerbits_operator.serving.render import (
     LABEL_VARIANT,
     lora_modules_in,
 )
-from fewerbits_operator.base.observed import ArtifactFacts, ContainerTermination, JobFacts, JobState, Observed, Planning, PlanVerdict  # noqa: F401
-from fewerbits_operator.base.terminations import job_failure_text, pod_failure, termination_text  # noqa: F401  (re-exported)
+from fewerbits_operator.base.observed import ArtifactFacts, Observed
 from fewerbits_operator.base.queueing import Admission
 from fewerbits_operator.artifacts.quality_gate import worst_recovery
 from fewerbits_operator.base.settings import OperatorSettings

@@ -195,7 +195,7 @@ def group_listing(prefix: str, objects: list[tuple[str, str]]) -> list[StoredArt
 
 def effective_models(kube: Any, settings: Any) -> Iterator[tuple[dict[str, Any], QuantizedModelStatus, Any]]:
     """Every watched model (from the watched cache) with its status and its effective spec and
-    policy (``decide.effective_for``, as a reconcile computes them)."""
+    policy (``core.acceptance.effective_for``, as a reconcile computes them)."""
     raws = kube.list_policies()
     for body in kube.list_models(settings.namespaces):
         md = body["metadata"]

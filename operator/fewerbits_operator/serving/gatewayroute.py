@@ -23,7 +23,7 @@ cannot name a model whose route it cannot read (docs/routing.md, "Tenants kept a
 is random, made once per route and kept across rewrites (``route_token``).
 
 The route is written by the activator-path loop (runtime/atzero.py, one writer); reconcile only
-reports what stops it (decide.routing_step): the CRD not served (``RoutingUnavailable``) or a
+reports what stops it (core.serving_steps.routing_step): the CRD not served (``RoutingUnavailable``) or a
 route of the model's name the model does not own (``HTTPRouteConflict``, never written).
 
 Everything here is pure.
