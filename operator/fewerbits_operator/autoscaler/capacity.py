@@ -1,8 +1,10 @@
 """Capacity-aware scaling across the variants (GPU pools) of one model, as a pure function.
 
 One model can be served on several pools at once (H100 and L4, say). When the routing in front of
-them follows capacity (an InferencePool's endpoint picker scoring on KV usage and queue), load
-spreads so that every pool runs at about the same KV usage, and each variant's own decision
+them follows capacity (an InferencePool's endpoint picker scoring on KV usage and queue, beside
+the prompt's cached prefix), load spreads so that every pool runs at about the same KV usage
+(requests sharing a prompt prefix stay on their pod until its queue or KV usage outweighs the
+match: docs/routing.md), and each variant's own decision
 (``algorithm.decide``) asks for about ``ready x avgKV / target`` replicas: every pool grows and
 shrinks in proportion to its present size. Where one pool serves a token for a fraction of the
 other's cost, that proportional growth buys expensive capacity.

@@ -287,8 +287,8 @@ def service_actions(obs: Observed, owner: Owner) -> tuple[list[Action], str | No
 
 def inference_pool_step(obs: Observed, owner: Owner, settings: OperatorSettings
                         ) -> tuple[list[Action], tuple[str, str] | None]:
-    """The InferencePool and its endpoint picker (picker.py): scoring on KV and queue, or an even
-    spread while a variant's pods expose no metrics."""
+    """The InferencePool and its endpoint picker (picker.py): scoring on KV, queue and the prompt's
+    cached prefix, or an even spread while a variant's pods expose no metrics."""
     actions: list[Action] = []
     pool_actions, problem = routing.pool_actions(obs.routing, owner)
     actions.extend(pool_actions)

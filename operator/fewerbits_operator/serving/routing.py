@@ -107,8 +107,10 @@ def capacity_placement(serving: Any, facts: RoutingFacts | None, operator_weight
     the cost weights it prices pools with (the policy's per key over the operator's setting).
 
     ``cheapestPool`` only when the model's requests reach its pods through the InferencePool: its
-    picker sends each request to the pod with the most free KV cache and the shortest queue, so a
-    replica added to the cheap pool takes load off every other pool. Behind the Service (also when
+    picker sends each request to the pod with the most free KV cache and the shortest queue (and
+    the longest cached prefix of its prompt), so a replica added to the cheap pool takes load off
+    every other pool: new prompts at once, prompts sharing a cached prefix once the busier pod's
+    queue or KV usage outweighs the match. Behind the Service (also when
     the InferencePool CRD is not served, where the Service is all there is) every pod receives the
     same share of requests whatever its speed: a replica added to a fast pool takes no load off a
     saturated slow one, so each variant must scale on its own load (``perVariant``)."""
