@@ -2,8 +2,9 @@
 size and maximum length that fit and run fastest there — or the reason the pool cannot serve.
 
 Pure functions: ``plan(shape, pools, request) -> PlanStatus``. The planner's facts (formats and
-their kernels in ``fewerbits_api.formats``, the formulas below) are described in
-docs/architecture.md; the assumptions the planner adds are named as module constants.
+their kernels in ``fewerbits_api.formats``; the memory and speed formulas in ``estimates.py``,
+shared with the multi-node fit) are described in docs/planner.md; the assumptions the planner adds
+are named as module constants, here and in ``estimates.py``.
 """
 
 from __future__ import annotations
