@@ -1,0 +1,3 @@
+module fewerbits.local/bench/tunem
+
+go 1.26
