@@ -138,7 +138,25 @@ def render_lws(
     leader = _fresh(template)
     leader["spec"]["containers"][0]["command"] = head + rest + leader_args()
     worker = _worker_template(template, head + rest + worker_args())
-    lws_spec = {
+    lws_spec = _lws_spec(nodes, leader, worker)
+    labels = dict(base["metadata"]["labels"])
+    return _fresh({
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": {
+            "name": lws_name(owner.name, variant.pool),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(lws_spec), ANNOTATION_ARTIFACT_KEY: artifact_key},
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {**lws_spec, "replicas": replicas},
+    })
+
+
+def _lws_spec(nodes: int, leader: dict[str, Any], worker: dict[str, Any]) -> dict[str, Any]:
+    """The LeaderWorkerSet's spec but its replicas (what its spec hash covers)."""
+    return {
         "leaderWorkerTemplate": {
             "size": nodes,
             # A failed or deleted pod takes its group down and back up: vLLM's stages cannot
@@ -153,19 +171,6 @@ def render_lws(
                             "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}},
         "networkConfig": {"subdomainPolicy": "Shared"},
     }
-    labels = dict(base["metadata"]["labels"])
-    return _fresh({
-        "apiVersion": LWS_API_VERSION,
-        "kind": LWS_KIND,
-        "metadata": {
-            "name": lws_name(owner.name, variant.pool),
-            "namespace": owner.namespace,
-            "labels": labels,
-            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(lws_spec), ANNOTATION_ARTIFACT_KEY: artifact_key},
-            "ownerReferences": [owner.reference()],
-        },
-        "spec": {**lws_spec, "replicas": replicas},
-    })
 
 
 def lws_status(obj: Mapping[str, Any]) -> tuple[int, int, int, bool]:

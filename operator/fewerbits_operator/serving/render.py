@@ -188,10 +188,9 @@ def render_job(
     mode: Literal["quantize", "evaluate"] = "quantize",
 ) -> dict[str, Any]:
     """One Job per artifact key: fetch, calibrate, quantize, evaluate, publish (manifest last).
-    ``mode: evaluate``: the same Job measures a published artifact again (evaljob.py).
-    ``size``: the Job's sizing from the plan (requests, limits, work volume, deadline, pool
-    ``pool_selector``, or a list of the selectors of every pool that can run it, the chosen one
-    first); without it, the operator's fixed requests and the placement's GPUs."""
+    ``mode: evaluate``: the same Job measures a published artifact again (evaljob.py). ``size``:
+    the plan's sizing (requests, limits, work volume, deadline; ``pool_selector``, or the selectors
+    of every pool that can run it, the chosen one first); without it, the fixed requests and GPUs."""
     assert spec.storage is not None
     volumes, mounts, source_mount = _job_volumes(spec)
     # What decides the bytes travels once, in keyInputs (source, format, ignore, calibration).
@@ -212,9 +211,8 @@ def render_job(
     labels = {**MANAGED_BY, LABEL_COMPONENT: "quantize", LABEL_ARTIFACT: artifact.key[:63]}
     pod_spec = _job_pod_spec(spec, settings, contract, resources, mounts, volumes)
     pod_spec.update(_job_scheduling(placement, gpus, size, pool_selector))
-    job_labels = dict(labels)
-    if placement.kueue is not None:  # Kueue admits it: created suspended, in its LocalQueue
-        job_labels.update(kueue_labels(placement.kueue.localQueueName, placement.kueue.workloadPriorityClassName))
+    kueue = placement.kueue  # Kueue admits it: created suspended, in its LocalQueue
+    job_labels = {**labels, **(kueue_labels(kueue.localQueueName, kueue.workloadPriorityClassName) if kueue else {})}
     return _fresh({
         "apiVersion": "batch/v1",
         "kind": "Job",
