@@ -181,11 +181,25 @@ def test_scrape_failures_are_typed():
 
 
 def test_direct_source_scrapes_in_parallel():
-    with serve(lambda path: (200, vllm_page(kv=0.5), 0.3)) as port:
+    # Each answer waits until all 8 scrapes are in flight at once (counters, not a clock); scraped
+    # one after another, at most one would ever be in flight.
+    lock, state, all_in = threading.Lock(), {"in_flight": 0, "most": 0}, threading.Event()
+
+    def page(path):
+        with lock:
+            state["in_flight"] += 1
+            state["most"] = max(state["most"], state["in_flight"])
+            if state["in_flight"] == 8:
+                all_in.set()
+        all_in.wait(timeout=1.5)
+        with lock:
+            state["in_flight"] -= 1
+        return 200, vllm_page(kv=0.5), 0
+
+    with serve(page) as port:
         pods = [PodTarget("ns", f"p{i}", "127.0.0.1", port) for i in range(8)]
-        t0 = time.monotonic()
-        got = DirectScrapeSource(timeout=2).sample(pods)
-        assert time.monotonic() - t0 < 1.5  # 8 x 0.3 s in series would be 2.4 s
+        got = DirectScrapeSource(timeout=30).sample(pods)
+    assert state["most"] == 8, f"at most {state['most']} scrapes were in flight together"
     assert set(got) == {f"p{i}" for i in range(8)} and all(isinstance(v, PodSample) for v in got.values())
 
 
