@@ -24,7 +24,6 @@ Kinds of rule:
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import asdict, dataclass
 

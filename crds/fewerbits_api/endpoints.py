@@ -58,7 +58,7 @@ PRIVATE = tuple(ipaddress.ip_network(n) for n in (
 ALLOW_PRIVATE_ENV = "FEWERBITS_ALLOW_PRIVATE_ENDPOINTS"
 """How the operator hands its ``allowPrivateEndpoints`` setting to the Job and the fetcher."""
 ALLOW_PRIVATE_HINT = ("private addresses are allowed only when the operator's allowPrivateEndpoints setting is true "
-                      f"(FEWERBITS_ALLOW_PRIVATE_ENDPOINTS; chart value config.allowPrivateEndpoints)")
+                      "(FEWERBITS_ALLOW_PRIVATE_ENDPOINTS; chart value config.allowPrivateEndpoints)")
 PIN_SECONDS = 300.0
 """How long a checked resolution is reused before the name is resolved and checked again."""
 

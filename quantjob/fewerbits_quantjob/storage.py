@@ -42,7 +42,7 @@ from fewerbits_api.s3errors import S3ErrorKind, classify_s3_error
 
 from . import errors
 from .errors import JobError
-from .report import Progress, StageHandle, human_bytes
+from .report import StageHandle, human_bytes
 
 SHA256_METADATA = "sha256"
 """Object metadata key (``x-amz-meta-sha256``) holding the file's sha256: how a rerun knows a file

@@ -31,7 +31,6 @@ from tests.integration.hostile_corpus import (
     PARKED_JOB_PLACEMENT,
     Case,
     Ctx,
-    policy_name,
     qm,
     qp,
 )

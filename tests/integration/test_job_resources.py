@@ -16,7 +16,6 @@ test's kubelet verdict, or is refused before a Job), so no serving pod of the de
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

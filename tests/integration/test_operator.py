@@ -12,7 +12,6 @@ operator renders. vLLM itself runs that argv in test_canary.py and test_autoscal
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 
 import pytest
@@ -95,7 +94,7 @@ def test_sample_goes_from_apply_to_ready_on_h100(cluster, gpu_pool, namespace, m
     # kubectl reads it: printer columns filled, and `kubectl wait` works.
     out = cluster.kubectl("get", "qm", "-n", namespace, "tiny").stdout
     assert "fp8-dynamic" in out and "True" in out and "1/1" in out
-    cluster.kubectl("wait", "--for=condition=Ready", f"qm/tiny", "-n", namespace, "--timeout=10s")
+    cluster.kubectl("wait", "--for=condition=Ready", "qm/tiny", "-n", namespace, "--timeout=10s")
 
     # Events tell the story; reconcile at rest writes nothing.
     models.wait_events(namespace, "tiny", {"QuantizationStarted", "DeploymentCreated", "AllVariantsReady"})

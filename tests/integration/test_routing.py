@@ -26,7 +26,6 @@ EPP reads it from the pods' /metrics like it reads vLLM's.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from dataclasses import dataclass, field
 

@@ -107,7 +107,7 @@ def test_long_name_refused_with_field():
             "metadata": {"name": "x" * 41, "namespace": "d"}, "spec": MINIMAL}
     with pytest.raises(ValidationError) as exc:
         QuantizedModel.model_validate(body)
-    assert any(l.startswith("metadata: name:") for l in format_validation_error(exc.value)), exc.value
+    assert any(ln.startswith("metadata: name:") for ln in format_validation_error(exc.value)), exc.value
 
 
 def test_policy_rejects_auto_in_format_by_family():
@@ -239,8 +239,8 @@ def test_policy_tolerations_follow_kubernetes_rules(toleration, words):
     # The Job's pod would be refused by the API server otherwise (a traceback, no condition).
     with pytest.raises(ValidationError) as exc:
         QuantizationPolicySpec.model_validate({"rules": {"quantizationJob": {"tolerations": [toleration]}}})
-    assert any(l.startswith("rules.quantizationJob.tolerations[0]") and words in l
-               for l in format_validation_error(exc.value)), format_validation_error(exc.value)
+    assert any(ln.startswith("rules.quantizationJob.tolerations[0]") and words in ln
+               for ln in format_validation_error(exc.value)), format_validation_error(exc.value)
 
 
 @pytest.mark.parametrize("placement, field", [
@@ -250,7 +250,7 @@ def test_policy_tolerations_follow_kubernetes_rules(toleration, words):
 def test_policy_job_placement_the_api_server_would_refuse_is_refused(placement, field):
     with pytest.raises(ValidationError) as exc:
         QuantizationPolicySpec.model_validate({"rules": {"quantizationJob": placement}})
-    assert any(l.startswith(field) for l in format_validation_error(exc.value)), format_validation_error(exc.value)
+    assert any(ln.startswith(field) for ln in format_validation_error(exc.value)), format_validation_error(exc.value)
 
 
 def test_policies_the_models_refuse_are_refused_by_the_crd_too():

@@ -22,7 +22,7 @@ from fewerbits_operator.core.execute import ordered
 from fewerbits_operator.base.observed import CanaryLeftovers, ContainerTermination, JobFacts, JobState
 from fewerbits_operator.serving.render import LABEL_MODEL, Owner, render_service
 
-from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, base_spec, policy, term
+from tests.unit.test_decide import NAME, NOW, NS, SETTINGS, UID, World, base_spec, policy
 
 LATER = "2026-11-23T12:10:00Z"
 

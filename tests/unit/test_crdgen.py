@@ -103,8 +103,8 @@ def test_chart_copy_is_the_same_crd_behind_crds_enabled():
     for name, text in crdgen.render_chart().items():
         assert text.splitlines()[1] == "{{- if .Values.crds.enabled }}" and text.endswith("{{- end }}\n")
         assert "helm.sh/resource-policy: keep" in text
-        plain = "\n".join(l for l in text.splitlines() if "{{" not in l and "resource-policy" not in l
-                          and l != "  annotations:")
+        plain = "\n".join(ln for ln in text.splitlines() if "{{" not in ln and "resource-policy" not in ln
+                          and ln != "  annotations:")
         assert yaml.safe_load(plain) == yaml.safe_load(crdgen.render_all()[name])
 
 

@@ -70,7 +70,7 @@ def test_table_output_is_aligned_with_warnings_and_rejections_below(capsys, monk
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("Model qwen3-30b-a3b.json (qwen3_moe): 30.53B parameters, 3.35B active (128 experts, 8 per token)")
-    header = next(i for i, l in enumerate(lines) if l.startswith("POOL"))
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("POOL"))
     rows = lines[header + 2: header + 4]
     assert rows[0].startswith("l4-x1") and "w4a16-awq" in rows[0]
     assert rows[1].startswith("h100-80gb-hbm3-x8") and "fp8-dynamic" in rows[1]
@@ -81,7 +81,7 @@ def test_table_output_is_aligned_with_warnings_and_rejections_below(capsys, monk
     rejected_at = lines.index("Rejected pools:")
     assert header < warnings_at < rejected_at
     assert "stepped down to w4a16-awq" in out
-    assert any(l.startswith("  t4-x1:") for l in lines[rejected_at:])
+    assert any(ln.startswith("  t4-x1:") for ln in lines[rejected_at:])
     assert "--tensor-parallel-size 1" in out
 
 

@@ -4,7 +4,6 @@ and read the diff."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

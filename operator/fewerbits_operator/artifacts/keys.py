@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from fewerbits_api.artifact import ArtifactKeyInputs, Manifest, auto_fallback_inputs
 from fewerbits_api.formats import FORMAT_FACTS, QuantFormat
-from fewerbits_api.quantizedmodel import PlanStatus, PlanVariant, QuantizedModelSpec, QuantizedModelStatus
-from fewerbits_api.datasets import BUILTIN_DATASET_SHA256, is_builtin_dataset_uri, named_dataset_hash
+from fewerbits_api.quantizedmodel import PlanStatus, QuantizedModelSpec, QuantizedModelStatus
+from fewerbits_api.datasets import is_builtin_dataset_uri, named_dataset_hash
 
 from fewerbits_operator.base.datapins import DataPin, artifact_format, key_hash  # noqa: F401  (artifact_format re-exported)
 

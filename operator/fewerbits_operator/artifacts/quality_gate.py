@@ -10,7 +10,7 @@ measured under another identity, so the gate fails closed naming what was not me
 from __future__ import annotations
 
 from fewerbits_api.artifact import QualityReport
-from fewerbits_api.quality import MetricResult, answers, eval_identity, recovery_percent
+from fewerbits_api.quality import MetricResult, answers, recovery_percent
 from fewerbits_api.quantizedmodel import QualityGateSpec, QualityStatus
 
 
