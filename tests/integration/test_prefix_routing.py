@@ -119,7 +119,7 @@ def run_phase(send, pods: list[str], phase: int) -> dict:
                                           / delta["vllm:time_to_first_token_seconds_count"], 1),
             "ttft_ms_median": round(1000 * statistics.median(latencies), 1),
             "ttft_ms_median_follow_ups": round(1000 * statistics.median(latencies[GROUPS:]), 1),
-            "prompt_tokens_max": max(prompt_tokens), "same": same}
+            "prompt_tokens_min": min(prompt_tokens), "prompt_tokens_max": max(prompt_tokens), "same": same}
 
 
 def test_prefix_aware_routing_reaches_the_pod_with_the_prefix(request, cluster, gpu_pool, namespace, models,
@@ -138,8 +138,10 @@ def test_prefix_aware_routing_reaches_the_pod_with_the_prefix(request, cluster, 
     assert "pluginRef: prefix-cache-scorer" in config, config  # on by default
     ip = wait_for("the picker's pod ready", lambda: picker_ip(core, namespace), timeout=120, interval=0.2)
     gateway = inference_gateway.front(namespace, ip)
-    # The picker reads each pod's KV block size from vLLM's cache_config_info: wait until it scraped both.
-    wait_for("the picker to see both pods", lambda: len(gateway.queue_sizes()) == 2, timeout=60, interval=0.2)
+    # Both pods in the picker's datastore (it lists them before their first scrape; it scrapes every
+    # 50 ms, and the Service phase below runs first). Until a scrape gives vLLM's block size the
+    # prefix scorer hashes 64-character blocks: a finer match, the same routing.
+    wait_for("the picker to list both pods", lambda: len(gateway.queue_sizes()) == 2, timeout=60, interval=0.2)
     service = models.get(namespace, MODEL)["status"]["endpoint"]
 
     def through_service(data: bytes) -> tuple[str, dict]:
